@@ -1,0 +1,5 @@
+import sys
+
+from mcpl_router.cli import main
+
+sys.exit(main())

@@ -1,0 +1,156 @@
+"""The daemon: one trio root nursery holding every server link, the host socket and the state.
+
+Shutdown (SIGTERM/SIGINT, or :meth:`Daemon.request_shutdown`) drains within a grace deadline:
+links stop (stdio children: stdin closed → grace → SIGTERM → SIGKILL), the journal is closed.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from mcpl_router import __version__
+from mcpl_router.config import RouterConfig
+from mcpl_router.jsonrpc import Inbound
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.inbound import ServerInbound
+from mcpl_router.mcpl.link import LinkState, ServerLink
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.router import Router
+from mcpl_router.store.journal import InboundEvent, Journal
+
+Observer = Callable[[str, dict[str, Any]], None]
+
+
+class Daemon:
+    """Wires the parts together; the :class:`Router` is the state, the links are the shell.
+
+    Args:
+        config: the loaded configuration.
+        observers: called with ``(event, fields)`` for state changes and channel changes (the
+            demo prints them; hosts get them as notifications).
+    """
+
+    def __init__(self, config: RouterConfig, *, observers: list[Observer] | None = None) -> None:
+        self.config = config
+        self.router = Router()
+        self.journal = Journal(config.journal.path)
+        self.inbound = ServerInbound(
+            self.router.registry,
+            self.journal,
+            on_channels_changed=self._channels_changed,
+            on_accepted=self._accepted,
+        )
+        self.links: dict[str, ServerLink] = {
+            server_id: ServerLink(server, self)
+            for server_id, server in config.servers.items()
+            if not server.disabled
+        }
+        self.observers: list[Observer] = list(observers or [])
+        self._shutdown = trio.Event()
+        self._log = get_logger()
+        self.host_socket_path: str | None = None
+
+    # -- LinkDelegate ------------------------------------------------------------------------
+
+    def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None:
+        self._emit("server/state", {"serverId": link.server_id, "old": old.value, "state": new.value})
+
+    def link_epoch_ended(self, link: ServerLink) -> None:
+        # The transport is gone and with it everything that server registered: a reconnect
+        # registers again. Until then no name may resolve to its channels.
+        removed = self.router.registry.remove_server(link.server_id)
+        if removed:
+            self._channels_changed(link.server_id, [], removed)
+
+    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
+        return await self.inbound.handle(link, inbound)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _channels_changed(self, server_id: str, added: list[ChannelRef], removed: list[ChannelRef]) -> None:
+        self._emit(
+            "channels/changed",
+            {
+                "serverId": server_id,
+                "added": [ref.to_wire() for ref in added],
+                "removed": [ref.to_wire() for ref in removed],
+            },
+        )
+
+    def _accepted(self, seq: int, event: InboundEvent) -> None:
+        self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
+
+    def _emit(self, event: str, fields: dict[str, Any]) -> None:
+        for observer in self.observers:
+            try:
+                observer(event, fields)
+            except Exception:
+                self._log.exception("daemon.observer.crashed", observed=event)
+
+    # -- queries (host API, CLI, demo) ---------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        servers = [link.status().to_wire() for link in self.links.values()]
+        return {
+            "version": __version__,
+            "servers": servers,
+            "ready": sum(1 for s in servers if s["state"] == "ready"),
+            "channels": len(self.router.registry.all_entries()),
+            "lastSeq": self.journal.last_seq(),
+        }
+
+    def servers_list(self) -> list[dict[str, Any]]:
+        return [link.status().to_wire() for link in self.links.values()]
+
+    def channels_list(self) -> list[dict[str, Any]]:
+        return [row.to_dict() for row in self.router.names.channel_list()]
+
+    def explain(self, name: str, server_id: str | None = None) -> dict[str, Any]:
+        return self.router.names.explain(name, server_id).to_dict()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until :meth:`request_shutdown`; then drain within :data:`SHUTDOWN_GRACE`."""
+        from mcpl_router.hosts.listener import serve_unix_socket
+
+        self._log.info("daemon.starting", version=__version__, servers=list(self.links), config=self.config.source)
+        try:
+            async with trio.open_nursery() as root:
+                async with trio.open_nursery() as serving:
+                    if self.config.host.unix_socket:
+                        self.host_socket_path = await serving.start(serve_unix_socket, self, self.config.host.unix_socket)
+                    for link in self.links.values():
+                        await serving.start(link.run)
+                    task_status.started(self)
+                    await self._shutdown.wait()
+                    self._log.info("daemon.draining")
+                    # Links close their transports in shielded cleanup bounded by their own
+                    # graces (stdin close → SIGTERM → SIGKILL), so cancelling is the drain.
+                    serving.cancel_scope.cancel()
+                root.cancel_scope.cancel()
+        finally:
+            self.journal.close()
+            self._log.info("daemon.stopped")
+
+
+async def run_until_signalled(daemon: Daemon, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``daemon``; SIGINT or SIGTERM starts a graceful shutdown (a second one too)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    get_logger().info("daemon.signal", signal=signal.Signals(signum).name)
+                    daemon.request_shutdown()
+
+            nursery.start_soon(watch)
+            await daemon.run(task_status=task_status)
+            nursery.cancel_scope.cancel()

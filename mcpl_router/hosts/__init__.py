@@ -1,0 +1,1 @@
+"""The host socket: where agent hosts (and the CLI) talk to the daemon."""

@@ -1,0 +1,96 @@
+"""The host listener's Unix socket: ndjson JSON-RPC, the socket 0600 inside a 0700 directory.
+
+Filesystem permissions are the Unix socket's authentication: only the daemon's user can reach
+it. A stale socket file (left by a crash) is removed at start; a live one is refused, so two
+daemons never share a socket.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from mcpl_router.hosts.api import host_methods
+from mcpl_router.jsonrpc import NdjsonStream, Peer
+from mcpl_router.logs import get_logger
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+
+
+class SocketSetupError(Exception):
+    """The Unix socket can't be set up safely; the message says what to fix."""
+
+
+def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
+    """Create the socket's directory 0700 (or check an existing one), remove a stale socket."""
+    socket_path = Path(path)
+    directory = socket_path.parent
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise SocketSetupError(f"{directory} belongs to uid {info.st_uid}, not us ({os.getuid()}); choose another host.unixSocket path")
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise SocketSetupError(
+            f"{directory} is mode {stat.S_IMODE(info.st_mode):o}; others could reach the host socket. "
+            f"Run: chmod 700 {directory}"
+        )
+    if socket_path.exists() or socket_path.is_symlink():
+        if not stat.S_ISSOCK(socket_path.lstat().st_mode):
+            raise SocketSetupError(f"{socket_path} exists and is not a socket; remove it or choose another path")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(socket_path))
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise
+            socket_path.unlink(missing_ok=True)  # stale: nobody is listening
+            get_logger().info("host.socket.stale_removed", path=str(socket_path))
+        else:
+            raise SocketSetupError(f"another daemon is listening on {socket_path}")
+        finally:
+            probe.close()
+    return socket_path
+
+
+async def serve_unix_socket(
+    daemon: Daemon, path: str | os.PathLike[str], *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Listen on ``path`` until cancelled; each connection is a host session."""
+    socket_path = prepare_socket_path(path)
+    listener_socket = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket file is created 0600, never briefly wider
+    try:
+        await listener_socket.bind(str(socket_path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(socket_path, 0o600)
+    listener_socket.listen(64)
+    listener = trio.SocketListener(listener_socket)
+    log = get_logger(transport="unix")
+    log.info("host.socket.listening", path=str(socket_path))
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started(str(socket_path))
+            await trio.serve_listeners(
+                lambda stream: _serve_connection(daemon, stream), [listener], handler_nursery=nursery
+            )
+    finally:
+        socket_path.unlink(missing_ok=True)
+
+
+async def _serve_connection(daemon: Daemon, stream: trio.SocketStream) -> None:
+    methods = host_methods(daemon)
+    peer = Peer(
+        NdjsonStream(stream, stream),
+        methods,
+        concurrent_methods=methods.concurrent_methods,
+        log_fields={"transport": "unix"},
+    )
+    await peer.run()

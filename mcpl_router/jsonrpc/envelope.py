@@ -1,0 +1,157 @@
+"""JSON-RPC 2.0 envelopes as msgspec Structs, decoded straight from bytes.
+
+``params`` and ``result`` stay :class:`msgspec.Raw` in the envelope: the method's own typed
+Struct decodes them later, so a bad field is reported as -32602 with its path, and the envelope
+itself costs one pass over the bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Implementation-defined server error: the inbound queue of a peer is full (see Peer docs).
+OVERLOADED = -32000
+
+RequestId = int | str
+
+
+class ErrorObject(msgspec.Struct, omit_defaults=True):
+    code: int
+    message: str
+    data: Any = None
+
+
+class Envelope(msgspec.Struct, omit_defaults=True):
+    """Any JSON-RPC 2.0 message; which kind it is follows from the members present."""
+
+    jsonrpc: str | msgspec.UnsetType = msgspec.UNSET
+    id: int | str | None | msgspec.UnsetType = msgspec.UNSET
+    method: str | msgspec.UnsetType = msgspec.UNSET
+    params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    error: ErrorObject | msgspec.UnsetType = msgspec.UNSET
+
+
+class RequestOut(msgspec.Struct, omit_defaults=True):
+    id: RequestId
+    method: str
+    params: Any = None
+    jsonrpc: str = "2.0"
+
+
+class NotificationOut(msgspec.Struct, omit_defaults=True):
+    method: str
+    params: Any = None
+    jsonrpc: str = "2.0"
+
+
+class ResultOut(msgspec.Struct):
+    id: RequestId
+    result: Any
+    jsonrpc: str = "2.0"
+
+
+class ErrorOut(msgspec.Struct):
+    # ``id`` is null when the request's id could not be read (JSON-RPC 2.0 §5).
+    id: RequestId | None
+    error: ErrorObject
+    jsonrpc: str = "2.0"
+
+
+class RpcError(Exception):
+    """A JSON-RPC error: raised by a handler to answer with it, or by ``Peer.request`` on one."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(code, message, data)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_object(self) -> ErrorObject:
+        return ErrorObject(code=self.code, message=self.message, data=self.data)
+
+    def __str__(self) -> str:
+        return f"JSON-RPC error {self.code}: {self.message}"
+
+
+_envelope_decoder = msgspec.json.Decoder(Envelope)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: RequestOut | NotificationOut | ResultOut | ErrorOut) -> bytes:
+    return _encoder.encode(message)
+
+
+class EnvelopeProblem(Exception):
+    """Bytes that are not a valid JSON-RPC 2.0 message; carries the error to answer with."""
+
+    def __init__(self, error: RpcError, reply_id: RequestId | None, answerable: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reply_id = reply_id
+        # False for a malformed notification-shaped message: JSON-RPC forbids answering those.
+        self.answerable = answerable
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Decode one message, or raise :class:`EnvelopeProblem` naming the error to answer."""
+    try:
+        envelope = _envelope_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        # Valid JSON of the wrong shape: an invalid request. Answer with its id when readable.
+        stripped = data.lstrip()
+        if stripped[:1] == b"[":
+            raise EnvelopeProblem(
+                RpcError(INVALID_REQUEST, "Batch requests are not supported; send one message at a time."),
+                None,
+                True,
+            ) from exc
+        raise EnvelopeProblem(
+            RpcError(INVALID_REQUEST, f"Invalid request: {exc}"), _salvage_id(data), True
+        ) from exc
+    except msgspec.DecodeError as exc:
+        raise EnvelopeProblem(RpcError(PARSE_ERROR, f"Parse error: {exc}"), None, True) from exc
+    if envelope.jsonrpc != "2.0":
+        raise EnvelopeProblem(
+            RpcError(INVALID_REQUEST, 'Invalid request: "jsonrpc" must be "2.0".'),
+            envelope.id if isinstance(envelope.id, (int, str)) else None,
+            envelope.id is not msgspec.UNSET or envelope.method is msgspec.UNSET,
+        )
+    has_method = envelope.method is not msgspec.UNSET
+    has_outcome = envelope.result is not msgspec.UNSET or envelope.error is not msgspec.UNSET
+    if has_method and has_outcome:
+        raise EnvelopeProblem(
+            RpcError(INVALID_REQUEST, "Invalid request: a message has either a method or a result/error, not both."),
+            envelope.id if isinstance(envelope.id, (int, str)) else None,
+            True,
+        )
+    if not has_method and not has_outcome:
+        raise EnvelopeProblem(
+            RpcError(INVALID_REQUEST, "Invalid request: no method, result or error."),
+            envelope.id if isinstance(envelope.id, (int, str)) else None,
+            True,
+        )
+    if envelope.result is not msgspec.UNSET and envelope.error is not msgspec.UNSET:
+        raise EnvelopeProblem(
+            RpcError(INVALID_REQUEST, "Invalid response: both result and error."), None, False
+        )
+    return envelope
+
+
+def _salvage_id(data: bytes) -> RequestId | None:
+    try:
+        loose = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(loose, dict):
+        candidate = loose.get("id")
+        if isinstance(candidate, (int, str)) and not isinstance(candidate, bool):
+            return candidate
+    return None

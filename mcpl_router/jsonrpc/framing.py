@@ -1,0 +1,147 @@
+"""Message framing over trio streams: newline-delimited JSON, and one message per WebSocket frame.
+
+A :class:`MessageStream` moves whole messages (bytes). It knows nothing of JSON-RPC; the
+:class:`~mcpl_router.jsonrpc.peer.Peer` decides what a message means.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import trio
+import trio_websocket
+
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+_READ_CHUNK = 65536
+
+
+class OversizedMessage(Exception):
+    """A message larger than the stream's limit arrived; it was discarded, the stream goes on."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message of at least {size} bytes exceeds the {limit}-byte limit")
+        self.size = size
+        self.limit = limit
+
+
+class MessageStream(Protocol):
+    #: True where a message is a text line that real servers also use for log output (stdio,
+    #: TCP): a line that doesn't start like JSON is a log line to skip, not a parse error.
+    line_oriented: bool
+
+    async def send_message(self, data: bytes) -> None: ...
+
+    async def receive_message(self) -> bytes:
+        """The next message; raises :class:`trio.EndOfChannel` at EOF, :class:`OversizedMessage`."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class NdjsonStream:
+    """Newline-delimited JSON over a byte stream (a process's pipes, a TCP socket).
+
+    Blank lines are skipped. A line longer than ``max_message_bytes`` is discarded as it streams
+    in (memory stays bounded) and reported once as :class:`OversizedMessage`.
+    """
+
+    line_oriented = True
+
+    def __init__(
+        self,
+        send_stream: trio.abc.SendStream | None,
+        receive_stream: trio.abc.ReceiveStream,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self._send_stream = send_stream
+        self._receive_stream = receive_stream
+        self._max = max_message_bytes
+        self._buffer = bytearray()
+        self._discarding = False
+        self._discarded = 0
+        self._eof = False
+
+    async def send_message(self, data: bytes) -> None:
+        if self._send_stream is None:
+            raise trio.ClosedResourceError("this stream is receive-only")
+        await self._send_stream.send_all(data + b"\n")
+
+    async def receive_message(self) -> bytes:
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                if self._discarding:
+                    size = self._discarded + len(line)
+                    self._discarding = False
+                    self._discarded = 0
+                    raise OversizedMessage(size, self._max)
+                line = line.rstrip(b"\r")
+                if len(line) > self._max:
+                    raise OversizedMessage(len(line), self._max)
+                if line.strip():
+                    return line
+                continue
+            if len(self._buffer) > self._max:
+                # Too long and still no newline: drop what we hold and keep dropping to the
+                # newline, so one runaway message can't grow memory without bound.
+                self._discarding = True
+                self._discarded += len(self._buffer)
+                self._buffer.clear()
+            if self._eof:
+                if self._buffer.strip():
+                    line = bytes(self._buffer).rstrip(b"\r")
+                    self._buffer.clear()
+                    return line
+                raise trio.EndOfChannel
+            chunk = await self._receive_stream.receive_some(_READ_CHUNK)
+            if not chunk:
+                self._eof = True
+                continue
+            if self._discarding:
+                newline = chunk.find(b"\n")
+                if newline < 0:
+                    self._discarded += len(chunk)
+                    continue
+                self._discarded += newline
+                chunk = b"\n" + chunk[newline + 1 :]
+                # The leading newline ends the discarded line; the branch above reports it.
+            self._buffer += chunk
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            if self._send_stream is not None:
+                await self._send_stream.aclose()
+            await self._receive_stream.aclose()
+
+
+class WebSocketMessageStream:
+    """One JSON-RPC message per WebSocket text frame (no newline).
+
+    An oversized frame is refused by trio-websocket itself (close code 1009) before it is
+    buffered: WebSocket has no way to skip one message and stay open, so the link reconnects.
+    """
+
+    line_oriented = False
+
+    def __init__(self, connection: trio_websocket.WebSocketConnection) -> None:
+        self._connection = connection
+
+    async def send_message(self, data: bytes) -> None:
+        try:
+            await self._connection.send_message(data.decode())
+        except trio_websocket.ConnectionClosed as exc:
+            raise trio.ClosedResourceError(f"websocket closed: {exc.reason}") from exc
+
+    async def receive_message(self) -> bytes:
+        try:
+            message = await self._connection.get_message()
+        except trio_websocket.ConnectionClosed as exc:
+            raise trio.EndOfChannel from exc
+        return message.encode() if isinstance(message, str) else message
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._connection.aclose()

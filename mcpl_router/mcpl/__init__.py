@@ -1,0 +1,1 @@
+"""MCPL: transports, links, grants, manifests."""

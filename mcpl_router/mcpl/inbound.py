@@ -1,0 +1,224 @@
+"""What the daemon does with each admitted server message (the link has checked the grant).
+
+``channels/register`` and ``channels/changed`` go to the registry, each descriptor authorized
+alone; ``channels/incoming`` admits each message only into a channel **its sender** registered,
+journals the accepted ones (one transaction per batch) and only then answers ``accepted``;
+``push/event`` belongs to the pushing server's channel, never another's with that id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.wire import (
+    ChangedParams,
+    IncomingMessage,
+    IncomingParams,
+    PushOrigin,
+    PushParams,
+    RegisterParams,
+    decode_item,
+    raw_to_plain,
+)
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
+from mcpl_router.store.journal import InboundEvent, Journal
+
+if TYPE_CHECKING:
+    from mcpl_router.mcpl.link import ServerLink
+
+INVALID_ITEM = -32602
+
+
+def registration_policy(link: ServerLink) -> RegistrationPolicy:
+    """The registry's view of a server's grant, as it stands at this message's receipt."""
+    return RegistrationPolicy(
+        may_register=link.grant.allows("channels.register"),
+        may_receive=link.grant.allows("channels.incoming"),
+        id_patterns=tuple(link.config.channel_patterns),
+    )
+
+
+class ServerInbound:
+    """Applies admitted server messages to the router's registry and the journal.
+
+    Args:
+        registry: the router's channel registry (the one state's).
+        journal: where accepted inbound events are committed before ``accepted`` is answered.
+        on_channels_changed: told of every ref added or withdrawn (to stop typing and streams,
+            to notify hosts).
+        on_accepted: told of each newly journaled event (seq + event) to wake hosts.
+    """
+
+    def __init__(
+        self,
+        registry: ChannelRegistry,
+        journal: Journal,
+        *,
+        on_channels_changed: Callable[[str, list[ChannelRef], list[ChannelRef]], None] | None = None,
+        on_accepted: Callable[[int, InboundEvent], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.journal = journal
+        self._on_channels_changed = on_channels_changed or (lambda server, added, removed: None)
+        self._on_accepted = on_accepted or (lambda seq, event: None)
+        self._handlers = {
+            "channels/register": self._register,
+            "channels/changed": self._changed,
+            "channels/incoming": self._incoming,
+            "channels/list": self._list,
+            "push/event": self._push,
+        }
+
+    async def handle(self, link: ServerLink, inbound: Inbound) -> Any:
+        handler = self._handlers.get(inbound.method)
+        if handler is None:
+            if inbound.method.startswith("notifications/"):
+                # MCP notifications we don't act on (logging, progress): noted, not refused.
+                get_logger(server=link.server_id).debug("server.notification", method=inbound.method)
+                return None
+            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")
+        return handler(link, inbound)
+
+    # -- channels ----------------------------------------------------------------------------
+
+    def _register(self, link: ServerLink, inbound: Inbound) -> Any:
+        params = inbound.decode_params(RegisterParams)
+        form = "notification" if inbound.is_notification else "request"
+        descriptors = [_plain_or_none(raw) for raw in params.channels]
+        results = self.registry.register(link.server_id, descriptors, registration_policy(link), form=form)
+        added = [ChannelRef(link.server_id, r.id) for r in results if r.accepted]
+        if added:
+            self._on_channels_changed(link.server_id, added, [])
+        return {"results": [r.to_wire() for r in results]}
+
+    def _changed(self, link: ServerLink, inbound: Inbound) -> Any:
+        params = inbound.decode_params(ChangedParams)
+        form = "notification" if inbound.is_notification else "request"
+        outcome = self.registry.change(
+            link.server_id,
+            [_plain_or_none(raw) for raw in params.added],
+            params.removed,
+            [_plain_or_none(raw) for raw in params.updated],
+            registration_policy(link),
+            form=form,
+        )
+        added = [ChannelRef(link.server_id, r.id) for r in outcome.added if r.accepted]
+        if added or outcome.withdrawn:
+            self._on_channels_changed(link.server_id, added, list(outcome.withdrawn))
+        return {"results": [r.to_wire() for r in outcome.results]}
+
+    def _list(self, link: ServerLink, inbound: Inbound) -> Any:
+        return {"channels": [entry.descriptor.to_wire() for entry in self.registry.channels_for(link.server_id)]}
+
+    # -- inbound messages --------------------------------------------------------------------
+
+    def _incoming(self, link: ServerLink, inbound: Inbound) -> Any:
+        params = inbound.decode_params(IncomingParams)
+        form = "notification" if inbound.is_notification else "request"
+        policy = registration_policy(link)
+        log = get_logger(server=link.server_id)
+        results: list[dict[str, Any] | None] = []
+        pending: list[tuple[int, InboundEvent]] = []
+        for index, raw in enumerate(params.messages):
+            try:
+                message = decode_item(raw, IncomingMessage)
+            except msgspec.ValidationError as exc:
+                message_id = _message_id_of(raw)
+                log.warning("channels.incoming.malformed", index=index, message_id=message_id, detail=str(exc))
+                results.append(
+                    {"messageId": message_id, "accepted": False, "code": INVALID_ITEM,
+                     "reason": f"Malformed message at messages[{index}]: {exc}"}
+                )
+                continue
+            admission = self.registry.admit_incoming(link.server_id, message.channel_id, policy, form=form)
+            if not admission.accepted:
+                results.append(
+                    {"messageId": message.message_id, "accepted": False, "code": admission.code, "reason": admission.reason}
+                )
+                continue
+            event = InboundEvent(
+                server_id=link.server_id,
+                channel_id=message.channel_id,
+                kind="message",
+                dedup_key=message.message_id,
+                payload=raw_to_plain(raw),
+            )
+            pending.append((len(results), event))
+            results.append(None)
+        if pending:
+            # Durable before we say "accepted": a crash after this line loses nothing.
+            recorded = self.journal.record_inbound([event for _, event in pending])
+            for (slot, event), outcome in zip(pending, recorded, strict=True):
+                results[slot] = {
+                    "messageId": event.dedup_key,
+                    "accepted": True,
+                    "conversationId": _conversation_id(event),
+                }
+                if outcome.duplicate:
+                    log.info("channels.incoming.duplicate", channel=event.channel_id, message_id=event.dedup_key, seq=outcome.seq)
+                else:
+                    log.info("channels.incoming.accepted", channel=event.channel_id, message_id=event.dedup_key, seq=outcome.seq)
+                    self._on_accepted(outcome.seq, event)
+        return {"results": results}
+
+    def _push(self, link: ServerLink, inbound: Inbound) -> Any:
+        params = inbound.decode_params(PushParams)
+        log = get_logger(server=link.server_id)
+        origin = params.origin or _EMPTY_ORIGIN
+        channel = None
+        if origin.mcpl_channel_id or origin.channel_id:
+            placed = self.registry.push_channel(
+                link.server_id,
+                registration_policy(link),
+                mcpl_channel_id=origin.mcpl_channel_id,
+                native_channel_id=origin.channel_id,
+                label=origin.label,
+            )
+            channel = placed.ref
+            if placed.registered_lazily and placed.ref is not None:
+                self._on_channels_changed(link.server_id, [placed.ref], [])
+            if placed.ref is None:
+                log.info("push.channel.unresolved", event_id=params.event_id, reason=placed.reason)
+        event = InboundEvent(
+            server_id=link.server_id,
+            channel_id=channel.channel_id if channel else None,
+            kind="push",
+            dedup_key=params.event_id,
+            payload=raw_to_plain(inbound.params) if inbound.params is not None else None,
+        )
+        [outcome] = self.journal.record_inbound([event])
+        if outcome.duplicate:
+            log.info("push.duplicate", event_id=params.event_id, seq=outcome.seq)
+        else:
+            log.info("push.accepted", event_id=params.event_id, channel=event.channel_id, seq=outcome.seq)
+            self._on_accepted(outcome.seq, event)
+        return {"accepted": True}
+
+
+_EMPTY_ORIGIN = PushOrigin()
+
+
+def _plain_or_none(raw: msgspec.Raw) -> Any:
+    try:
+        return raw_to_plain(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def _message_id_of(raw: msgspec.Raw) -> Any:
+    try:
+        value = raw_to_plain(raw)
+    except msgspec.DecodeError:
+        return None
+    return value.get("messageId") if isinstance(value, dict) else None
+
+
+def _conversation_id(event: InboundEvent) -> str:
+    # A conversation is per server and channel; encoded as JSON so no separator can collide.
+    return msgspec.json.encode([event.server_id, event.channel_id]).decode()

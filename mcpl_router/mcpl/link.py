@@ -1,0 +1,550 @@
+"""ServerLink: one configured MCPL server, from transport to grant to admission, reconnecting.
+
+Per transport *epoch* (each connection or spawn):
+
+1. open the transport; the grant is reset to nothing;
+2. MCP ``initialize`` advertising our MCPL 0.5 support; parse the manifest whatever its shape;
+3. ``notifications/initialized``;
+4. compute the grant (§5.4) and send it with ``featureSets/update`` **as a Request**. The grant
+   takes effect when the receipt arrives (inside the read loop, so it is in force for the very
+   next message); a receipt never widens it;
+5. ``ready``: every inbound method is admitted against the grant current at receipt.
+
+Legacy servers (manifest ``version`` below 0.5, or -32601 to ``featureSets/update``) act before
+or without a policy. ``legacy = "auto"`` accepts them with a warning and applies the grant
+host-side as soon as they are known to be legacy; ``"allow"`` does the same silently and also
+admits a 0.5 server's pre-policy traffic against the host-side grant (for servers like
+mcpl-editor that register before any policy); ``"deny"`` refuses them (state ``failed``).
+
+States: ``connecting`` → ``ready`` → (transport lost) ``retrying`` → ``connecting`` …;
+``closed`` after shutdown; ``failed`` when retrying cannot help (legacy denied, the server
+refused the policy with ``fallback: "close"``, attempts exhausted). Each transition is logged.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import msgspec
+import trio
+
+from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, Peer, PeerClosed, RequestTimeout, RpcError
+from mcpl_router.jsonrpc.envelope import Envelope
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.digest import DigestError, manifest_revision
+from mcpl_router.mcpl.grants import Grant, GrantPolicy, compute_grant, narrow_on_manifest_change
+from mcpl_router.mcpl.manifest import Manifest, ManifestError, diff_manifests, parse_manifest
+from mcpl_router.mcpl.transports import OpenTransport, TransportError, open_transport
+
+if TYPE_CHECKING:
+    from mcpl_router.config import ServerConfig
+
+MCP_PROTOCOL_VERSION = "2024-11-05"
+CAPABILITY_DENIED = -32002
+
+#: What the daemon, as a host, supports; sent in ``initialize``.
+HOST_MCPL_CAPABILITIES: dict[str, Any] = {
+    "version": "0.5",
+    "pushEvents": True,
+    "contextHooks": {"beforeInference": {"observe": True, "inject": {"system": True, "beforeUser": True, "afterUser": True}}},
+    "inferenceLifecycle": True,
+    "channels": {
+        "register": True,
+        "lifecycle": True,
+        "publish": True,
+        "incoming": True,
+        "streaming": True,
+        "acknowledge": True,
+        "typing": True,
+    },
+    "featureSets": True,
+}
+
+#: Inbound (server → host) methods and the capability each needs (PROTOCOL.md §4).
+INBOUND_CAPABILITY: dict[str, str] = {
+    "push/event": "pushEvents",
+    "channels/register": "channels.register",
+    "channels/changed": "channels.register",
+    "channels/list": "channels.register",
+    "channels/incoming": "channels.incoming",
+    "inference/request": "inferenceRequest",
+    "model/info": "modelInfo",
+}
+
+#: The least time between two manifest re-fetches, so a chatty server can't make us spin.
+MANIFEST_REFETCH_INTERVAL = 1.0
+#: A connection that stayed ready this long resets the backoff.
+STABLE_AFTER = 10.0
+
+
+class LinkState(enum.Enum):
+    CONNECTING = "connecting"
+    READY = "ready"
+    RETRYING = "retrying"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class LinkUnavailable(Exception):
+    """The link is not ready (or not connected) for an outbound call."""
+
+
+class CapabilityNotGranted(Exception):
+    """We would send a message needing a capability this server's current grant lacks."""
+
+    def __init__(self, server_id: str, capability: str) -> None:
+        super().__init__(f"server {server_id!r} is not granted {capability}")
+        self.server_id = server_id
+        self.capability = capability
+
+
+class LinkDelegate(Protocol):
+    """What the daemon does with what a link hears. Implemented by the daemon's routing shell."""
+
+    def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None: ...
+
+    def link_epoch_ended(self, link: ServerLink) -> None:
+        """The transport is gone: everything this server registered in that epoch is gone too."""
+        ...
+
+    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
+        """An admitted inbound method (already checked against the grant). Raise RpcError."""
+        ...
+
+
+@attrs.frozen
+class LinkStatus:
+    """An immutable snapshot for ``servers/list``, ``status`` and the demo."""
+
+    server_id: str
+    state: str
+    transport: str
+    endpoint: str
+    epoch: int
+    attempts: int
+    legacy: bool
+    manifest_version: str | None
+    grant: dict[str, Any]
+    receipt: Any
+    last_error: str | None
+    since: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "serverId": self.server_id,
+            "state": self.state,
+            "transport": self.transport,
+            "endpoint": self.endpoint,
+            "epoch": self.epoch,
+            "attempts": self.attempts,
+            "legacy": self.legacy,
+            "manifestVersion": self.manifest_version,
+            "grant": self.grant,
+            "receipt": self.receipt,
+            "lastError": self.last_error,
+        }
+
+
+class _LegacyRefused(Exception):
+    pass
+
+
+class _PolicyRefused(Exception):
+    def __init__(self, fallback: str) -> None:
+        super().__init__(fallback)
+        self.fallback = fallback
+
+
+def policy_for(config: ServerConfig) -> GrantPolicy:
+    """The grant policy a server's config asks for (the daemon's defaults where it's silent).
+
+    ``from_config`` drops an exact denial from the *default* allowlist rather than reading it
+    as a malformed allow+deny pair: the operator only wrote the deny.
+    """
+    return GrantPolicy.from_config(
+        enabled_capabilities=config.enabled_capabilities,
+        disabled_capabilities=config.disabled_capabilities,
+        enabled_feature_sets=config.enabled_feature_sets,
+        disabled_feature_sets=config.disabled_feature_sets,
+    )
+
+
+class ServerLink:
+    """One configured server. Run :meth:`run` in the daemon's nursery; it reconnects forever."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        delegate: LinkDelegate,
+        *,
+        rng: random.Random | None = None,
+        open_transport_fn: Callable[[ServerConfig, trio.Nursery], Awaitable[OpenTransport]] = open_transport,
+    ) -> None:
+        self.config = config
+        self.server_id = config.id
+        self.policy = policy_for(config)
+        self.policy.validate()
+        self._delegate = delegate
+        self._rng = rng or random.Random()
+        self._open_transport = open_transport_fn
+        self._log = get_logger(server=config.id)
+        self.state = LinkState.CONNECTING
+        self.grant = Grant.nothing()
+        self.manifest: Manifest | None = None
+        self.receipt: Any = None
+        self.legacy = False
+        self.epoch = 0
+        self.attempts = 0
+        self.last_error: str | None = None
+        self._since = time.time()
+        self._endpoint = ""
+        self._peer: Peer | None = None
+        self._policy_in_force = False
+        self._manifest_dirty = False
+        self._manifest_fetch_running = False
+        self._last_manifest_fetch = -MANIFEST_REFETCH_INTERVAL
+        self._epoch_nursery: trio.Nursery | None = None
+        self._ready_event = trio.Event()
+        self._ready_since: float | None = None
+
+    # -- status ------------------------------------------------------------------------------
+
+    def status(self) -> LinkStatus:
+        return LinkStatus(
+            server_id=self.server_id,
+            state=self.state.value,
+            transport=self.config.transport,
+            endpoint=self._endpoint,
+            epoch=self.epoch,
+            attempts=self.attempts,
+            legacy=self.legacy,
+            manifest_version=self.manifest.version if self.manifest else None,
+            grant=self.grant.summary(),
+            receipt=self.receipt,
+            last_error=self.last_error,
+            since=self._since,
+        )
+
+    async def wait_ready(self) -> None:
+        """Block until the link is ready in its current epoch."""
+        await self._ready_event.wait()
+
+    def _set_state(self, new: LinkState, **fields: Any) -> None:
+        old = self.state
+        if old is new:
+            return
+        self.state = new
+        self._since = time.time()
+        if new is LinkState.READY:
+            self._ready_event.set()
+        elif old is LinkState.READY:
+            self._ready_event = trio.Event()
+        log = self._log.warning if new in (LinkState.RETRYING, LinkState.FAILED) else self._log.info
+        log("link.state", old=old.value, state=new.value, epoch=self.epoch, **fields)
+        self._delegate.link_state_changed(self, old, new)
+
+    # -- outbound ----------------------------------------------------------------------------
+
+    def _live_peer(self) -> Peer:
+        if self._peer is None or self._peer.closed or self.state is not LinkState.READY:
+            raise LinkUnavailable(f"server {self.server_id!r} is {self.state.value}")
+        return self._peer
+
+    def _check_capability(self, capability: str | None) -> None:
+        if capability is None:
+            return
+        # "prefix.*" means any granted leaf beneath (context/beforeInference: any of its leaves).
+        if capability.endswith(".*"):
+            granted = self.grant.allows_any_under(capability[:-2])
+        else:
+            granted = self.grant.allows(capability)
+        if not granted:
+            raise CapabilityNotGranted(self.server_id, capability)
+
+    async def call(
+        self,
+        method: str,
+        params: Any = None,
+        *,
+        capability: str | None,
+        timeout: float | None = None,
+        result_type: type | None = None,
+    ) -> Any:
+        """Send a request needing ``capability`` (checked against the current grant first)."""
+        peer = self._live_peer()
+        self._check_capability(capability)
+        return await peer.request(method, params, timeout=timeout, result_type=result_type)
+
+    async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
+        """Send a notification needing ``capability`` (checked against the current grant first)."""
+        peer = self._live_peer()
+        self._check_capability(capability)
+        await peer.notify(method, params)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, serve, and reconnect with backoff until cancelled or failed."""
+        task_status.started()
+        reconnect = self.config.reconnect
+        try:
+            while True:
+                self.epoch += 1
+                self.attempts += 1
+                self._set_state(LinkState.CONNECTING, attempt=self.attempts)
+                try:
+                    await self._run_epoch()
+                    self.last_error = "connection closed by the server"
+                except (_LegacyRefused, _PolicyRefused) as exc:
+                    self.last_error = str(exc)
+                    self._set_state(LinkState.FAILED, reason=str(exc))
+                    return
+                except (TransportError, PeerClosed, RequestTimeout, RpcError, ManifestError) as exc:
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                if self._ready_since is not None and trio.current_time() - self._ready_since >= STABLE_AFTER:
+                    self.attempts = 1
+                if reconnect.max_attempts and self.attempts >= reconnect.max_attempts:
+                    self._set_state(LinkState.FAILED, reason=f"gave up after {self.attempts} attempts: {self.last_error}")
+                    return
+                delay = self._backoff_delay()
+                self._set_state(LinkState.RETRYING, error=self.last_error, retry_in=round(delay, 3))
+                await trio.sleep(delay)
+        finally:
+            if self.state is not LinkState.FAILED:
+                self._set_state(LinkState.CLOSED)
+
+    def _backoff_delay(self) -> float:
+        reconnect = self.config.reconnect
+        base = reconnect.initial_delay * reconnect.multiplier ** max(0, self.attempts - 1)
+        base = min(base, reconnect.max_delay)
+        spread = base * reconnect.jitter
+        return max(0.0, base + self._rng.uniform(-spread, spread))
+
+    async def _run_epoch(self) -> None:
+        self.grant = Grant.nothing()  # every new transport epoch starts with nothing granted
+        self._policy_in_force = False
+        self.legacy = False
+        self.receipt = None
+        self._ready_since = None
+        transport: OpenTransport | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._epoch_nursery = nursery
+                transport = await self._open_transport(self.config, nursery)
+                self._endpoint = transport.description
+                peer = Peer(
+                    transport.stream,
+                    self._dispatch,
+                    request_timeout=self.config.request_timeout,
+                    log_fields={"server": self.server_id, "epoch": self.epoch},
+                )
+                self._peer = peer
+                peer_done = trio.Event()
+
+                async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                    try:
+                        await peer.run(task_status=task_status)
+                    finally:
+                        peer_done.set()
+
+                await nursery.start(serve)
+                await self._handshake(peer)
+                self._ready_since = trio.current_time()
+                self._set_state(LinkState.READY, endpoint=self._endpoint, grant=self.grant.summary())
+                await peer_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._peer = None
+            self._epoch_nursery = None
+            self._policy_in_force = False
+            if transport is not None:
+                with trio.CancelScope(shield=True):
+                    await transport.aclose()
+                    if transport.process is not None:
+                        self._log.info("server.exited", returncode=transport.process.returncode, epoch=self.epoch)
+            self.grant = Grant.nothing()
+            self._delegate.link_epoch_ended(self)
+
+    # -- handshake ---------------------------------------------------------------------------
+
+    async def _handshake(self, peer: Peer) -> None:
+        answer = await peer.request(
+            "initialize",
+            {
+                "protocolVersion": MCP_PROTOCOL_VERSION,
+                "capabilities": {"experimental": {"mcpl": HOST_MCPL_CAPABILITIES}},
+                "clientInfo": {"name": "mcpl-router", "version": _version()},
+            },
+        )
+        capabilities = answer.get("capabilities") if isinstance(answer, dict) else None
+        capabilities = capabilities if isinstance(capabilities, dict) else {}
+        experimental = capabilities.get("experimental")
+        raw_manifest = experimental.get("mcpl") if isinstance(experimental, dict) else None
+        manifest = parse_manifest(raw_manifest, mcp_tools="tools" in capabilities)
+        self.manifest = manifest
+        if manifest.problems:
+            self._log.info("link.manifest.tolerated", problems=list(manifest.problems))
+        await peer.notify("notifications/initialized")
+        granted = compute_grant(manifest, self.policy)
+        if manifest.is_legacy_version:
+            self._enter_legacy(granted, why=f"manifest version {manifest.version}")
+        elif self.config.legacy == "allow":
+            # Operator says this server acts before its policy: admit against the host-side grant.
+            self._apply_grant(granted, host_side=True)
+        try:
+            await peer.request(
+                "featureSets/update",
+                granted.to_update_params(),
+                on_answer=lambda envelope: self._on_policy_answer(envelope, granted),
+            )
+        except RpcError as error:
+            if error.code != METHOD_NOT_FOUND:
+                raise
+            if not self.legacy:
+                self._enter_legacy(granted, why="featureSets/update answered -32601")
+            return
+        if isinstance(self.receipt, dict) and self.receipt.get("accepted") is False:
+            fallback = self.receipt.get("fallback")
+            if fallback == "mcp-only":
+                self._apply_grant(
+                    compute_grant(Manifest.empty(mcp_tools=granted.allows("tools")), self.policy), host_side=True
+                )
+                self._log.warning("link.policy.refused", fallback="mcp-only", receipt=self.receipt)
+            else:
+                raise _PolicyRefused(f"the server refused the policy (fallback {fallback!r})")
+
+    def _on_policy_answer(self, envelope: Envelope, granted: Grant) -> None:
+        """Runs in the read loop as the receipt arrives, before the server's next message."""
+        if envelope.error is not msgspec.UNSET:
+            return  # -32601 → legacy, handled by the caller; other errors fail the epoch
+        try:
+            receipt = msgspec.json.decode(envelope.result) if envelope.result is not msgspec.UNSET else None
+        except msgspec.DecodeError:
+            receipt = None
+        self.receipt = receipt
+        if isinstance(receipt, dict) and receipt.get("accepted") is False:
+            self._log.warning("link.policy.receipt", accepted=False, receipt=receipt)
+            return
+        # A receipt never widens the grant: we apply exactly what we sent.
+        self._apply_grant(granted, host_side=False)
+        if isinstance(receipt, dict) and receipt.get("mode") == "degraded":
+            self._log.warning("link.policy.receipt", accepted=True, mode="degraded", unavailable=receipt.get("unavailableFeatures"), notes=receipt.get("notes"))
+        else:
+            self._log.info("link.policy.receipt", accepted=True, receipt=receipt)
+
+    def _enter_legacy(self, granted: Grant, *, why: str) -> None:
+        if self.config.legacy == "deny":
+            raise _LegacyRefused(f"legacy server refused by config (legacy = \"deny\"): {why}")
+        self.legacy = True
+        if self.config.legacy == "auto":
+            self._log.warning("link.legacy", reason=why, hint='set legacy = "allow" to silence, "deny" to refuse')
+        else:
+            self._log.info("link.legacy", reason=why)
+        self._apply_grant(attrs.evolve(granted, legacy=True), host_side=True)
+
+    def _apply_grant(self, grant: Grant, *, host_side: bool) -> None:
+        self.grant = grant
+        self._policy_in_force = True
+        self._log.info("link.grant", host_side=host_side, **grant.summary())
+
+    # -- inbound -----------------------------------------------------------------------------
+
+    async def _dispatch(self, inbound: Inbound) -> Any:
+        method = inbound.method
+        if method == "mcpl/manifestChanged":
+            self._on_manifest_changed()
+            return {} if not inbound.is_notification else None
+        if method == "ping":
+            return {}
+        capability = INBOUND_CAPABILITY.get(method)
+        if capability is not None and not self.grant.allows(capability):
+            # Admission against the grant current at receipt; before the policy, that's nothing.
+            reason = "before the policy was in force" if not self._policy_in_force else "not granted"
+            if inbound.is_notification:
+                self._log.warning("link.admission.dropped", method=method, capability=capability, reason=reason)
+                return None
+            self._log.warning("link.admission.refused", method=method, capability=capability, reason=reason)
+            raise RpcError(
+                CAPABILITY_DENIED,
+                f"Capability denied: {method} needs {capability}, which this host has not granted ({reason}).",
+                {"capability": capability},
+            )
+        return await self._delegate.handle_server_message(self, inbound)
+
+    # -- manifest changes (§17) --------------------------------------------------------------
+
+    def _on_manifest_changed(self) -> None:
+        self._manifest_dirty = True
+        if not self._manifest_fetch_running and self._epoch_nursery is not None:
+            self._manifest_fetch_running = True
+            self._epoch_nursery.start_soon(self._refetch_manifest)
+
+    async def _refetch_manifest(self) -> None:
+        try:
+            while self._manifest_dirty:
+                self._manifest_dirty = False
+                wait = self._last_manifest_fetch + MANIFEST_REFETCH_INTERVAL - trio.current_time()
+                if wait > 0:
+                    await trio.sleep(wait)  # rate bound: announcements in between coalesce
+                self._last_manifest_fetch = trio.current_time()
+                await self._apply_manifest_change()
+        finally:
+            self._manifest_fetch_running = False
+
+    async def _apply_manifest_change(self) -> None:
+        peer = self._peer
+        if peer is None or self.manifest is None:
+            return
+        try:
+            raw = await peer.request("mcpl/manifest")
+        except (RpcError, RequestTimeout, PeerClosed) as exc:
+            self._log.warning("link.manifest.refetch_failed", error=str(exc))
+            return
+        if isinstance(raw, dict) and isinstance(raw.get("manifest"), dict):
+            raw = raw["manifest"]  # tolerate a wrapped answer
+        try:
+            new_manifest = parse_manifest(raw)
+        except ManifestError as exc:
+            self._log.warning("link.manifest.invalid", error=str(exc))
+            return
+        if new_manifest.revision is not None:
+            try:
+                computed = manifest_revision(raw)
+            except DigestError as exc:
+                self._log.warning("link.manifest.invalid", error=f"{exc.code}: {exc}")
+                return
+            if computed != new_manifest.revision:
+                self._log.warning("link.manifest.revision_mismatch", claimed=new_manifest.revision, computed=computed)
+                return
+        diff = diff_manifests(self.manifest, new_manifest)
+        old_grant = self.grant
+        new_grant = narrow_on_manifest_change(old_grant, new_manifest, self.policy)
+        # Removals first, host-side, before telling the server: narrowing never waits.
+        self.grant = attrs.evolve(new_grant, legacy=old_grant.legacy)
+        self.manifest = new_manifest
+        sent = False
+        if new_grant.effective != old_grant.effective and not self.legacy:
+            try:
+                await peer.request("featureSets/update", new_grant.to_update_params())
+                sent = True
+            except (RpcError, RequestTimeout, PeerClosed) as exc:
+                self._log.warning("link.manifest.policy_update_failed", error=str(exc))
+        self._log.info(
+            "link.manifest.changed",
+            diff=diff.to_receipt(),
+            revoked=sorted(old_grant.effective - new_grant.effective),
+            not_granted=sorted(new_manifest.advertised - new_grant.effective),
+            policy_sent=sent,
+            revision=new_manifest.revision,
+        )
+
+
+def _version() -> str:
+    from mcpl_router import __version__
+
+    return __version__

@@ -1,0 +1,165 @@
+"""Open a framed connection to one MCPL server: spawn over stdio, dial TCP, or dial WebSocket.
+
+Each call opens one transport *epoch*; the link opens a new one on every reconnect. Secrets
+(a WebSocket token) go into the handshake header and never into a log line or an error text.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+import trio
+import trio_websocket
+
+from mcpl_router.jsonrpc.framing import DEFAULT_MAX_MESSAGE_BYTES, MessageStream, NdjsonStream, WebSocketMessageStream
+from mcpl_router.logs import get_logger
+
+if TYPE_CHECKING:
+    from mcpl_router.config import ServerConfig
+
+# stdin close → this grace → SIGTERM → this grace → SIGKILL (DESIGN §3, Cancellation).
+STDIO_EXIT_GRACE = 2.0
+STDIO_TERM_GRACE = 3.0
+_STDERR_LINE_LIMIT = 4000
+
+
+class TransportError(Exception):
+    """The transport could not be opened; the message is safe to log (no secrets)."""
+
+
+@attrs.define
+class OpenTransport:
+    stream: MessageStream
+    #: For logs and status: the command's name, or the URL without credentials.
+    description: str
+    process: trio.Process | None = None
+
+    async def aclose(self) -> None:
+        """Close the stream; for a child process, stop it politely, then firmly."""
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+            if self.process is not None:
+                await stop_process(self.process)
+
+
+async def stop_process(process: trio.Process) -> None:
+    """stdin is closed already (servers exit on EOF); then SIGTERM, then SIGKILL."""
+    with trio.CancelScope(shield=True):
+        with trio.move_on_after(STDIO_EXIT_GRACE):
+            await process.wait()
+            return
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(STDIO_TERM_GRACE):
+            await process.wait()
+            return
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+def child_environment(config: ServerConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allowlisted part of our environment (all of it with ``inheritEnv``), then ``env`` on top."""
+    source = os.environ if environ is None else environ
+    if config.inherit_env:
+        env = dict(source)
+    else:
+        env = {name: source[name] for name in config.env_allowlist if name in source}
+    env.update(config.env)
+    return env
+
+
+def safe_url(url: str) -> str:
+    """The URL without userinfo, query or fragment, which may carry a credential."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+async def open_transport(
+    config: ServerConfig, nursery: trio.Nursery, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+) -> OpenTransport:
+    """Open one epoch's transport. Background tasks (stderr pump, websocket reader) go in ``nursery``."""
+    if config.transport == "stdio":
+        return await _spawn_stdio(config, nursery, max_message_bytes)
+    if config.transport == "tcp":
+        return await _dial_tcp(config, max_message_bytes)
+    if config.transport == "websocket":
+        return await _dial_websocket(config, nursery, max_message_bytes)
+    raise TransportError(f"unknown transport {config.transport!r}")
+
+
+async def _spawn_stdio(config: ServerConfig, nursery: trio.Nursery, max_message_bytes: int) -> OpenTransport:
+    argv = [config.command, *config.args]
+    try:
+        process = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=child_environment(config),
+            cwd=config.cwd,
+            # Our own process group, so a Ctrl-C in the terminal reaches the daemon, which then
+            # stops the child in order, instead of every child dying at once mid-write.
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise TransportError(f"could not start {config.command!r}: {exc.strerror or exc}") from exc
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    nursery.start_soon(_pump_stderr, process.stderr, config.id)
+    stream = NdjsonStream(process.stdin, process.stdout, max_message_bytes=max_message_bytes)
+    return OpenTransport(stream=stream, description=os.path.basename(config.command), process=process)
+
+
+async def _pump_stderr(stderr: trio.abc.ReceiveStream, server_id: str) -> None:
+    """Log each stderr line of a child with its server id; stderr is the server's log."""
+    log = get_logger(server=server_id)
+    lines = NdjsonStream(None, stderr, max_message_bytes=_STDERR_LINE_LIMIT)
+    while True:
+        try:
+            line = await lines.receive_message()
+        except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError):
+            return
+        except Exception as exc:  # an over-long line: note it and keep reading
+            log.info("server.stderr.skipped", reason=str(exc))
+            continue
+        log.info("server.stderr", line=line.decode("utf-8", "replace"))
+
+
+async def _dial_tcp(config: ServerConfig, max_message_bytes: int) -> OpenTransport:
+    try:
+        stream = await trio.open_tcp_stream(config.host, config.port)
+    except OSError as exc:
+        raise TransportError(f"could not connect to tcp://{config.host}:{config.port}: {exc.strerror or exc}") from exc
+    return OpenTransport(
+        stream=NdjsonStream(stream, stream, max_message_bytes=max_message_bytes),
+        description=f"tcp://{config.host}:{config.port}",
+    )
+
+
+async def _dial_websocket(config: ServerConfig, nursery: trio.Nursery, max_message_bytes: int) -> OpenTransport:
+    headers: list[tuple[str, str]] = []
+    if config.token:
+        headers.append((config.token_header, f"Bearer {config.token}"))
+    shown = safe_url(config.url)
+    try:
+        connection = await trio_websocket.connect_websocket_url(
+            nursery,
+            config.url,
+            extra_headers=headers,
+            max_message_size=max_message_bytes,
+            message_queue_size=64,
+        )
+    except trio_websocket.HandshakeError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        raise TransportError(f"websocket handshake with {shown} refused (status {status})") from None
+    except OSError as exc:
+        raise TransportError(f"could not connect to {shown}: {exc.strerror or exc}") from None
+    return OpenTransport(stream=WebSocketMessageStream(connection), description=shown)

@@ -1,0 +1,66 @@
+"""Wire shapes of the MCPL methods servers send us (PROTOCOL.md §4), as msgspec Structs.
+
+Lists of items (descriptors, messages) are kept as :class:`msgspec.Raw` and decoded one by one,
+so one malformed item is refused alone while the rest of its batch goes through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class RegisterParams(msgspec.Struct):
+    channels: list[msgspec.Raw]
+
+
+class ChangedParams(msgspec.Struct):
+    added: list[msgspec.Raw] = []
+    removed: list[str] = []
+    updated: list[msgspec.Raw] = []
+
+
+class Author(msgspec.Struct):
+    id: str | None = None
+    name: str | None = None
+
+
+class IncomingMessage(msgspec.Struct, rename="camel"):
+    channel_id: str
+    message_id: str
+    thread_id: str | None = None
+    author: Author | None = None
+    timestamp: str | None = None
+    content: list[Any] = []
+    metadata: Any = None
+    tags: list[str] = []
+
+
+class IncomingParams(msgspec.Struct):
+    messages: list[msgspec.Raw]
+
+
+class PushOrigin(msgspec.Struct, rename="camel"):
+    mcpl_channel_id: str | None = None
+    channel_id: str | None = None
+    source: str | None = None
+    label: str | None = None
+
+
+class PushParams(msgspec.Struct, rename="camel"):
+    event_id: str
+    feature_set: str | None = None
+    timestamp: str | None = None
+    origin: PushOrigin | None = None
+    payload: Any = None
+    tags: list[str] = []
+
+
+def decode_item(raw: msgspec.Raw, item_type: type) -> Any:
+    """Decode one list item; raises :class:`msgspec.ValidationError` with its path."""
+    return msgspec.json.decode(raw, type=item_type)
+
+
+def raw_to_plain(raw: msgspec.Raw) -> Any:
+    return msgspec.json.decode(raw)

@@ -1,0 +1,497 @@
+"""Names: the one resolver for a channel named by a string, and the names an agent is shown.
+
+A *name* is a string an agent or a host gave. :meth:`ChannelNames.channels_named` is the only
+place a name becomes channels: the channels whose id is the name, those whose qualified name
+``serverId:channelId`` is the name (matched against the registered pairs, never by splitting at
+a colon, since ids hold colons), and the DMs whose label is the name without regard to case,
+taken together. Everything else here is built on it:
+
+- :meth:`~ChannelNames.channel_named` picks one channel or refuses, with one refusal for a name
+  several channels answer to (:meth:`~ChannelNames.refuse_ambiguous`);
+- :meth:`~ChannelNames.name_shown` is the string an agent is shown for a channel, which
+  resolves back to that channel or is visibly not a name;
+- :meth:`~ChannelNames.channel_list` gives the listing's rows in one O(n) pass;
+- :meth:`~ChannelNames.explain` says how a name resolves and why.
+
+Every lookup reads the registry's indexes, so it costs O(1) in the number of channels (O(k) in
+the k channels that answer to the name). Nothing here keeps state of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+
+import attrs
+
+from mcpl_router.routing import texts
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.registry import ChannelRegistry
+
+__all__ = [
+    "MATCH_DM_LABEL",
+    "MATCH_ID",
+    "MATCH_PAIR",
+    "MATCH_QUALIFIED",
+    "Candidate",
+    "ChannelNames",
+    "ChannelRow",
+    "Explanation",
+    "Refusal",
+    "Resolved",
+]
+
+# How a candidate answered to a name (stable strings, for explain's JSON).
+MATCH_ID: Final = "id"
+MATCH_QUALIFIED: Final = "qualified-name"
+MATCH_DM_LABEL: Final = "dm-label"
+MATCH_PAIR: Final = "server-and-id"
+
+# Rules and refusal kinds (stable strings: hosts and tests match on them).
+RULE_EXACT_PAIR: Final = "exact-pair"
+RULE_ONE_MATCH: Final = "one-match"
+KIND_AMBIGUOUS: Final = "ambiguous"
+KIND_UNKNOWN: Final = "unknown"
+KIND_NOT_ON_SERVER: Final = "not-on-server"
+KIND_QUALIFIED_WITH_SERVER: Final = "qualified-with-server"
+KIND_NO_NAME: Final = "no-name"
+
+#: How many channels an "unknown" refusal lists before saying how many more there are.
+UNKNOWN_LISTING_CAP: Final = 10
+
+
+@attrs.frozen
+class Resolved:
+    """A name that picks exactly one channel; ``rule`` says how (``exact-pair``, ``one-match``)."""
+
+    ref: ChannelRef
+    rule: str
+
+
+@attrs.frozen
+class Refusal:
+    """A name that picks no single channel, with the text the agent reads.
+
+    ``kind`` is a stable machine string (``ambiguous``, ``unknown``, ``not-on-server``,
+    ``qualified-with-server``, ``no-name``); ``candidates`` are the channels the refusal names,
+    in registration order.
+    """
+
+    kind: str
+    text: str
+    candidates: tuple[ChannelRef, ...] = ()
+    name: str = ""
+    server_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The refusal as JSON: kind, text, candidates as refs."""
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "candidates": [ref.to_wire() for ref in self.candidates],
+        }
+
+
+@attrs.frozen
+class ChannelRow:
+    """One row of ``channel_list``.
+
+    ``name`` is present (not None) only where the channel's id names another channel too, and
+    then it is the qualified name, which picks this row alone; where no string picks the row
+    alone it stays None and ``shown`` has the id-and-server form. ``shown`` is always
+    :meth:`ChannelNames.name_shown`.
+    """
+
+    server_id: str
+    channel_id: str
+    label: str
+    type: str
+    direction: str
+    open: bool
+    lazy: bool
+    name: str | None
+    shown: str
+
+    @property
+    def ref(self) -> ChannelRef:
+        """The row's channel."""
+        return ChannelRef(self.server_id, self.channel_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as JSON, ``name`` only where it is present."""
+        row: dict[str, Any] = {
+            "serverId": self.server_id,
+            "channelId": self.channel_id,
+            "label": self.label,
+            "type": self.type,
+            "direction": self.direction,
+            "open": self.open,
+            "lazy": self.lazy,
+            "shown": self.shown,
+        }
+        if self.name is not None:
+            row["name"] = self.name
+        return row
+
+
+@attrs.frozen
+class Candidate:
+    """A channel a name reached, how it matched, and how it is named."""
+
+    ref: ChannelRef
+    matched_by: tuple[str, ...]
+    shown: str
+    picks_alone: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The candidate as JSON."""
+        return {
+            **self.ref.to_wire(),
+            "matchedBy": list(self.matched_by),
+            "shown": self.shown,
+            "picksAlone": self.picks_alone,
+        }
+
+
+@attrs.frozen
+class Explanation:
+    """How a name resolves and why: candidates, the rule that picked or refused, the refusal."""
+
+    name: str
+    server_id: str | None
+    rule: str
+    rule_text: str
+    resolved: ChannelRef | None
+    refusal: Refusal | None
+    candidates: tuple[Candidate, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The explanation as JSON (for the CLI's ``explain`` and the host API's)."""
+        return {
+            "name": self.name,
+            "serverId": self.server_id,
+            "rule": self.rule,
+            "ruleText": self.rule_text,
+            "resolved": self.resolved.to_wire() if self.resolved is not None else None,
+            "refusal": self.refusal.to_dict() if self.refusal is not None else None,
+            "candidates": [candidate.to_dict() for candidate in self.candidates],
+        }
+
+
+@attrs.frozen
+class ChannelNames:
+    """The resolver and the shown names, read from a :class:`ChannelRegistry`'s indexes."""
+
+    registry: ChannelRegistry
+
+    # ------------------------------------------------------------------ the one resolver
+
+    def channels_named(self, name: str) -> list[ChannelRef]:
+        """Every channel that answers to ``name``, in registration order.
+
+        Those whose id is ``name``, those whose ``serverId:channelId`` is ``name`` (matched
+        against registered pairs, never split at a colon), and the DMs whose label is ``name``
+        compared without case, taken together, each once. An empty name names nothing.
+        ``#label`` forms are not names here (that is a routing mode's grammar); see
+        :meth:`channels_labelled`.
+        """
+        if not name:
+            return []
+        registry = self.registry
+        found = dict.fromkeys(registry.refs_with_id(name))
+        found.update(dict.fromkeys(registry.refs_with_qualified_name(name)))
+        found.update(dict.fromkeys(registry.dm_refs_with_label(name)))
+        if len(found) < 2:
+            return list(found)
+        # Registration order is for a stable listing only: nothing picks the first.
+        return sorted(found, key=registry.order_of)
+
+    def channels_labelled(self, label: str) -> list[ChannelRef]:
+        """Every channel (of any type) whose label is ``label``, compared without case."""
+        registry = self.registry
+        refs = list(registry.refs_with_label(label)) if label else []
+        return sorted(refs, key=registry.order_of) if len(refs) > 1 else refs
+
+    def _sole(self, name: str) -> ChannelRef | None:
+        """The one channel answering to ``name``, or None when none or several do.
+
+        Stops at the second distinct channel, so it is O(1) however many share the name.
+        """
+        if not name:
+            return None
+        registry = self.registry
+        found: ChannelRef | None = None
+        for refs in (
+            registry.refs_with_id(name),
+            registry.refs_with_qualified_name(name),
+            registry.dm_refs_with_label(name),
+        ):
+            for ref in refs:
+                if found is None:
+                    found = ref
+                elif ref != found:
+                    return None
+        return found
+
+    def _answers(self, name: str) -> bool:
+        registry = self.registry
+        return bool(
+            registry.refs_with_id(name)
+            or registry.refs_with_qualified_name(name)
+            or registry.dm_refs_with_label(name)
+        )
+
+    # ------------------------------------------------------------------ shown names
+
+    def pick_name(self, ref: ChannelRef) -> str | None:
+        """The name that picks ``ref`` alone: its id, else its qualified name, else None.
+
+        None also for a channel not registered now.
+        """
+        if not self.registry.is_registered(ref):
+            return None
+        if self._sole(ref.channel_id) == ref:
+            return ref.channel_id
+        qualified = ref.qualified_name
+        if self._sole(qualified) == ref:
+            return qualified
+        return None
+
+    def name_shown(self, ref: ChannelRef) -> str:
+        """The string an agent is shown for ``ref``. O(1) in the number of channels.
+
+        A registered channel: its id where the id picks it alone, else its qualified name where
+        that picks it alone, else the id-and-server form (``"b:room" on server "a"``), which is
+        visibly not a name. A channel no longer registered: its id, or its qualified name where
+        another channel now answers to the id, or the id-and-server form where something
+        answers to both, so what is shown never names another channel.
+        """
+        if self.registry.is_registered(ref):
+            picked = self.pick_name(ref)
+            if picked is not None:
+                return picked
+            return texts.unnamed_channel(ref.channel_id, ref.server_id)
+        if not self._answers(ref.channel_id):
+            return ref.channel_id
+        return ref.qualified_name
+
+    # ------------------------------------------------------------------ picking one
+
+    def channel_named(
+        self,
+        name: str | None,
+        server_id: str | None = None,
+        *,
+        not_done: str = texts.NOTHING_DONE,
+        server_id_accepted: bool = True,
+    ) -> Resolved | Refusal:
+        """The one channel a name (and optional server) picks, or a refusal saying why not.
+
+        Args:
+            name: the ``channelId`` (an id, a qualified name, a DM's label). Empty or None
+                means none was given.
+            server_id: a ``serverId``; given (non-empty), ``name`` is that server's channel id
+                and the pair is matched exactly, never read as another channel's name. An
+                empty string (a model's way of leaving a field out) means not given.
+            not_done: what the caller did not do, for the refusal ("Nothing was sent.").
+            server_id_accepted: whether the caller's schema takes a ``serverId``; when not, a
+                channel no string picks alone is said to be one no channelId reaches.
+        """
+        server_id = server_id or None
+        if not name:
+            return Refusal(KIND_NO_NAME, texts.no_name(not_done), (), "", server_id)
+        if server_id is not None:
+            ref = ChannelRef(server_id, name)
+            if self.registry.is_registered(ref):
+                return Resolved(ref, RULE_EXACT_PAIR)
+            return self._refuse_not_on_server(name, server_id, not_done, server_id_accepted)
+        candidates = self.channels_named(name)
+        if len(candidates) == 1:
+            return Resolved(candidates[0], RULE_ONE_MATCH)
+        if candidates:
+            return self.refuse_ambiguous(
+                name, candidates, not_done=not_done, server_id_accepted=server_id_accepted
+            )
+        return self._refuse_unknown(name, not_done)
+
+    def refuse_ambiguous(
+        self,
+        name: str,
+        candidates: Iterable[ChannelRef],
+        *,
+        not_done: str = texts.NOTHING_DONE,
+        server_id_accepted: bool = True,
+    ) -> Refusal:
+        """The one refusal for a name several channels answer to.
+
+        Names each candidate by the name that picks it alone, or, where no string does, gives
+        a line with its route (``channelId`` with ``serverId``). Says the name "is on more than
+        one server" or "could mean more than one channel on server" s; never "not found".
+        Also for candidates found another way (a ``#label`` target), so they read the same.
+        """
+        refs = tuple(dict.fromkeys(candidates))
+        if not refs:
+            return self._refuse_unknown(name, not_done)
+        lines = []
+        for ref in refs:
+            picked = self.pick_name(ref)
+            if picked is not None:
+                lines.append(texts.candidate_line(picked))
+            else:
+                lines.append(
+                    texts.route_line(ref.channel_id, ref.server_id, server_id_accepted=server_id_accepted)
+                )
+        servers = dict.fromkeys(ref.server_id for ref in refs)
+        if len(servers) > 1:
+            text = texts.ambiguous_across_servers(name, lines, not_done)
+        else:
+            text = texts.ambiguous_on_server(name, next(iter(servers)), lines, not_done)
+        return Refusal(KIND_AMBIGUOUS, text, refs, name, None)
+
+    def _refuse_unknown(self, name: str, not_done: str) -> Refusal:
+        registry = self.registry
+        # The first few in registration order, without walking the rest: a refusal must stay
+        # cheap with 100k channels registered.
+        first = registry.first_entries(UNKNOWN_LISTING_CAP)
+        shown = [self.name_shown(entry.ref) for entry in first]
+        text = texts.unknown_name(name, shown, len(registry) - len(first), not_done)
+        return Refusal(KIND_UNKNOWN, text, (), name, None)
+
+    def _refuse_not_on_server(
+        self, name: str, server_id: str, not_done: str, server_id_accepted: bool
+    ) -> Refusal:
+        sole = self._sole(name)
+        if sole is not None and sole.server_id == server_id and sole.qualified_name == name:
+            # "a:general" with serverId "a": the pair (a, "a:general") is no channel, and the
+            # name already says that server. Say the name works alone. With another server's
+            # id beside it, it is not-on-server: pointing a call that chose server "c" at
+            # server "a"'s channel would be pointing it at another community.
+            text = texts.qualified_with_server(name, server_id, sole.channel_id, sole.server_id, not_done)
+            return Refusal(KIND_QUALIFIED_WITH_SERVER, text, (sole,), name, server_id)
+        registry = self.registry
+        holders = sorted(registry.refs_with_id(name), key=registry.order_of)
+        places = []
+        for ref in holders:
+            picked = self.pick_name(ref)
+            if picked is not None:
+                places.append(texts.place_by_name(ref.server_id, picked))
+            else:
+                places.append(
+                    texts.place_by_route(ref.channel_id, ref.server_id, server_id_accepted=server_id_accepted)
+                )
+        text = texts.not_on_server(name, server_id, places, not_done)
+        return Refusal(KIND_NOT_ON_SERVER, text, tuple(holders), name, server_id)
+
+    # ------------------------------------------------------------------ listing
+
+    def channel_list(self) -> list[ChannelRow]:
+        """Every channel as a ``channel_list`` row, in registration order. O(n).
+
+        One pass counts how many channels answer to each id, qualified name and DM label;
+        each row is then named from those counts, with no lookup per row.
+        """
+        entries = self.registry.all_entries()
+        by_id: dict[str, int] = {}
+        by_qualified: dict[str, int] = {}
+        by_dm_label: dict[str, int] = {}
+        # A DM whose label equals its own id (or qualified name) without case answers to that
+        # string twice; count it once, as channels_named does.
+        twice_by_id: dict[str, int] = {}
+        twice_by_qualified: dict[str, int] = {}
+        for entry in entries:
+            ref = entry.ref
+            channel_id = ref.channel_id
+            qualified = ref.qualified_name
+            by_id[channel_id] = by_id.get(channel_id, 0) + 1
+            by_qualified[qualified] = by_qualified.get(qualified, 0) + 1
+            descriptor = entry.descriptor
+            if descriptor.is_dm and descriptor.label:
+                folded = descriptor.label.casefold()
+                by_dm_label[folded] = by_dm_label.get(folded, 0) + 1
+                if folded == channel_id.casefold():
+                    twice_by_id[channel_id] = twice_by_id.get(channel_id, 0) + 1
+                if folded == qualified.casefold():
+                    twice_by_qualified[qualified] = twice_by_qualified.get(qualified, 0) + 1
+
+        def answering(name: str) -> int:
+            count = by_id.get(name, 0) + by_qualified.get(name, 0)
+            if by_dm_label:
+                count += by_dm_label.get(name.casefold(), 0)
+                count -= twice_by_id.get(name, 0) + twice_by_qualified.get(name, 0)
+            return count
+
+        rows = []
+        for entry in entries:
+            ref = entry.ref
+            descriptor = entry.descriptor
+            name: str | None = None
+            # Each row answers to its own id and qualified name, so a count of 1 is this row.
+            if answering(ref.channel_id) == 1:
+                shown = ref.channel_id
+            elif answering(ref.qualified_name) == 1:
+                name = shown = ref.qualified_name
+            else:
+                shown = texts.unnamed_channel(ref.channel_id, ref.server_id)
+            rows.append(
+                ChannelRow(
+                    server_id=ref.server_id,
+                    channel_id=ref.channel_id,
+                    label=descriptor.label,
+                    type=descriptor.type,
+                    direction=descriptor.direction,
+                    open=entry.open,
+                    lazy=entry.lazy,
+                    name=name,
+                    shown=shown,
+                )
+            )
+        return rows
+
+    # ------------------------------------------------------------------ explain
+
+    def _matches(self, name: str) -> dict[ChannelRef, list[str]]:
+        registry = self.registry
+        matches: dict[ChannelRef, list[str]] = {}
+        if not name:
+            return matches
+        for how, refs in (
+            (MATCH_ID, registry.refs_with_id(name)),
+            (MATCH_QUALIFIED, registry.refs_with_qualified_name(name)),
+            (MATCH_DM_LABEL, registry.dm_refs_with_label(name)),
+        ):
+            for ref in refs:
+                matches.setdefault(ref, []).append(how)
+        return dict(sorted(matches.items(), key=lambda item: registry.order_of(item[0])))
+
+    def explain(self, name: str | None, server_id: str | None = None) -> Explanation:
+        """How ``name`` (with an optional ``serverId``) resolves, and why.
+
+        Lists every channel that answers to the name with how it matched, and, where a
+        ``serverId`` was given, the exact pair; the rule that picked or refused; the refusal;
+        and each candidate's shown name.
+        """
+        name = name or ""
+        server_id = server_id or None
+        result = self.channel_named(name, server_id)
+        matches = self._matches(name)
+        if server_id is not None:
+            pair = ChannelRef(server_id, name)
+            if self.registry.is_registered(pair):
+                matches = {pair: [MATCH_PAIR, *matches.pop(pair, [])], **matches}
+        candidates = tuple(
+            Candidate(ref, tuple(how), self.name_shown(ref), self.pick_name(ref))
+            for ref, how in matches.items()
+        )
+        if isinstance(result, Resolved):
+            rule, resolved, refusal = result.rule, result.ref, None
+        else:
+            rule, resolved, refusal = result.kind, None, result
+        return Explanation(
+            name=name,
+            server_id=server_id,
+            rule=rule,
+            rule_text=texts.rule_text(rule),
+            resolved=resolved,
+            refusal=refusal,
+            candidates=candidates,
+        )

@@ -1,0 +1,718 @@
+"""The channel registry: every server's registered channels, each held by its :class:`ChannelRef`.
+
+An MCPL channel id is unique only within one server's connection (SPEC §14.2), so nothing here is
+keyed by a bare id or by a joined ``server:id`` string. The registry is pure data in, results
+out: no sockets, no trio. Its owner (the router) calls it with what a server sent and the grant
+current at receipt, and every mutating method returns what changed, so the caller can stop
+typing and streams for exactly those refs and answer the server item by item.
+
+The indexes (by id, by qualified name, by label, by a DM's label, by native address) hold sets
+of refs and are kept up to date on every add and removal, so a lookup costs O(1) in the number
+of registered channels. :mod:`mcpl_router.routing.names` reads them; nothing else writes them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import types
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any, Final, Literal
+
+import attrs
+
+from mcpl_router.logs import get_logger
+from mcpl_router.routing import texts
+from mcpl_router.routing.refs import ChannelRef
+
+__all__ = [
+    "CHANNEL_NOT_PERMITTED",
+    "DIRECTIONS",
+    "DM_TYPE",
+    "UNKNOWN_CHANNEL",
+    "Admission",
+    "ChangeResult",
+    "ChannelDescriptor",
+    "ChannelEntry",
+    "ChannelRegistry",
+    "DescriptorResult",
+    "PushChannel",
+    "RegistrationPolicy",
+]
+
+#: JSON-RPC error code for a channel the sending server has not registered (PROTOCOL §5).
+UNKNOWN_CHANNEL: Final = -32023
+#: JSON-RPC error code for a channel the server's grant does not permit (PROTOCOL §5).
+CHANNEL_NOT_PERMITTED: Final = -32017
+
+Direction = Literal["inbound", "outbound", "bidirectional"]
+DIRECTIONS: Final = frozenset({"inbound", "outbound", "bidirectional"})
+
+#: The descriptor ``type`` whose label is also a name (matched without case), as a DM's is.
+DM_TYPE: Final = "dm"
+
+#: The address key a push's native channel id (``origin.channelId``) is matched under.
+NATIVE_CHANNEL_KEY: Final = "channelId"
+
+Form = Literal["request", "notification"]
+
+_EMPTY: Final[tuple[ChannelRef, ...]] = ()
+
+
+def _freeze(value: Any) -> Any:
+    """A deep, read-only copy of a JSON value: objects become mapping proxies, arrays tuples."""
+    if isinstance(value, Mapping):
+        # The proxy wraps a dict nobody else holds, so the copy can't change under it.
+        return types.MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    """The plain JSON value :func:`_freeze` froze (dicts and lists again), for encoding."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _address(value: Any) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        pairs = list(value)
+    else:
+        raise ValueError(f"channel descriptor address must be an object, got {type(value).__name__}")
+    out: list[tuple[str, str]] = []
+    for pair in pairs:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise ValueError("channel descriptor address entries must be key/value pairs")
+        key, native = pair
+        # Native ids arrive as strings or as numbers (a Discord snowflake, a Telegram peer); a
+        # boolean or nested value is no id at all.
+        if not isinstance(key, str) or isinstance(native, bool) or not isinstance(native, (str, int)):
+            raise ValueError(f"channel descriptor address {key!r} must map to a string or number")
+        out.append((key, str(native)))
+    return tuple(out)
+
+
+@attrs.frozen
+class ChannelDescriptor:
+    """One channel as its server described it (PROTOCOL §4).
+
+    ``id`` is unique within its server's connection only; a descriptor never names its server,
+    the registry pairs it with one in a :class:`ChannelRef`. ``metadata`` is kept as the server
+    sent it, frozen (objects as read-only mappings, arrays as tuples), and takes no part in the
+    hash.
+    """
+
+    id: str
+    type: str = "channel"
+    label: str = ""
+    direction: Direction = "bidirectional"
+    address: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_address)
+    metadata: Any = attrs.field(default=None, converter=_freeze, hash=False)
+    initially_open: bool = False
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> ChannelDescriptor:
+        """Read a descriptor from its wire form (``id``, ``type``, ``label``, ``direction``, …).
+
+        Raises:
+            ValueError: the descriptor is malformed (not an object; an id that is missing,
+                empty or not a string; a field of the wrong type; an unknown direction). The
+                message says which, so it can go back to the server as the refusal's reason.
+        """
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"channel descriptor must be an object, got {type(obj).__name__}")
+        channel_id = obj.get("id")
+        if channel_id is None:
+            raise ValueError("channel descriptor has no id")
+        if not isinstance(channel_id, str):
+            raise ValueError(f"channel descriptor id must be a string, got {type(channel_id).__name__}")
+        if not channel_id:
+            raise ValueError("channel descriptor id is empty")
+        kind = obj.get("type", "channel")
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"channel {channel_id!r}: type must be a non-empty string")
+        label = obj.get("label", channel_id)
+        if label is None:
+            label = channel_id
+        if not isinstance(label, str):
+            raise ValueError(f"channel {channel_id!r}: label must be a string")
+        direction = obj.get("direction", "bidirectional")
+        if direction not in DIRECTIONS:
+            raise ValueError(
+                f"channel {channel_id!r}: direction must be inbound, outbound or bidirectional,"
+                f" got {direction!r}"
+            )
+        initially_open = obj.get("initiallyOpen", False)
+        if not isinstance(initially_open, bool):
+            raise ValueError(f"channel {channel_id!r}: initiallyOpen must be a boolean")
+        try:
+            address = _address(obj.get("address"))
+        except ValueError as exc:
+            raise ValueError(f"channel {channel_id!r}: {exc}") from None
+        return cls(
+            id=channel_id,
+            type=kind,
+            label=label,
+            direction=direction,
+            address=address,
+            metadata=obj.get("metadata"),
+            initially_open=initially_open,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The descriptor in its wire form, metadata thawed back to plain JSON values."""
+        wire: dict[str, Any] = {
+            "id": self.id,
+            "type": self.type,
+            "label": self.label,
+            "direction": self.direction,
+            "address": dict(self.address),
+            "initiallyOpen": self.initially_open,
+        }
+        if self.metadata is not None:
+            wire["metadata"] = _thaw(self.metadata)
+        return wire
+
+    @property
+    def is_dm(self) -> bool:
+        """Whether this is a DM, whose label is also a name (matched without case)."""
+        return self.type == DM_TYPE
+
+    def native(self, key: str = NATIVE_CHANNEL_KEY) -> str | None:
+        """The native id under ``key`` in the descriptor's address, if it has one."""
+        for k, v in self.address:
+            if k == key:
+                return v
+        return None
+
+
+@attrs.frozen
+class RegistrationPolicy:
+    """What one server may do with channels, as its grant stands when a message is received.
+
+    The caller builds it from the grant current at receipt and passes it with every call, so a
+    narrowed grant applies from the next message on. The default grants nothing (an absent
+    grant is a grant of nothing, PROTOCOL §2).
+
+    ``id_patterns`` narrows which channel ids the server may register or receive on: empty means
+    any id; otherwise an id must match one of them with :func:`fnmatch.fnmatchcase`. There,
+    ``*`` matches any run of characters, colons included, so ``discord:acme:*`` also admits
+    ``discord:acme:x:y``; ``?`` and ``[...]`` work as in fnmatch.
+    """
+
+    may_register: bool = False
+    may_receive: bool = False
+    id_patterns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @classmethod
+    def permissive(cls, *id_patterns: str) -> RegistrationPolicy:
+        """A policy granting ``channels.register`` and ``channels.incoming`` (within patterns)."""
+        return cls(may_register=True, may_receive=True, id_patterns=id_patterns)
+
+    def permits_id(self, channel_id: str) -> bool:
+        """Whether ``channel_id`` is within this server's id patterns (always, when it has none)."""
+        if not self.id_patterns:
+            return True
+        return any(fnmatch.fnmatchcase(channel_id, pattern) for pattern in self.id_patterns)
+
+
+@attrs.frozen
+class DescriptorResult:
+    """The answer for one descriptor of a register or change: ``{id, accepted, reason?}``."""
+
+    id: str
+    accepted: bool
+    reason: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The result as ``channels/register`` answers it."""
+        wire: dict[str, Any] = {"id": self.id, "accepted": self.accepted}
+        if self.reason is not None:
+            wire["reason"] = self.reason
+        return wire
+
+
+@attrs.frozen
+class ChangeResult:
+    """What a ``channels/changed`` did: a result per added and updated descriptor, and the
+    refs its removals withdrew (stop their typing and streams)."""
+
+    added: tuple[DescriptorResult, ...] = ()
+    updated: tuple[DescriptorResult, ...] = ()
+    withdrawn: tuple[ChannelRef, ...] = ()
+
+    @property
+    def results(self) -> tuple[DescriptorResult, ...]:
+        """The itemized answer a Request-form call gets: added, then updated."""
+        return self.added + self.updated
+
+
+@attrs.frozen
+class Admission:
+    """Whether one ``channels/incoming`` message is admitted, and into which channel.
+
+    ``ref`` is the channel the message was admitted into, or, for a message refused by the
+    grant, the sending server's channel it named; it is ``None`` where that server registers no
+    such channel. ``code`` is :data:`UNKNOWN_CHANNEL` or :data:`CHANNEL_NOT_PERMITTED` when
+    refused.
+    """
+
+    accepted: bool
+    ref: ChannelRef | None
+    code: int | None = None
+    reason: str | None = None
+
+
+@attrs.frozen
+class PushChannel:
+    """The channel a push belongs to: always one of the pushing server's, or none.
+
+    ``registered_lazily`` is True when this push registered the channel (announce it as
+    added); ``reason`` says why there is no channel when ``ref`` is None.
+    """
+
+    ref: ChannelRef | None
+    registered_lazily: bool = False
+    reason: str | None = None
+
+
+@attrs.frozen
+class ChannelEntry:
+    """A registered channel: its ref, its descriptor, and the daemon's state for it.
+
+    A value: the registry replaces an entry when anything about it changes, so an entry a
+    caller holds is a snapshot that never shifts under it. ``order`` is the global registration
+    sequence (used to list candidates in a stable order, never to choose between them);
+    ``lazy`` marks a channel a push registered rather than its server's register call.
+    """
+
+    ref: ChannelRef
+    descriptor: ChannelDescriptor
+    lazy: bool
+    open: bool
+    order: int
+
+
+def _index_add(index: dict[str, dict[ChannelRef, None]], key: str, ref: ChannelRef) -> None:
+    index.setdefault(key, {})[ref] = None
+
+
+def _index_discard(index: dict[str, dict[ChannelRef, None]], key: str, ref: ChannelRef) -> None:
+    refs = index.get(key)
+    if refs is None:
+        return
+    refs.pop(ref, None)
+    if not refs:
+        # Drop empty buckets, so the index's size follows the channels registered now and a
+        # lookup of a withdrawn name finds nothing rather than an empty set.
+        del index[key]
+
+
+def _view(index: dict[str, dict[ChannelRef, None]], key: str) -> Collection[ChannelRef]:
+    refs = index.get(key)
+    return refs.keys() if refs else _EMPTY
+
+
+@attrs.define
+class ChannelRegistry:
+    """Every server's channels, each held by its :class:`ChannelRef`; owned by the router.
+
+    Mutated only by its owner, from one task. Every mutating method returns what changed.
+    Refusals are logged (event ``channels.register.refused`` / ``channels.incoming.refused``,
+    at warning, with ``server``, ``channel``, ``reason`` and ``form``), since a Notification-form
+    call has no answer to carry them.
+    """
+
+    _entries: dict[ChannelRef, ChannelEntry] = attrs.field(factory=dict, init=False)
+    # Dicts used as insertion-ordered sets of refs. Keys are the string a name is matched
+    # against (an id, a qualified name, a casefolded label), values always sets of refs: two
+    # channels may share any of those strings, and the index must keep both.
+    _by_server: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
+    _by_id: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
+    _by_qualified: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
+    _by_label: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
+    _by_dm_label: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
+    # server id -> (address key, native id) -> refs: a native id is looked up only among the
+    # pushing server's own channels, so the server is part of the path, not of a joined key.
+    _by_native: dict[str, dict[tuple[str, str], dict[ChannelRef, None]]] = attrs.field(
+        factory=dict, init=False
+    )
+    _next_order: int = attrs.field(default=0, init=False)
+
+    # ------------------------------------------------------------------ register / change
+
+    def register(
+        self,
+        server_id: str,
+        descriptors: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        policy: RegistrationPolicy,
+        *,
+        form: Form = "request",
+    ) -> list[DescriptorResult]:
+        """Apply a ``channels/register``: authorize and add each descriptor independently.
+
+        A descriptor may come parsed or in wire form (a malformed one is refused with the
+        parse error as its reason). Each is refused if the grant lacks ``channels.register``,
+        if its id is outside ``policy.id_patterns``, or if the call carries its id more than
+        once (every descriptor with that id is then refused: which one was meant is unknowable).
+        A descriptor for an id this server already registered replaces that channel's
+        descriptor, keeping its place and its open state.
+
+        Returns:
+            One result per descriptor, in the order given.
+        """
+        return self._add_batch(server_id, descriptors, policy, form=form, method="channels/register")
+
+    def change(
+        self,
+        server_id: str,
+        added: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        removed: Iterable[str],
+        updated: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        policy: RegistrationPolicy,
+        *,
+        form: Form = "notification",
+    ) -> ChangeResult:
+        """Apply a ``channels/changed``: removals first, then additions, then updates.
+
+        Removals need no grant (a server may always withdraw its own channels) and touch only
+        this server's channels. Additions are authorized as :meth:`register` does. An update is
+        authorized the same way and must name a channel this server has registered.
+        """
+        withdrawn = self.withdraw(server_id, removed)
+        added_results = self._add_batch(server_id, added, policy, form=form, method="channels/changed")
+        updated_results = self._add_batch(
+            server_id, updated, policy, form=form, method="channels/changed", updating=True
+        )
+        return ChangeResult(
+            added=tuple(added_results), updated=tuple(updated_results), withdrawn=tuple(withdrawn)
+        )
+
+    def _add_batch(
+        self,
+        server_id: str,
+        descriptors: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        policy: RegistrationPolicy,
+        *,
+        form: Form,
+        method: str,
+        updating: bool = False,
+    ) -> list[DescriptorResult]:
+        parsed: list[tuple[str, ChannelDescriptor | None, str | None]] = []
+        for item in descriptors:
+            if isinstance(item, ChannelDescriptor):
+                parsed.append((item.id, item, None))
+                continue
+            try:
+                descriptor = ChannelDescriptor.from_wire(item)
+            except ValueError as exc:
+                # Refuse this descriptor alone; the rest of the call stands on its own.
+                raw_id = item.get("id") if isinstance(item, Mapping) else None
+                parsed.append((raw_id if isinstance(raw_id, str) else "", None, texts.reason_malformed(str(exc))))
+            else:
+                parsed.append((descriptor.id, descriptor, None))
+        seen: dict[str, int] = {}
+        for channel_id, descriptor, _ in parsed:
+            if descriptor is not None:
+                seen[channel_id] = seen.get(channel_id, 0) + 1
+
+        results: list[DescriptorResult] = []
+        for channel_id, descriptor, reason in parsed:
+            if descriptor is not None:
+                reason = self._refusal_reason(server_id, descriptor, policy, seen, updating)
+            if reason is not None:
+                results.append(DescriptorResult(channel_id, False, reason))
+                self._log_refused("channels.register.refused", server_id, channel_id, reason, form, method)
+                continue
+            assert descriptor is not None
+            self._put(ChannelRef(server_id, descriptor.id), descriptor, lazy=False)
+            results.append(DescriptorResult(channel_id, True))
+        return results
+
+    def _refusal_reason(
+        self,
+        server_id: str,
+        descriptor: ChannelDescriptor,
+        policy: RegistrationPolicy,
+        seen: Mapping[str, int],
+        updating: bool,
+    ) -> str | None:
+        if not policy.may_register:
+            return texts.REASON_REGISTER_NOT_GRANTED
+        if not policy.permits_id(descriptor.id):
+            return texts.reason_outside_patterns(descriptor.id)
+        if seen.get(descriptor.id, 0) > 1:
+            return texts.REASON_DUPLICATE_IN_CALL
+        if updating and ChannelRef(server_id, descriptor.id) not in self._entries:
+            return texts.REASON_UPDATE_UNKNOWN
+        return None
+
+    def _put(self, ref: ChannelRef, descriptor: ChannelDescriptor, *, lazy: bool) -> ChannelEntry:
+        old = self._entries.get(ref)
+        if old is None:
+            entry = ChannelEntry(ref, descriptor, lazy=lazy, open=descriptor.initially_open, order=self._next_order)
+            self._next_order += 1
+            self._by_server.setdefault(ref.server_id, {})[ref] = None
+            _index_add(self._by_id, ref.channel_id, ref)
+            _index_add(self._by_qualified, ref.qualified_name, ref)
+        else:
+            # Replacing keeps the channel's place in the listing. Open/closed is the daemon's
+            # lifecycle state, so a re-register keeps it; only a channel a push registered,
+            # which never had a descriptor of its own, takes the descriptor's initial state.
+            is_open = descriptor.initially_open if old.lazy else old.open
+            entry = ChannelEntry(ref, descriptor, lazy=lazy, open=is_open, order=old.order)
+            self._unindex_description(old)
+        self._entries[ref] = entry
+        self._index_description(entry)
+        return entry
+
+    def _index_description(self, entry: ChannelEntry) -> None:
+        """Index what a re-register can change: labels and native ids (id and pair never do)."""
+        ref, descriptor = entry.ref, entry.descriptor
+        if descriptor.label:
+            folded = descriptor.label.casefold()
+            _index_add(self._by_label, folded, ref)
+            if descriptor.is_dm:
+                _index_add(self._by_dm_label, folded, ref)
+        if descriptor.address:
+            natives = self._by_native.setdefault(ref.server_id, {})
+            for pair in descriptor.address:
+                natives.setdefault(pair, {})[ref] = None
+
+    def _unindex_description(self, entry: ChannelEntry) -> None:
+        ref, descriptor = entry.ref, entry.descriptor
+        if descriptor.label:
+            folded = descriptor.label.casefold()
+            _index_discard(self._by_label, folded, ref)
+            if descriptor.is_dm:
+                _index_discard(self._by_dm_label, folded, ref)
+        natives = self._by_native.get(ref.server_id)
+        if natives is not None:
+            for pair in descriptor.address:
+                refs = natives.get(pair)
+                if refs is not None:
+                    refs.pop(ref, None)
+                    if not refs:
+                        del natives[pair]
+            if not natives:
+                del self._by_native[ref.server_id]
+
+    def _drop(self, ref: ChannelRef) -> bool:
+        entry = self._entries.pop(ref, None)
+        if entry is None:
+            return False
+        self._unindex_description(entry)
+        _index_discard(self._by_id, ref.channel_id, ref)
+        _index_discard(self._by_qualified, ref.qualified_name, ref)
+        _index_discard(self._by_server, ref.server_id, ref)
+        return True
+
+    # ------------------------------------------------------------------ withdrawal
+
+    def withdraw(self, server_id: str, ids: Iterable[str]) -> list[ChannelRef]:
+        """Withdraw this server's channels with these ids; other servers' are untouched.
+
+        Ids this server has not registered (or not strings) are skipped.
+
+        Returns:
+            Exactly the refs withdrawn, in the order given, each once.
+        """
+        withdrawn: list[ChannelRef] = []
+        for channel_id in ids:
+            if not isinstance(channel_id, str):
+                continue
+            ref = ChannelRef(server_id, channel_id)
+            if self._drop(ref):
+                withdrawn.append(ref)
+        return withdrawn
+
+    def remove_server(self, server_id: str) -> list[ChannelRef]:
+        """Withdraw every channel of a server (it disconnected or was removed).
+
+        Returns:
+            The refs withdrawn, in registration order.
+        """
+        refs = list(self._by_server.get(server_id, {}))
+        for ref in refs:
+            self._drop(ref)
+        return refs
+
+    def set_open(self, ref: ChannelRef, is_open: bool) -> bool:
+        """Record whether a registered channel is open; returns whether anything changed."""
+        entry = self._entries.get(ref)
+        if entry is None or entry.open == is_open:
+            return False
+        self._entries[ref] = attrs.evolve(entry, open=is_open)
+        return True
+
+    # ------------------------------------------------------------------ inbound and pushes
+
+    def admit_incoming(
+        self,
+        server_id: str,
+        channel_id: str,
+        policy: RegistrationPolicy,
+        *,
+        form: Form = "request",
+    ) -> Admission:
+        """Decide one ``channels/incoming`` message: admitted only into the sender's own channel.
+
+        The channel is looked up as ``ChannelRef(server_id, channel_id)``: another server's
+        channel with that id never admits it. Refused with :data:`UNKNOWN_CHANNEL` where this
+        server registers no such channel, and with :data:`CHANNEL_NOT_PERMITTED` where the grant
+        lacks ``channels.incoming``, the id is outside its patterns, or the channel is
+        outbound-only. Tags are never consulted: they are claims, not authority.
+        """
+        ref = ChannelRef(server_id, channel_id) if isinstance(channel_id, str) else None
+        entry = self._entries.get(ref) if ref is not None else None
+        if not policy.may_receive:
+            admission = Admission(False, entry.ref if entry else None, CHANNEL_NOT_PERMITTED,
+                                  texts.REASON_INCOMING_NOT_GRANTED)
+        elif entry is None:
+            admission = Admission(False, None, UNKNOWN_CHANNEL,
+                                  texts.reason_incoming_unknown(str(channel_id)))
+        elif not policy.permits_id(channel_id):
+            admission = Admission(False, entry.ref, CHANNEL_NOT_PERMITTED,
+                                  texts.reason_incoming_outside_patterns(channel_id))
+        elif entry.descriptor.direction == "outbound":
+            admission = Admission(False, entry.ref, CHANNEL_NOT_PERMITTED,
+                                  texts.reason_incoming_outbound(channel_id))
+        else:
+            return Admission(True, entry.ref)
+        self._log_refused("channels.incoming.refused", server_id, str(channel_id),
+                          admission.reason or "", form, "channels/incoming", code=admission.code)
+        return admission
+
+    def push_channel(
+        self,
+        server_id: str,
+        policy: RegistrationPolicy,
+        *,
+        mcpl_channel_id: str | None = None,
+        native_channel_id: str | None = None,
+        label: str | None = None,
+    ) -> PushChannel:
+        """The channel a ``push/event`` names: always one of the pushing server's own.
+
+        ``mcpl_channel_id`` (``origin.mcplChannelId``) is looked up among this server's channels
+        only; ``native_channel_id`` (``origin.channelId``) through this server's descriptors'
+        ``address`` (key ``channelId``) only. Where the MCPL id is not registered by this
+        server and the server may register it, the push registers it for this server, marked
+        lazy, and leaves any other server's channel with that id exactly as it was. A native id
+        alone that resolves nowhere registers nothing (composing an MCPL id from it is
+        server-specific; the caller may compose one and call again).
+        """
+        if mcpl_channel_id:
+            ref = ChannelRef(server_id, mcpl_channel_id)
+            if ref in self._entries:
+                return PushChannel(ref)
+            if not policy.may_register:
+                return PushChannel(None, reason=texts.REASON_REGISTER_NOT_GRANTED)
+            if not policy.permits_id(mcpl_channel_id):
+                return PushChannel(None, reason=texts.reason_outside_patterns(mcpl_channel_id))
+            address = ((NATIVE_CHANNEL_KEY, native_channel_id),) if native_channel_id else ()
+            descriptor = ChannelDescriptor(
+                id=mcpl_channel_id, label=label or mcpl_channel_id, address=address
+            )
+            self._put(ref, descriptor, lazy=True)
+            get_logger().info("channels.push.registered", server=server_id, channel=mcpl_channel_id)
+            return PushChannel(ref, registered_lazily=True)
+        if native_channel_id:
+            refs = self._by_native.get(server_id, {}).get((NATIVE_CHANNEL_KEY, native_channel_id), {})
+            if len(refs) == 1:
+                return PushChannel(next(iter(refs)))
+            if refs:
+                return PushChannel(None, reason=texts.reason_native_ambiguous(native_channel_id))
+            return PushChannel(None, reason=texts.reason_native_unknown(native_channel_id))
+        return PushChannel(None, reason=texts.REASON_PUSH_NAMES_NO_CHANNEL)
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, ref: ChannelRef) -> ChannelEntry | None:
+        """The entry for exactly this pair, or None."""
+        return self._entries.get(ref)
+
+    def is_registered(self, ref: ChannelRef) -> bool:
+        """Whether exactly this pair is registered now."""
+        return ref in self._entries
+
+    def channels_for(self, server_id: str) -> list[ChannelEntry]:
+        """One server's channels, in registration order (the context that server is told)."""
+        return [self._entries[ref] for ref in self._by_server.get(server_id, ())]
+
+    def all_entries(self) -> list[ChannelEntry]:
+        """Every registered channel, in registration order."""
+        return list(self._entries.values())
+
+    def first_entries(self, limit: int) -> list[ChannelEntry]:
+        """The first ``limit`` channels in registration order, without walking the rest."""
+        return list(itertools.islice(self._entries.values(), limit))
+
+    def servers(self) -> list[str]:
+        """The servers that have at least one channel registered, by first registration."""
+        return list(self._by_server)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def order_of(self, ref: ChannelRef) -> int:
+        """The registration sequence number of a registered channel (KeyError if it isn't)."""
+        return self._entries[ref].order
+
+    # Index views for the resolver. Each is live and read-only: use it at once, don't hold it
+    # across a mutation.
+
+    def refs_with_id(self, channel_id: str) -> Collection[ChannelRef]:
+        """The registered channels whose own id is ``channel_id`` (any server)."""
+        return _view(self._by_id, channel_id)
+
+    def refs_with_qualified_name(self, name: str) -> Collection[ChannelRef]:
+        """The registered channels whose ``serverId:channelId`` is exactly ``name``.
+
+        Matched against the registered pairs, never by splitting ``name`` at a colon: server
+        ``a``'s ``b:room`` and server ``a:b``'s ``room`` are both here under ``a:b:room``.
+        """
+        return _view(self._by_qualified, name)
+
+    def refs_with_label(self, label: str) -> Collection[ChannelRef]:
+        """The registered channels whose label is ``label``, compared without case."""
+        return _view(self._by_label, label.casefold())
+
+    def dm_refs_with_label(self, label: str) -> Collection[ChannelRef]:
+        """The registered DMs whose label is ``label``, compared without case."""
+        return _view(self._by_dm_label, label.casefold())
+
+    def refs_with_native_id(
+        self, server_id: str, native_id: str, key: str = NATIVE_CHANNEL_KEY
+    ) -> Collection[ChannelRef]:
+        """This server's channels whose address gives ``native_id`` under ``key``."""
+        refs = self._by_native.get(server_id, {}).get((key, native_id))
+        return refs.keys() if refs else _EMPTY
+
+    # ------------------------------------------------------------------ logging
+
+    def _log_refused(
+        self,
+        event: str,
+        server_id: str,
+        channel_id: str,
+        reason: str,
+        form: Form,
+        method: str,
+        **extra: Any,
+    ) -> None:
+        # The logger is fetched per refusal, not held, so a logging configuration made after
+        # the registry was built (or structlog's capture in a test) still applies. Refusals
+        # are rare; this costs nothing on the accepted path.
+        get_logger().warning(
+            event, server=server_id, channel=channel_id, reason=reason, form=form, method=method, **extra
+        )
+

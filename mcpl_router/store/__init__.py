@@ -1,0 +1,1 @@
+"""Durable state: the journal (embedded SQLite)."""

@@ -1,0 +1,274 @@
+"""The JSON-RPC peer over trio memory streams: correlation, errors answered, never silence."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+import structlog
+import trio
+import trio.testing
+
+from mcpl_router.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    Inbound,
+    MethodTable,
+    NdjsonStream,
+    Peer,
+    PeerClosed,
+    RequestTimeout,
+    RpcError,
+)
+
+
+class Remote:
+    """The other side, speaking raw ndjson so tests control every byte."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.framed = NdjsonStream(stream, stream)
+
+    async def send(self, obj: object) -> None:
+        await self.stream.send_all(json.dumps(obj).encode() + b"\n")
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def receive(self) -> dict:
+        return json.loads(await self.framed.receive_message())
+
+
+class EchoParams(msgspec.Struct):
+    text: str
+    times: int = 1
+
+
+def make_table(peer_box: list[Peer] | None = None) -> MethodTable:
+    table = MethodTable()
+
+    async def echo(params: EchoParams, _inbound: Inbound) -> str:
+        return params.text * params.times
+
+    async def ask_back(_params: object, _inbound: Inbound) -> object:
+        # A handler awaiting the other side: must not deadlock the read loop.
+        assert peer_box is not None
+        return await peer_box[0].request("ping")
+
+    async def fail(_params: object, _inbound: Inbound) -> None:
+        raise RpcError(-32017, "not permitted", {"capability": "channels.publish"})
+
+    async def crash(_params: object, _inbound: Inbound) -> None:
+        raise ValueError("boom")
+
+    table.add("echo", echo, EchoParams)
+    table.add("askBack", ask_back)
+    table.add("fail", fail)
+    table.add("crash", crash)
+    return table
+
+
+@pytest.fixture
+async def wired(nursery: trio.Nursery):
+    left, right = trio.testing.memory_stream_pair()
+    box: list[Peer] = []
+    peer = Peer(NdjsonStream(left, left), make_table(box), request_timeout=5)
+    box.append(peer)
+    await nursery.start(peer.run)
+    return peer, Remote(right)
+
+
+async def test_their_request_is_answered_with_their_id_even_zero_and_strings(wired) -> None:
+    _peer, remote = wired
+    with trio.fail_after(5):
+        for their_id in (0, "abc", 17):
+            await remote.send({"jsonrpc": "2.0", "id": their_id, "method": "echo", "params": {"text": "x", "times": 2}})
+            answer = await remote.receive()
+            assert answer == {"jsonrpc": "2.0", "id": their_id, "result": "xx"}
+
+
+async def test_colliding_ids_are_kept_apart(wired, nursery: trio.Nursery) -> None:
+    peer, remote = wired
+    results: list[object] = []
+
+    async def ours() -> None:
+        results.append(await peer.request("theirMethod", {"q": 1}))
+
+    with trio.fail_after(5):
+        nursery.start_soon(ours)
+        our_request = await remote.receive()
+        assert our_request["id"] == 1 and our_request["method"] == "theirMethod"
+        # They send a request with the same id 1 before answering ours.
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"text": "hi"}})
+        assert await remote.receive() == {"jsonrpc": "2.0", "id": 1, "result": "hi"}
+        await remote.send({"jsonrpc": "2.0", "id": 1, "result": {"ok": True}})
+        while not results:
+            await trio.sleep(0.001)
+    assert results == [{"ok": True}]
+
+
+async def test_malformed_json_gets_parse_error_and_link_stays_up(wired) -> None:
+    _peer, remote = wired
+    with trio.fail_after(5):
+        await remote.send_raw(b'{"jsonrpc": "2.0", "id": 3, "method": \n')
+        answer = await remote.receive()
+        assert answer["error"]["code"] == PARSE_ERROR and answer["id"] is None
+        await remote.send({"jsonrpc": "2.0", "id": 4, "method": "echo", "params": {"text": "still"}})
+        assert (await remote.receive())["result"] == "still"
+
+
+@pytest.mark.parametrize(
+    ("message", "expected_id"),
+    [
+        ({"jsonrpc": "2.0", "id": 5}, 5),
+        ({"jsonrpc": "1.0", "id": 6, "method": "echo"}, 6),
+        ({"jsonrpc": "2.0", "id": 7, "method": 12}, 7),
+        ({"jsonrpc": "2.0", "id": 8, "method": "echo", "result": 1}, 8),
+        ([{"jsonrpc": "2.0", "id": 9, "method": "echo"}], None),
+    ],
+    ids=["no-method", "wrong-version", "method-not-string", "method-and-result", "batch"],
+)
+async def test_invalid_requests_get_invalid_request(wired, message: object, expected_id: object) -> None:
+    _peer, remote = wired
+    with trio.fail_after(5):
+        await remote.send(message)
+        answer = await remote.receive()
+        assert answer["error"]["code"] == INVALID_REQUEST
+        assert answer["id"] == expected_id
+
+
+async def test_unknown_method_and_bad_params(wired) -> None:
+    _peer, remote = wired
+    with trio.fail_after(5):
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "nope"})
+        assert (await remote.receive())["error"]["code"] == METHOD_NOT_FOUND
+        await remote.send({"jsonrpc": "2.0", "id": 2, "method": "echo", "params": {"text": 3}})
+        answer = await remote.receive()
+        assert answer["error"]["code"] == INVALID_PARAMS
+        assert "$.text" in answer["error"]["message"]
+
+
+async def test_handler_errors_become_answers(wired) -> None:
+    _peer, remote = wired
+    with trio.fail_after(5):
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "fail"})
+        answer = await remote.receive()
+        assert answer["error"] == {"code": -32017, "message": "not permitted", "data": {"capability": "channels.publish"}}
+        await remote.send({"jsonrpc": "2.0", "id": 2, "method": "crash"})
+        answer = await remote.receive()
+        assert answer["error"]["code"] == -32603
+        assert "boom" not in answer["error"]["message"]  # internals stay in our logs
+
+
+async def test_non_json_line_is_skipped_and_logged(wired) -> None:
+    _peer, remote = wired
+    with structlog.testing.capture_logs() as logs, trio.fail_after(5):
+        await remote.send_raw(b"Logged in as demo-bot#1234\n\n")
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"text": "ok"}})
+        assert (await remote.receive())["result"] == "ok"
+    skipped = [entry for entry in logs if entry["event"] == "jsonrpc.line.skipped"]
+    assert skipped and "Logged in as" in skipped[0]["line"]
+
+
+async def test_oversized_message_is_refused_and_link_stays_up(nursery: trio.Nursery) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left, max_message_bytes=1000), make_table())
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    with trio.fail_after(5):
+        big = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"text": "y" * 5000}})
+        for start in range(0, len(big), 700):  # arrives in pieces, as over a pipe
+            await remote.send_raw(big[start : start + 700].encode())
+        await remote.send_raw(b"\n")
+        answer = await remote.receive()
+        assert answer["error"]["code"] == INVALID_REQUEST and "exceeds" in answer["error"]["message"]
+        await remote.send({"jsonrpc": "2.0", "id": 2, "method": "echo", "params": {"text": "small"}})
+        assert (await remote.receive()) == {"jsonrpc": "2.0", "id": 2, "result": "small"}
+    assert peer.statistics().oversized_messages == 1
+
+
+async def test_request_deadline(nursery: trio.Nursery, autojump_clock: trio.abc.Clock) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), make_table(), request_timeout=2)
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    nursery.start_soon(remote.receive)  # the request is read but never answered
+    with pytest.raises(RequestTimeout) as caught:
+        await peer.request("silence")
+    assert caught.value.sent is True
+    assert peer.statistics().pending_requests == 0
+
+
+async def test_handler_awaiting_our_request_does_not_deadlock(wired) -> None:
+    _peer, remote = wired
+    with trio.fail_after(5):
+        await remote.send({"jsonrpc": "2.0", "id": "q", "method": "askBack"})
+        ping = await remote.receive()
+        assert ping["method"] == "ping"
+        await remote.send({"jsonrpc": "2.0", "id": ping["id"], "result": "pong"})
+        assert await remote.receive() == {"jsonrpc": "2.0", "id": "q", "result": "pong"}
+
+
+async def test_close_fails_pending_requests(nursery: trio.Nursery) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), make_table())
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    with trio.fail_after(5):
+
+        async def close_after_request() -> None:
+            await remote.receive()
+            await right.aclose()
+
+        nursery.start_soon(close_after_request)
+        with pytest.raises(PeerClosed):
+            await peer.request("anything")
+    with pytest.raises(PeerClosed):
+        await peer.request("after-close")
+
+
+async def test_inbound_order_is_preserved(nursery: trio.Nursery) -> None:
+    seen: list[str] = []
+
+    async def handler(inbound: Inbound) -> None:
+        # Yield a few times: tasks would interleave here if dispatch weren't ordered.
+        for _ in range(3):
+            await trio.sleep(0)
+        seen.append(inbound.method)
+
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), handler)
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    methods = [f"m{i}" for i in range(50)]
+    with trio.fail_after(5):
+        for method in methods:
+            await remote.send({"jsonrpc": "2.0", "method": method})
+        while len(seen) < len(methods):
+            await trio.sleep(0.001)
+    assert seen == methods
+
+
+async def test_full_inbound_queue_answers_overloaded(nursery: trio.Nursery) -> None:
+    release = trio.Event()
+
+    async def handler(inbound: Inbound) -> str:
+        await release.wait()
+        return inbound.method
+
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), handler, inbound_queue_size=1)
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    with trio.fail_after(5):
+        for i in range(3):  # one handled (blocked), one queued, one refused
+            await remote.send({"jsonrpc": "2.0", "id": i, "method": f"m{i}"})
+        refused = await remote.receive()
+        assert refused["id"] == 2 and refused["error"]["code"] == -32000
+        release.set()
+        answers = {(await remote.receive())["id"] for _ in range(2)}
+        assert answers == {0, 1}
+    assert peer.statistics().overloaded_requests == 1
