@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         from mcpl_router.demo import run_demo
         from mcpl_router.logs import configure_logging
 
-        configure_logging(args.log_level)
+        configure_logging(args.log_level, json=False)
         return trio.run(lambda: run_demo(once=args.once))
     return _query(args)
 

@@ -193,13 +193,19 @@ def _env_repr(env: Mapping[str, str]) -> str:
     return "{" + ", ".join(f"{name!r}: '<set>'" for name in env) + "}"
 
 
+def _url_repr(url: str | None) -> str:
+    # wss://user:password@host/ is legal; the password is as secret as a token.
+    return repr(None if url is None else _without_password(url))
+
+
 @attrs.frozen
 class ReconnectPolicy:
     """How a link re-dials after its transport ends: exponential backoff with jitter and a cap.
 
     The n-th retry (from 0) waits ``min(max_delay, initial_delay * multiplier**n)``, spread by
-    ``± jitter`` of itself. ``max_attempts == 0`` retries forever; ``enabled == False`` (on disk
-    ``reconnect = false``) never retries.
+    ``± jitter`` of itself. ``max_attempts`` counts connection attempts in a row, the first one
+    included, before the link gives up; 0 means forever, and 1 (on disk also
+    ``reconnect = false``) means never retry.
     """
 
     initial_delay: float = 0.5
@@ -207,12 +213,10 @@ class ReconnectPolicy:
     multiplier: float = 2.0
     jitter: float = 0.2
     max_attempts: int = 0
-    enabled: bool = True
 
     def to_wire(self) -> dict[str, Any]:
         """The policy with its on-disk (camelCase) names, for status output."""
         return {
-            "enabled": self.enabled,
             "initialDelay": self.initial_delay,
             "maxDelay": self.max_delay,
             "multiplier": self.multiplier,
@@ -244,7 +248,7 @@ class ServerConfig:
     host: str | None = None
     port: int | None = None
     # websocket
-    url: str | None = None
+    url: str | None = attrs.field(default=None, repr=_url_repr)
     token: str | None = attrs.field(default=None, repr=False)
     token_header: str = "Authorization"
     # grant policy
@@ -455,13 +459,13 @@ class RouterConfig:
 
     def summary(self) -> str:
         """A few lines for ``check-config``: servers and agents first, then where things live."""
-        servers = ", ".join(
-            f"{s.id}: {s.transport}{', disabled' if s.disabled else ''}"
-            for s in self.servers.values()
-        )
-        first = f"OK: {_count(len(self.servers), 'server')} ({servers})" if servers else (
-            "OK: 0 servers"
-        )
+        first = f"OK: {_count(len(self.servers), 'server')}"
+        if self.servers:
+            servers = ", ".join(
+                f"{s.id}: {s.transport}{', disabled' if s.disabled else ''}"
+                for s in self.servers.values()
+            )
+            first += f" ({servers})"
         if self.agents:
             agents = ", ".join(f"{a.name}: {a.prose_routing}" for a in self.agents.values())
             first += f", {_count(len(self.agents), 'agent')} ({agents})"
@@ -513,7 +517,7 @@ def load_config(
         raise ConfigError(
             source,
             "",
-            f"has the extension {suffix or '(none)'!s}, so its format is unknown.",
+            "ends neither in .toml nor in .json, so its format is unknown.",
             "Name the file *.toml (TOML) or *.json (JSON).",
         )
     try:
@@ -571,12 +575,10 @@ def parse_config(
     base_dir = Path(base_dir).absolute()
     problems = _Problems(source)
     if not isinstance(data, Mapping):
-        problems.error("", f"holds {_show(data)}, not a table of settings.", "")
-        problems.raise_if_any()
+        raise ConfigError(source, "", f"holds {_show(data)}, not a table of settings.")
     substituted = _substitute_config(data, env, problems)
-    root = _Section.of(problems, substituted, "", "top-level", _TOP_KEYS) or _Section.empty(
-        problems, ""
-    )
+    root = _Section.of(problems, substituted, "", "top-level", _TOP_KEYS)
+    assert root is not None  # a mapping, checked above
     servers_section = root.table("mcplServers", None, "mcplServers")
     servers = _parse_servers(servers_section, base_dir, env)
     journal = _parse_journal(root.table("journal", _JOURNAL_KEYS, "journal"), base_dir, env)
@@ -659,6 +661,16 @@ class _Problems:
     file: str
     errors: list[ConfigError] = attrs.Factory(list)
     warnings: list[str] = attrs.Factory(list)
+    # Where each key path sits in the file (a walk in document order), so problems found by
+    # different passes (substitution, then each section) are reported in the file's order.
+    order: dict[str, int] = attrs.Factory(dict)
+    ends: dict[str, int] = attrs.Factory(dict)
+
+    def saw(self, key: str) -> None:
+        self.order.setdefault(key, len(self.order))
+
+    def done(self, key: str) -> None:
+        self.ends[key] = len(self.order)
 
     def error(self, key: str, problem: str, fix: str = "") -> None:
         self.errors.append(ConfigError(self.file, key, problem, fix))
@@ -668,7 +680,19 @@ class _Problems:
 
     def raise_if_any(self) -> None:
         if self.errors:
-            raise ConfigError.collect(self.errors)
+            raise ConfigError.collect(sorted(self.errors, key=lambda e: self._position(e.key)))
+
+    def _position(self, key: str) -> float:
+        # A problem with a value sits where the value is. A problem with a table as a whole
+        # (or with a key missing from it) reads best after the problems inside the table.
+        table = key not in self.order
+        while key and key not in self.order:
+            key = key[: max(key.rfind("."), key.rfind("["), 0)]
+        if key not in self.order:
+            return -1
+        start = self.order[key]
+        end = self.ends.get(key, start + 1)
+        return end - 0.5 if table or end > start + 1 else start
 
 
 def _key(prefix: str, name: str) -> str:
@@ -787,16 +811,19 @@ def _substitute_config(
     _check_duplicates(data, "", problems)
     out: dict[str, Any] = {}
     for name, value in data.items():
+        problems.saw(name)
         if name == "mcplServers" and isinstance(value, Mapping):
             _check_duplicates(value, name, problems)
             servers: dict[str, Any] = {}
             for server_id, entry in value.items():
+                problems.saw(_key(name, server_id))
                 # A disabled server's secrets may well be absent from this environment: a
                 # missing variable there is a warning, not a reason to refuse the whole config.
                 lenient = isinstance(entry, Mapping) and entry.get("disabled") is True
                 servers[server_id] = _substitute_tree(
                     entry, _key(name, server_id), env, problems, lenient=lenient
                 )
+            problems.done(name)
             out[name] = servers
         else:
             out[name] = _substitute_tree(value, _key("", name), env, problems, lenient=False)
@@ -815,20 +842,23 @@ def _check_duplicates(value: Any, key: str, problems: _Problems) -> None:
 def _substitute_tree(
     value: Any, key: str, env: Mapping[str, str], problems: _Problems, *, lenient: bool
 ) -> Any:
+    problems.saw(key)
     if isinstance(value, str):
         return _substitute(value, key, env, problems, lenient=lenient)
+    out: Any = value
     if isinstance(value, Mapping):
         _check_duplicates(value, key, problems)
-        return {
+        out = {
             name: _substitute_tree(item, _key(key, name), env, problems, lenient=lenient)
             for name, item in value.items()
         }
-    if isinstance(value, list):
-        return [
+    elif isinstance(value, list):
+        out = [
             _substitute_tree(item, f"{key}[{index}]", env, problems, lenient=lenient)
             for index, item in enumerate(value)
         ]
-    return value
+    problems.done(key)
+    return out
 
 
 def _substitute(
@@ -1050,9 +1080,14 @@ class _Section:
         return str(value)
 
     def strings(
-        self, name: str, default: tuple[str, ...] | None, *, item: str = "string"
+        self,
+        name: str,
+        default: tuple[str, ...] | None,
+        *,
+        item: str = "string",
+        allow_empty: bool = False,
     ) -> tuple[str, ...] | None:
-        """A list of non-empty strings; unresolved items are dropped (already reported)."""
+        """A list of strings (non-empty unless ``allow_empty``); unresolved items are dropped."""
         if not self.given(name):
             return default
         value = self.data[name]
@@ -1077,7 +1112,7 @@ class _Section:
                     if isinstance(entry, int | float) and not isinstance(entry, bool)
                     else "",
                 )
-            elif not entry:
+            elif not entry and not allow_empty:
                 self.problems.error(where, f"is an empty {item}.", "Remove it.")
             else:
                 out.append(entry)
@@ -1115,14 +1150,17 @@ class _Section:
 
 
 def _range_rule(above: float | None, at_least: float | None, at_most: float | None) -> str:
-    low = f"greater than {above:g}" if above is not None else (
-        f"at least {at_least:g}" if at_least is not None else ""
-    )
-    if at_most is None:
-        return low
-    if at_least is not None:
+    """The allowed range in words: "greater than 0", "from 0 to 1", ..."""
+    if at_least is not None and at_most is not None:
         return f"from {at_least:g} to {at_most:g}"
-    return f"{low} and at most {at_most:g}" if low else f"at most {at_most:g}"
+    rules = []
+    if above is not None:
+        rules.append(f"greater than {above:g}")
+    if at_least is not None:
+        rules.append(f"at least {at_least:g}")
+    if at_most is not None:
+        rules.append(f"at most {at_most:g}")
+    return " and ".join(rules)
 
 
 def _out_of_range(
@@ -1184,11 +1222,12 @@ def _parse_host(
         )
         if text is not None:
             unix_socket = _resolve_path(text, base_dir, env)
-    if unix_socket is not None and len(os.fsencode(unix_socket)) > _UNIX_SOCKET_MAX_BYTES:
+    length = 0 if unix_socket is None else len(os.fsencode(unix_socket))
+    if length > _UNIX_SOCKET_MAX_BYTES:
         section.error(
             "unixSocket",
-            f"{str(unix_socket)!r} is {len(os.fsencode(unix_socket))} bytes long; a Unix socket "
-            f"path may have at most {_UNIX_SOCKET_MAX_BYTES}.",
+            f"{_show(str(unix_socket))} is {length} bytes long; a Unix socket path may have at "
+            f"most {_UNIX_SOCKET_MAX_BYTES}.",
             "Give a shorter path.",
         )
 
@@ -1288,12 +1327,18 @@ def _parse_server(
 
     enabled_capabilities = _grant_patterns(s, "enabledCapabilities", "capability path")
     disabled_capabilities = _grant_patterns(s, "disabledCapabilities", "capability path") or ()
-    _check_allow_deny(s, "enabledCapabilities", "disabledCapabilities", enabled_capabilities,
-                      disabled_capabilities)
+    _check_allow_deny(
+        s,
+        ("enabledCapabilities", enabled_capabilities),
+        ("disabledCapabilities", disabled_capabilities),
+    )
     enabled_feature_sets = _grant_patterns(s, "enabledFeatureSets", "feature set")
     disabled_feature_sets = _grant_patterns(s, "disabledFeatureSets", "feature set") or ()
-    _check_allow_deny(s, "enabledFeatureSets", "disabledFeatureSets", enabled_feature_sets,
-                      disabled_feature_sets)
+    _check_allow_deny(
+        s,
+        ("enabledFeatureSets", enabled_feature_sets),
+        ("disabledFeatureSets", disabled_feature_sets),
+    )
 
     enabled_tools = s.strings("enabledTools", None, item="tool pattern")
     request_timeout = _seconds_or_ms(s, "requestTimeout", "requestTimeoutMs", 30.0)
@@ -1410,8 +1455,11 @@ def _stdio_endpoint(
     command = s.string("command", fix='Give the program to spawn, e.g. command = "node".')
     if command is None:
         if not s.has("command"):
-            s.error("command", f"is missing: a stdio server ({reason}) needs the program to spawn.",
-                    'Add command = "..." (and args = [...]).')
+            s.error(
+                "command",
+                f"is missing: a stdio server ({reason}) needs the program to spawn.",
+                'Add command = "..." (and args = [...]).',
+            )
         return None
     # A bare name is looked up on PATH; only something written as a path is read against the
     # config's directory.
@@ -1419,17 +1467,21 @@ def _stdio_endpoint(
         command = str(_resolve_path(command, base_dir, env))
     cwd_text = s.string("cwd")
     allowlist = s.strings("envAllowlist", DEFAULT_ENV_ALLOWLIST, item="variable name")
-    for name in allowlist or ():
+    for index, name in enumerate(allowlist or ()):
         if "=" in name:
-            s.error("envAllowlist", f"{json.dumps(name)} is not a variable name.",
-                    'Give names only, without "=".')
+            s.problems.error(
+                f"{s.key_of('envAllowlist')}[{index}]",
+                f"{json.dumps(name)} is not a variable name.",
+                'Give names only, without "=".',
+            )
     return {
         "command": command,
-        "args": s.strings("args", ()) or (),
+        # An empty argument is a real argument (--name ""), unlike an empty pattern.
+        "args": s.strings("args", (), item="argument", allow_empty=True) or (),
         "env": s.string_map("env"),
-        # Default: the config's directory, so "./server.js" in args means what it means to a
-        # host reading the same mcpl-servers.json, wherever the daemon was started.
-        "cwd": base_dir if cwd_text is None else _resolve_path(cwd_text, base_dir, env),
+        # No default: the child starts where the daemon runs, as `python -m pkg` commands
+        # (the demo's, the tests') need when the package is importable from there.
+        "cwd": None if cwd_text is None else _resolve_path(cwd_text, base_dir, env),
         "env_allowlist": allowlist if allowlist is not None else DEFAULT_ENV_ALLOWLIST,
         "inherit_env": s.boolean("inheritEnv", False),
     }
@@ -1438,8 +1490,12 @@ def _stdio_endpoint(
 def _tcp_endpoint(s: _Section) -> dict[str, Any] | None:
     if s.given("url"):
         if s.has("host") or s.has("port"):
-            s.error("url", 'both "url" and "host"/"port" are given.',
-                    "Give url = \"tcp://host:port\", or host and port, not both.")
+            s.error(
+                "url",
+                '"url" and "host"/"port" are both given: a tcp endpoint is one or the other, '
+                "not both.",
+                'Keep url = "tcp://host:port", or host and port.',
+            )
             return None
         parsed = _split_url(s, ("tcp",), need_port=True)
         if parsed is None:
@@ -1448,13 +1504,14 @@ def _tcp_endpoint(s: _Section) -> dict[str, Any] | None:
         return {"host": host, "port": port, "url": s.raw("url")}
     host = s.string("host", fix='Give the address to dial, e.g. host = "127.0.0.1".')
     port = s.integer("port", 0, at_least=1, at_most=65535)
-    ok = True
-    for name, value in (("host", host), ("port", port or None)):
-        if value is None and not s.has(name):
-            s.error(name, "is missing: a tcp server needs host and port.",
-                    f'Add {name}, or give url = "tcp://host:port".')
-            ok = False
-    if host is None or not port or not ok:
+    for name in ("host", "port"):
+        if not s.has(name):
+            s.error(
+                name,
+                "is missing: a tcp server needs host and port.",
+                f'Add {name}, or give url = "tcp://host:port".',
+            )
+    if host is None or not port:
         return None
     return {"host": host, "port": port}
 
@@ -1463,29 +1520,42 @@ def _websocket_endpoint(s: _Section) -> dict[str, Any] | None:
     token = s.string("token", secret=True)
     header = s.string("tokenHeader", "Authorization") or "Authorization"
     if not _HEADER_NAME.fullmatch(header):
-        s.error("tokenHeader", f"{_show(header)} is not an HTTP header name.",
-                'Use letters, digits and "-", e.g. "Authorization" or "X-Api-Key".')
+        s.error(
+            "tokenHeader",
+            f"{_show(header)} is not an HTTP header name.",
+            'Use letters, digits and "-", e.g. "Authorization" or "X-Api-Key".',
+        )
     if not s.has("url"):
-        s.error("url", "is missing: a websocket server needs the URL to dial.",
-                'Add url = "ws://host:port/mcpl" (or wss://).')
+        s.error(
+            "url",
+            "is missing: a websocket server needs the URL to dial.",
+            'Add url = "ws://host:port/mcpl" (or wss://).',
+        )
         return None
     if _split_url(s, ("ws", "wss"), need_port=False) is None:
         return None
     return {"url": s.raw("url"), "token": token, "token_header": header}
 
 
-def _split_url(s: _Section, schemes: tuple[str, ...], *, need_port: bool) -> tuple[str, int] | None:
+_URL_EXAMPLES: Final = {
+    "tcp": "tcp://127.0.0.1:7400",
+    "ws": "ws://127.0.0.1:8080/mcpl",
+    "wss": "wss://example.org/mcpl",
+}
+
+
+def _split_url(
+    s: _Section, schemes: tuple[str, ...], *, need_port: bool
+) -> tuple[str, int] | None:
     """Check ``url`` against ``schemes``; return its host and port (0 when it has none)."""
     url = s.string("url")
     if url is None:
         return None
-    examples = {"tcp": "tcp://127.0.0.1:7400", "ws": "ws://127.0.0.1:8080/mcpl",
-                "wss": "wss://example.org/mcpl"}
-    fix = "Write it like " + " or ".join(examples[scheme] for scheme in schemes) + "."
+    fix = "Write it like " + " or ".join(_URL_EXAMPLES[scheme] for scheme in schemes) + "."
     parts = urlsplit(url)
     if parts.scheme.lower() not in schemes:
-        s.error("url", f"{_show(url)} is not a {' or '.join(f'{x}://' for x in schemes)} URL.",
-                fix)
+        wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+        s.error("url", f"{_show(url)} is not a {wanted} URL.", fix)
         return None
     try:
         port = parts.port
@@ -1530,11 +1600,10 @@ def _grant_patterns(s: _Section, name: str, item: str) -> tuple[str, ...] | None
 
 def _check_allow_deny(
     s: _Section,
-    allow_name: str,
-    deny_name: str,
-    allowed: tuple[str, ...] | None,
-    denied: tuple[str, ...],
+    allow: tuple[str, tuple[str, ...] | None],
+    deny: tuple[str, tuple[str, ...]],
 ) -> None:
+    (allow_name, allowed), (deny_name, denied) = allow, deny
     for pattern in dict.fromkeys(allowed or ()):
         if pattern in denied:
             s.error(
@@ -1557,33 +1626,42 @@ def _seconds_or_ms(s: _Section, name: str, ms_name: str, default: float) -> floa
 
 def _parse_reconnect(s: _Section) -> ReconnectPolicy:
     raw = s.raw("reconnect")
-    enabled = True
+    retry = True
     table = _Section.empty(s.problems, s.key_of("reconnect"))
     if isinstance(raw, bool):
         # connectome-host writes reconnect = true/false; the table form tunes the backoff.
-        enabled = raw
+        retry = raw
+    elif isinstance(raw, Mapping):
+        table = s.table("reconnect", _RECONNECT_KEYS, "reconnect")
     elif s.given("reconnect"):
-        if isinstance(raw, Mapping):
-            table = s.table("reconnect", _RECONNECT_KEYS, "reconnect")
-        else:
-            s.error("reconnect", f"expected a table or true/false, got {_show(raw)}.",
-                    "Write reconnect = { initialDelay = 0.5, maxDelay = 30 }, or false.")
-    for compat, name in (("reconnectIntervalMs", "initialDelay"),
-                         ("reconnectMaxIntervalMs", "maxDelay")):
+        s.error(
+            "reconnect",
+            f"expected a table or true/false, got {_show(raw)}.",
+            "Write reconnect = { initialDelay = 0.5, maxDelay = 30 }, or false.",
+        )
+    for compat, name in (
+        ("reconnectIntervalMs", "initialDelay"),
+        ("reconnectMaxIntervalMs", "maxDelay"),
+    ):
         if s.has(compat) and table.has(name):
-            s.error(compat, f'"{compat}" and "reconnect.{name}" are both given.',
-                    f'Keep "reconnect.{name}" (seconds).')
+            s.error(
+                compat,
+                f'"{compat}" and "reconnect.{name}" are both given.',
+                f'Keep "reconnect.{name}" (seconds).',
+            )
     defaults = ReconnectPolicy()
     initial_delay = table.number("initialDelay", defaults.initial_delay, above=0)
     if s.given("reconnectIntervalMs") and not table.has("initialDelay"):
         initial_delay = s.number("reconnectIntervalMs", initial_delay * 1000, above=0) / 1000
+    # Unless configured, the cap follows a long initial delay instead of contradicting it.
     max_delay = table.number("maxDelay", max(defaults.max_delay, initial_delay), above=0)
     if s.given("reconnectMaxIntervalMs") and not table.has("maxDelay"):
         max_delay = s.number("reconnectMaxIntervalMs", max_delay * 1000, above=0) / 1000
     if max_delay < initial_delay:
-        # Only a configured maxDelay can be short: the default follows initialDelay.
-        problem = f"the maximum delay ({max_delay:g} s) is less than the initial delay " \
+        problem = (
+            f"the maximum delay ({max_delay:g} s) is less than the initial delay "
             f"({initial_delay:g} s)."
+        )
         if table.has("maxDelay"):
             table.error("maxDelay", problem, "Make maxDelay at least initialDelay.")
         else:
@@ -1593,10 +1671,16 @@ def _parse_reconnect(s: _Section) -> ReconnectPolicy:
         max_delay=max_delay,
         multiplier=table.number("multiplier", defaults.multiplier, at_least=1),
         jitter=table.number("jitter", defaults.jitter, at_least=0, at_most=1),
-        max_attempts=table.integer("maxAttempts", defaults.max_attempts, at_least=0,
-                                   at_most=2**31 - 1),
-        enabled=enabled,
+        # One attempt in a row is the first connection alone: never retry.
+        max_attempts=table.integer(
+            "maxAttempts", defaults.max_attempts, at_least=0, at_most=2**31 - 1
+        )
+        if retry
+        else 1,
     )
+
+
+_HOME_CHANNEL_FIX: Final = 'Write homeChannel = { serverId = "...", channelId = "..." }.'
 
 
 def _parse_agents(section: _Section, server_ids: Sequence[str]) -> dict[str, AgentConfig]:
@@ -1613,42 +1697,49 @@ def _parse_agents(section: _Section, server_ids: Sequence[str]) -> dict[str, Age
         a = _Section.of(section.problems, value, key, "agent", _AGENT_KEYS)
         if a is None:
             continue
-        home: ChannelRef | None = None
-        if isinstance(a.raw("homeChannel"), Mapping):
-            ref = a.table("homeChannel", _CHANNEL_REF_KEYS, "homeChannel")
-            server_id = ref.string("serverId")
-            channel_id = ref.string("channelId")
-            for field, field_value in (("serverId", server_id), ("channelId", channel_id)):
-                if field_value is None and not ref.has(field):
-                    ref.error(field, "is missing: a home channel is a serverId and a channelId.",
-                              'Write homeChannel = { serverId = "...", channelId = "..." }.')
-            if server_id is not None:
-                _check_server_known(ref, "serverId", server_id, server_ids)
-            if server_id is not None and channel_id is not None:
-                home = ChannelRef(server_id, channel_id)
-        elif a.given("homeChannel"):
-            a.error("homeChannel", f"expected a table, got {_show(a.raw('homeChannel'))}.",
-                    'Write homeChannel = { serverId = "...", channelId = "..." }.')
         wake_servers = a.strings("wakeServers", (), item="server id") or ()
         for index, server_id in enumerate(wake_servers):
             _check_server_known(a, "wakeServers", server_id, server_ids, index=index)
         wake_tags = a.strings("wakeTags", (), item="tag") or ()
         for index, tag in enumerate(wake_tags):
             if ":" not in tag:
-                a.problems.error(f"{a.key_of('wakeTags')}[{index}]",
-                                 f"{_show(tag)} is not a namespace:value tag.",
-                                 'Write e.g. "chat:addressed" or "chat:*".')
+                a.problems.error(
+                    f"{a.key_of('wakeTags')}[{index}]",
+                    f"{_show(tag)} is not a namespace:value tag.",
+                    'Write e.g. "chat:addressed" or "chat:*".',
+                )
         agents[name] = AgentConfig(
             name=name,
-            prose_routing=a.choice("proseRouting", PROSE_ROUTING_MODES, "locus",
-                                   "a prose routing mode"),
+            prose_routing=a.choice(
+                "proseRouting", PROSE_ROUTING_MODES, "locus", "a prose routing mode"
+            ),
             allowed_tools=a.strings("allowedTools", None, item="tool pattern"),
-            home_channel=home,
+            home_channel=_home_channel(a, server_ids),
             wake_channels=a.strings("wakeChannels", (), item="channel name") or (),
             wake_servers=wake_servers,
             wake_tags=wake_tags,
         )
     return agents
+
+
+def _home_channel(a: _Section, server_ids: Sequence[str]) -> ChannelRef | None:
+    if not isinstance(a.raw("homeChannel"), Mapping):
+        if a.given("homeChannel"):
+            raw = a.raw("homeChannel")
+            a.error("homeChannel", f"expected a table, got {_show(raw)}.", _HOME_CHANNEL_FIX)
+        return None
+    ref = a.table("homeChannel", _CHANNEL_REF_KEYS, "homeChannel")
+    server_id = ref.string("serverId")
+    channel_id = ref.string("channelId")
+    for field in _CHANNEL_REF_KEYS:
+        if not ref.has(field):
+            problem = "is missing: a home channel is a serverId and a channelId."
+            ref.error(field, problem, _HOME_CHANNEL_FIX)
+    if server_id is not None:
+        _check_server_known(ref, "serverId", server_id, server_ids)
+    if server_id is None or channel_id is None:
+        return None
+    return ChannelRef(server_id, channel_id)
 
 
 def _check_server_known(

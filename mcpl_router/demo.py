@@ -42,8 +42,8 @@ def demo_config(workdir: Path) -> RouterConfig:
 
 
 def _grant_line(grant: dict[str, Any]) -> str:
-    effective = grant.get("effective") or grant.get("effectiveCapabilities") or []
-    return f"{len(effective)} capabilities granted: {', '.join(effective)}"
+    granted = grant.get("granted") or []
+    return f"{len(granted)} capabilities: {', '.join(granted)}"
 
 
 def print_overview(daemon: Daemon, out: TextIO) -> None:
@@ -55,13 +55,16 @@ def print_overview(daemon: Daemon, out: TextIO) -> None:
         channels = [row for row in daemon.channels_list() if row["serverId"] == status["serverId"]]
         names = ", ".join(f"{row['channelId']} (shown as {row['shown']})" for row in channels) or "none"
         print(f"  channels: {names}", file=out)
-    explanation = daemon.explain("general")
     print("", file=out)
-    print('the name "general":', file=out)
-    print("  " + str(explanation.get("summary") or explanation.get("text") or explanation), file=out)
-    for name in ("a:general", "b:general"):
-        resolved = daemon.explain(name)
-        print(f'the name "{name}": ' + str(resolved.get("summary") or resolved), file=out)
+    for name in ("general", "a:general", "b:general"):
+        explanation = daemon.explain(name)
+        resolved = explanation.get("resolved")
+        if resolved:
+            print(f'the name "{name}" picks server {resolved["serverId"]}\'s channel {resolved["channelId"]}', file=out)
+        else:
+            print(f'the name "{name}" is refused:', file=out)
+            for line in explanation["refusal"]["text"].splitlines():
+                print(f"    {line}", file=out)
     print("", file=out)
 
 

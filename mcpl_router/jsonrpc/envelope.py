@@ -39,16 +39,18 @@ class Envelope(msgspec.Struct, omit_defaults=True):
     error: ErrorObject | msgspec.UnsetType = msgspec.UNSET
 
 
-class RequestOut(msgspec.Struct, omit_defaults=True):
+# Outgoing shapes. ``jsonrpc`` must always be written, so these don't use ``omit_defaults``;
+# an absent ``params`` is UNSET, which msgspec never writes.
+class RequestOut(msgspec.Struct):
     id: RequestId
     method: str
-    params: Any = None
+    params: Any = msgspec.UNSET
     jsonrpc: str = "2.0"
 
 
-class NotificationOut(msgspec.Struct, omit_defaults=True):
+class NotificationOut(msgspec.Struct):
     method: str
-    params: Any = None
+    params: Any = msgspec.UNSET
     jsonrpc: str = "2.0"
 
 

@@ -143,5 +143,7 @@ class WebSocketMessageStream:
         return message.encode() if isinstance(message, str) else message
 
     async def aclose(self) -> None:
-        with trio.CancelScope(shield=True):
+        # The close handshake waits for the peer's reply, read by a task that may already be
+        # cancelled: bound it, or a shielded close could wait for trio-websocket's 60 s.
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 1.0):
             await self._connection.aclose()

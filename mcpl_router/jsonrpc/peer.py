@@ -50,6 +50,9 @@ T = TypeVar("T")
 
 # So a wedged transport can't hold a sender (and so the whole link) forever.
 _WRITE_TIMEOUT = 10.0
+# Closing may wait on the other side (a WebSocket close handshake) whose reader may already be
+# cancelled; under a shield that wait must have its own end.
+_CLOSE_TIMEOUT = 1.0
 
 
 class PeerClosed(Exception):
@@ -210,7 +213,7 @@ class Peer:
         finally:
             self._closed = True
             self._fail_pending(PeerClosed(self._close_reason))
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_TIMEOUT):
                 await self._stream.aclose()
 
     async def aclose(self, reason: str = "closed by us") -> None:
@@ -261,7 +264,7 @@ class Peer:
         sent = False
         try:
             with trio.move_on_after(deadline) as scope:
-                await self._send(RequestOut(id=request_id, method=method, params=params))
+                await self._send(RequestOut(id=request_id, method=method, params=msgspec.UNSET if params is None else params))
                 sent = True
                 self._counts["requests_sent"] += 1
                 answer = await answer_receive.receive()
@@ -287,7 +290,7 @@ class Peer:
         """Send a notification (no answer expected)."""
         if self._closed:
             raise PeerClosed(self._close_reason)
-        await self._send(NotificationOut(method=method, params=params))
+        await self._send(NotificationOut(method=method, params=msgspec.UNSET if params is None else params))
 
     async def _send(self, message: RequestOut | NotificationOut | ResultOut | ErrorOut) -> None:
         data = encode(message)

@@ -35,6 +35,7 @@ import trio
 
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.envelope import Envelope
+from mcpl_router.jsonrpc.peer import PeerStatistics
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.digest import DigestError, manifest_revision
 from mcpl_router.mcpl.grants import Grant, GrantPolicy, compute_grant, narrow_on_manifest_change
@@ -230,6 +231,10 @@ class ServerLink:
             since=self._since,
         )
 
+    def peer_statistics(self) -> PeerStatistics | None:
+        """The current epoch's JSON-RPC counters (malformed, oversized, skipped lines…), if any."""
+        return self._peer.statistics() if self._peer is not None else None
+
     async def wait_ready(self) -> None:
         """Block until the link is ready in its current epoch."""
         await self._ready_event.wait()
@@ -304,8 +309,15 @@ class ServerLink:
                     self.last_error = str(exc)
                     self._set_state(LinkState.FAILED, reason=str(exc))
                     return
-                except (TransportError, PeerClosed, RequestTimeout, RpcError, ManifestError) as exc:
-                    self.last_error = f"{type(exc).__name__}: {exc}"
+                except Exception as exc:
+                    expected = _expected_failure(exc)
+                    if expected is not None:
+                        self.last_error = _describe_failure(expected)
+                    else:
+                        # A bug in handling one server must not take the daemon (and every
+                        # other server) down with it: log it whole and retry like any failure.
+                        self._log.exception("link.crashed", epoch=self.epoch)
+                        self.last_error = f"internal error: {type(exc).__name__}: {exc}"
                 if self._ready_since is not None and trio.current_time() - self._ready_since >= STABLE_AFTER:
                     self.attempts = 1
                 if reconnect.max_attempts and self.attempts >= reconnect.max_attempts:
@@ -332,32 +344,41 @@ class ServerLink:
         self.receipt = None
         self._ready_since = None
         transport: OpenTransport | None = None
+        failure: Exception | None = None
         try:
             async with trio.open_nursery() as nursery:
-                self._epoch_nursery = nursery
-                transport = await self._open_transport(self.config, nursery)
-                self._endpoint = transport.description
-                peer = Peer(
-                    transport.stream,
-                    self._dispatch,
-                    request_timeout=self.config.request_timeout,
-                    log_fields={"server": self.server_id, "epoch": self.epoch},
-                )
-                self._peer = peer
-                peer_done = trio.Event()
+                try:
+                    self._epoch_nursery = nursery
+                    transport = await self._open_transport(self.config, nursery)
+                    self._endpoint = transport.description
+                    peer = Peer(
+                        transport.stream,
+                        self._dispatch,
+                        request_timeout=self.config.request_timeout,
+                        log_fields={"server": self.server_id, "epoch": self.epoch},
+                    )
+                    self._peer = peer
+                    peer_done = trio.Event()
 
-                async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-                    try:
-                        await peer.run(task_status=task_status)
-                    finally:
-                        peer_done.set()
+                    async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                        try:
+                            await peer.run(task_status=task_status)
+                        finally:
+                            peer_done.set()
 
-                await nursery.start(serve)
-                await self._handshake(peer)
-                self._ready_since = trio.current_time()
-                self._set_state(LinkState.READY, endpoint=self._endpoint, grant=self.grant.summary())
-                await peer_done.wait()
-                nursery.cancel_scope.cancel()
+                    await nursery.start(serve)
+                    await self._handshake(peer)
+                    self._ready_since = trio.current_time()
+                    self._set_state(LinkState.READY, endpoint=self._endpoint, grant=self.grant.summary())
+                    await peer_done.wait()
+                    nursery.cancel_scope.cancel()
+                except Exception as exc:
+                    # Raised here rather than out of the nursery, so callers see the error itself
+                    # and not an ExceptionGroup around it.
+                    failure = exc
+                    nursery.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
         finally:
             self._peer = None
             self._epoch_nursery = None
@@ -542,6 +563,32 @@ class ServerLink:
             policy_sent=sent,
             revision=new_manifest.revision,
         )
+
+
+_EXPECTED_FAILURES = (TransportError, PeerClosed, RequestTimeout, RpcError, ManifestError, trio.BrokenResourceError)
+
+
+def _expected_failure(exc: BaseException) -> BaseException | None:
+    """The first connection-level failure in ``exc`` (or in its group), or None for a bug."""
+    if isinstance(exc, _EXPECTED_FAILURES):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _expected_failure(inner)
+            if found is not None:
+                return found
+        return None
+    if type(exc).__module__.startswith("trio_websocket"):
+        # trio-websocket's reader raises its own errors (ConnectionRejected, …) in the nursery.
+        return exc
+    return None
+
+
+def _describe_failure(exc: BaseException) -> str:
+    status = getattr(exc, "status_code", None)
+    if status is not None:  # trio-websocket's ConnectionRejected: the server said no
+        return f"websocket handshake refused (status {status})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _version() -> str:

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 # stdin close → this grace → SIGTERM → this grace → SIGKILL (DESIGN §3, Cancellation).
 STDIO_EXIT_GRACE = 2.0
 STDIO_TERM_GRACE = 3.0
+WEBSOCKET_CONNECT_TIMEOUT = 10.0
+# A WebSocket close handshake waits for the peer's reply; after a cancel nobody reads it, and
+# trio-websocket would wait 60 s under our shield. So every stream close has a short deadline.
+_STREAM_CLOSE_GRACE = 1.0
 _STDERR_LINE_LIMIT = 4000
 
 
@@ -43,7 +47,8 @@ class OpenTransport:
     async def aclose(self) -> None:
         """Close the stream; for a child process, stop it politely, then firmly."""
         with trio.CancelScope(shield=True):
-            await self.stream.aclose()
+            with trio.move_on_after(_STREAM_CLOSE_GRACE):
+                await self.stream.aclose()
             if self.process is not None:
                 await stop_process(self.process)
 
@@ -145,21 +150,60 @@ async def _dial_tcp(config: ServerConfig, max_message_bytes: int) -> OpenTranspo
 
 
 async def _dial_websocket(config: ServerConfig, nursery: trio.Nursery, max_message_bytes: int) -> OpenTransport:
-    headers: list[tuple[str, str]] = []
+    headers: list[tuple[bytes, bytes]] = []
     if config.token:
-        headers.append((config.token_header, f"Bearer {config.token}"))
+        headers.append((config.token_header.encode(), f"Bearer {config.token}".encode()))
     shown = safe_url(config.url)
+    parts = urlsplit(config.url)
+    secure = parts.scheme == "wss"
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if secure else 80)
+    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # We open the byte stream ourselves (rather than connect_websocket_url) so that a refused
+    # handshake can't leak the socket: whatever goes wrong, we close what we opened.
+    stream: trio.abc.Stream | None = None
     try:
-        connection = await trio_websocket.connect_websocket_url(
-            nursery,
-            config.url,
-            extra_headers=headers,
-            max_message_size=max_message_bytes,
-            message_queue_size=64,
-        )
-    except trio_websocket.HandshakeError as exc:
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        raise TransportError(f"websocket handshake with {shown} refused (status {status})") from None
-    except OSError as exc:
-        raise TransportError(f"could not connect to {shown}: {exc.strerror or exc}") from None
+        with trio.fail_after(WEBSOCKET_CONNECT_TIMEOUT):
+            if secure:
+                stream = await trio.open_ssl_over_tcp_stream(host, port)
+            else:
+                stream = await trio.open_tcp_stream(host, port)
+            connection = await trio_websocket.wrap_client_stream(
+                nursery,
+                stream,
+                host if parts.port is None else f"{host}:{port}",
+                resource,
+                extra_headers=headers,
+                max_message_size=max_message_bytes,
+                message_queue_size=64,
+            )
+    except BaseException as exc:
+        if stream is not None:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+        raise _websocket_failure(exc, shown) from None
     return OpenTransport(stream=WebSocketMessageStream(connection), description=shown)
+
+
+def _websocket_failure(exc: BaseException, shown: str) -> BaseException:
+    """A safe TransportError for a failed dial (no URL credentials), or ``exc`` if unrelated."""
+    leaves = list(_leaf_exceptions(exc))
+    for leaf in leaves:
+        if isinstance(leaf, trio.TooSlowError):
+            return TransportError(f"websocket handshake with {shown} timed out after {WEBSOCKET_CONNECT_TIMEOUT:g}s")
+        if isinstance(leaf, trio_websocket.HandshakeError):
+            status = getattr(getattr(leaf, "response", None), "status_code", None)
+            return TransportError(f"websocket handshake with {shown} refused (status {status})")
+        if isinstance(leaf, trio_websocket.ConnectionRejected):
+            return TransportError(f"websocket handshake with {shown} refused (status {leaf.status_code})")
+        if isinstance(leaf, (OSError, trio.BrokenResourceError)):
+            return TransportError(f"could not connect to {shown}: {getattr(leaf, 'strerror', None) or leaf}")
+    return exc
+
+
+def _leaf_exceptions(exc: BaseException):  # type: ignore[no-untyped-def]
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaf_exceptions(inner)
+    else:
+        yield exc

@@ -178,7 +178,7 @@ class Explanation:
         }
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class ChannelNames:
     """The resolver and the shown names, read from a :class:`ChannelRegistry`'s indexes."""
 
@@ -198,9 +198,15 @@ class ChannelNames:
         if not name:
             return []
         registry = self.registry
-        found = dict.fromkeys(registry.refs_with_id(name))
-        found.update(dict.fromkeys(registry.refs_with_qualified_name(name)))
-        found.update(dict.fromkeys(registry.dm_refs_with_label(name)))
+        by_id = registry.refs_with_id(name)
+        by_qualified = registry.refs_with_qualified_name(name)
+        by_dm_label = registry.dm_refs_with_label(name)
+        if len(by_id) + len(by_qualified) + len(by_dm_label) < 2:
+            # The common case, one channel or none: no set to build.
+            return [*by_id, *by_qualified, *by_dm_label]
+        found = dict.fromkeys(by_id)
+        found.update(dict.fromkeys(by_qualified))
+        found.update(dict.fromkeys(by_dm_label))
         if len(found) < 2:
             return list(found)
         # Registration order is for a stable listing only: nothing picks the first.
@@ -273,7 +279,9 @@ class ChannelNames:
             return texts.unnamed_channel(ref.channel_id, ref.server_id)
         if not self._answers(ref.channel_id):
             return ref.channel_id
-        return ref.qualified_name
+        if not self._answers(ref.qualified_name):
+            return ref.qualified_name
+        return texts.unnamed_channel(ref.channel_id, ref.server_id)
 
     # ------------------------------------------------------------------ picking one
 

@@ -110,10 +110,11 @@ class ChannelDescriptor:
     hash.
     """
 
-    id: str
+    id: str = attrs.field(validator=[attrs.validators.instance_of(str), attrs.validators.min_len(1)])
     type: str = "channel"
-    label: str = ""
-    direction: Direction = "bidirectional"
+    # A channel without a label of its own is labelled by its id, as from_wire reads it.
+    label: str = attrs.field(default=attrs.Factory(lambda self: self.id, takes_self=True))
+    direction: Direction = attrs.field(default="bidirectional", validator=attrs.validators.in_(DIRECTIONS))
     address: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_address)
     metadata: Any = attrs.field(default=None, converter=_freeze, hash=False)
     initially_open: bool = False
@@ -321,7 +322,7 @@ def _view(index: dict[str, dict[ChannelRef, None]], key: str) -> Collection[Chan
     return refs.keys() if refs else _EMPTY
 
 
-@attrs.define
+@attrs.define(eq=False)
 class ChannelRegistry:
     """Every server's channels, each held by its :class:`ChannelRef`; owned by the router.
 

@@ -99,6 +99,8 @@ def check(names: ChannelNames, extra_names: list[str], seen: set[ChannelRef]) ->
         candidates_names.add(entry.descriptor.label)
 
     for name in sorted(candidates_names):
+        labelled = [e.ref for e in entries if name and e.descriptor.label.casefold() == name.casefold()]
+        assert names.channels_labelled(name) == labelled
         expected = oracle(registry, name)
         assert names.channels_named(name) == expected, name
         result = names.channel_named(name, not_done="Nothing was sent.")

@@ -400,3 +400,11 @@ def test_indexes_hold_refs_never_bare_or_joined_strings() -> None:
         assert all(isinstance(ref, ChannelRef) for ref in registry.refs_with_id(name))
     assert all(isinstance(ref, ChannelRef) for ref in registry.refs_with_qualified_name("a:b:room"))
     assert all(isinstance(entry.ref, ChannelRef) for entry in registry.all_entries())
+
+
+def test_descriptor_built_in_code_is_validated_too() -> None:
+    with pytest.raises(ValueError):
+        ChannelDescriptor(id="")
+    with pytest.raises(ValueError):
+        ChannelDescriptor(id="x", direction="sideways")  # type: ignore[arg-type]
+    assert ChannelDescriptor(id="x").label == "x"
