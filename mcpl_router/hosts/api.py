@@ -1,5 +1,11 @@
 """Host API methods (JSON-RPC 2.0): what a host, or the CLI, may ask the daemon.
 
+One method table per host connection, composed from the areas that own the methods:
+- queries (this module): ``status``, ``servers/list``, ``channels/list``, ``explain``;
+- sessions, agents and wakes (:mod:`mcpl_router.hosts.sessions`): ``session/hello``,
+  ``wake/ack``, …;
+- turns, typing and context (:mod:`mcpl_router.hosts.turn_api`): ``turn/*``,
+  ``channels/typing``, ….
 Documented in ``docs/host-api.md``; every method here has an entry there.
 """
 
@@ -13,6 +19,7 @@ from mcpl_router.jsonrpc import Inbound, MethodTable
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.connection import HostConnection
 
 
 class ExplainParams(msgspec.Struct, rename="camel"):
@@ -24,9 +31,7 @@ class NoParams(msgspec.Struct):
     pass
 
 
-def host_methods(daemon: Daemon) -> MethodTable:
-    table = MethodTable()
-
+def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
     async def status(_params: NoParams, _inbound: Inbound) -> Any:
         return daemon.status()
 
@@ -43,4 +48,28 @@ def host_methods(daemon: Daemon) -> MethodTable:
     table.add("servers/list", servers_list, NoParams)
     table.add("channels/list", channels_list, NoParams)
     table.add("explain", explain, ExplainParams)
+
+
+def host_methods(daemon: Daemon, connection: HostConnection | None = None) -> MethodTable:
+    """The method table for one host connection."""
+    table = MethodTable()
+    add_query_methods(table, daemon)
+    if connection is not None:
+        _add_optional(table, daemon, connection)
     return table
+
+
+def _add_optional(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
+    # Each area registers its own methods; an area not built yet simply adds none.
+    try:
+        from mcpl_router.hosts.sessions import add_session_methods
+    except ImportError:
+        pass
+    else:
+        add_session_methods(table, daemon, connection)
+    try:
+        from mcpl_router.hosts.turn_api import add_turn_methods
+    except ImportError:
+        pass
+    else:
+        add_turn_methods(table, daemon, connection)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from mcpl_router.hosts.api import host_methods
-from mcpl_router.jsonrpc import NdjsonStream, Peer
+from mcpl_router.hosts.connection import HostConnection
+from mcpl_router.jsonrpc import MessageStream, NdjsonStream, Peer
 from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
@@ -86,11 +87,25 @@ async def serve_unix_socket(
 
 
 async def _serve_connection(daemon: Daemon, stream: trio.SocketStream) -> None:
-    methods = host_methods(daemon)
+    await serve_host_stream(daemon, NdjsonStream(stream, stream), transport="unix")
+
+
+async def serve_host_stream(daemon: Daemon, stream: MessageStream, *, transport: str) -> None:
+    """Serve one host connection on a framed stream until it closes."""
+    connection = HostConnection(transport=transport)
+    methods = host_methods(daemon, connection)
     peer = Peer(
-        NdjsonStream(stream, stream),
+        stream,
         methods,
         concurrent_methods=methods.concurrent_methods,
-        log_fields={"transport": "unix"},
+        log_fields={"transport": transport, "connection": connection.id},
     )
-    await peer.run()
+    connection.peer = peer
+    hooks = getattr(daemon, "host_connection_hooks", None)
+    try:
+        if hooks is not None:
+            hooks.opened(connection)
+        await peer.run()
+    finally:
+        if hooks is not None:
+            hooks.closed(connection)

@@ -118,6 +118,16 @@ class Journal:
             for seq, server, channel, kind, payload, received_at in rows
         ]
 
+    def get(self, seq: int) -> StoredEvent | None:
+        """One journaled inbound event by its seq."""
+        row = self._db.execute(
+            "SELECT seq, server, channel, kind, payload, received_at FROM inbound WHERE seq = ?", (seq,)
+        ).fetchone()
+        if row is None:
+            return None
+        seq_, server, channel, kind, payload, received_at = row
+        return StoredEvent(seq_, server, channel, kind, msgspec.json.decode(payload), received_at)
+
     def ack(self, seqs: list[int]) -> int:
         """Mark events delivered; returns how many were newly acked."""
         if not seqs:

@@ -272,3 +272,30 @@ async def test_full_inbound_queue_answers_overloaded(nursery: trio.Nursery) -> N
         answers = {(await remote.receive())["id"] for _ in range(2)}
         assert answers == {0, 1}
     assert peer.statistics().overloaded_requests == 1
+
+
+async def test_two_peers_talk_and_every_message_says_jsonrpc_2_0(nursery: trio.Nursery) -> None:
+    """Peer to peer, both directions; and the bytes on the wire carry ``"jsonrpc": "2.0"``."""
+    left, right = trio.testing.memory_stream_pair()
+    wire: list[bytes] = []
+
+    class Tapped(NdjsonStream):
+        async def send_message(self, data: bytes) -> None:
+            wire.append(data)
+            await super().send_message(data)
+
+    box: list[Peer] = []
+    a = Peer(Tapped(left, left), make_table(box))
+    b = Peer(Tapped(right, right), make_table())
+    box.append(a)
+    await nursery.start(a.run)
+    await nursery.start(b.run)
+    with trio.fail_after(5):
+        assert await b.request("echo", {"text": "ab", "times": 2}) == "abab"
+        assert await a.request("echo", {"text": "ba"}) == "ba"
+        await b.notify("echo", {"text": "n"})
+        with pytest.raises(RpcError) as refused:
+            await b.request("fail")
+        assert refused.value.code == -32017
+    assert wire and all(json.loads(data)["jsonrpc"] == "2.0" for data in wire)
+    assert not any(b'"params"' in data for data in wire if b'"method":"ping"' in data)

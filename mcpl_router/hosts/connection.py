@@ -1,0 +1,37 @@
+"""HostConnection: one host's live connection to the daemon (Unix socket or WebSocket)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import attrs
+
+from mcpl_router.jsonrpc import Peer, PeerClosed
+from mcpl_router.logs import get_logger
+
+_connection_ids = itertools.count(1)
+
+
+@attrs.define(eq=False)
+class HostConnection:
+    """A connection's identity and its way to send notifications to the host.
+
+    ``session`` is set by ``session/hello`` (see :mod:`mcpl_router.hosts.sessions`).
+    """
+
+    transport: str
+    id: int = attrs.field(factory=lambda: next(_connection_ids))
+    peer: Peer | None = None
+    session: Any = None
+
+    async def notify(self, method: str, params: Any) -> bool:
+        """Send a notification; False when the connection is gone (the caller keeps it pending)."""
+        if self.peer is None or self.peer.closed:
+            return False
+        try:
+            await self.peer.notify(method, params)
+        except PeerClosed:
+            get_logger(connection=self.id).info("host.notify.undeliverable", method=method)
+            return False
+        return True

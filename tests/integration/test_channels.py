@@ -1,0 +1,172 @@
+"""Channels are named with their server, end to end: real server processes, both orders.
+
+Issue 3's registry-level acceptance through the daemon: a server can't have a message admitted
+into another server's channel, can't register outside its patterns, a Notification-form
+refusal is logged, a push belongs to the pushing server, and names resolve (or are refused)
+the same whichever server registered first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trio
+
+from mcpl_router.daemon import Daemon
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.testing.control import FixtureProcess, wait_until
+
+from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+
+pytestmark = pytest.mark.integration
+
+ORDERS = pytest.mark.parametrize("first", ["a", "b"], ids=["a-first", "b-first"])
+
+
+def other(server_id: str) -> str:
+    return "b" if server_id == "a" else "a"
+
+
+@asynccontextmanager
+async def servers(
+    workdir: Path, ids: tuple[str, ...] = ("a", "b"), options: dict[str, dict[str, Any]] | None = None
+) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
+    """Daemon plus one strict TCP fixture per id, none registering anything yet."""
+    options = options or {}
+    async with AsyncExitStack() as stack:
+        fixtures = {
+            server_id: await stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", control_dir=workdir, server_name=server_id)
+            )
+            for server_id in ids
+        }
+        config = {sid: dialled_server(fx, **options.get(sid, {})) for sid, fx in fixtures.items()}
+        daemon = await stack.enter_async_context(running_daemon(workdir, config))
+        for server_id in ids:
+            await wait_ready(daemon, server_id)
+        yield daemon, fixtures
+
+
+@ORDERS
+async def test_a_shared_id_is_refused_as_ambiguous_and_qualified_names_pick_one(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(40):
+        async with servers(tmp_path) as (daemon, fx):
+            for server_id in (first, other(first)):
+                answer = await fx[server_id].register([{"id": "general", "label": "general"}])
+                assert answer["results"] == [{"id": "general", "accepted": True}]
+            rows = {(row["serverId"], row["channelId"]): row for row in daemon.channels_list()}
+            assert rows[("a", "general")]["shown"] == "a:general"
+            assert rows[("b", "general")]["shown"] == "b:general"
+            explained = daemon.explain("general")
+            assert explained["resolved"] is None
+            text = explained["refusal"]["text"]
+            assert "more than one server" in text and "not found" not in text.lower()
+            assert "a:general" in text and "b:general" in text
+            assert daemon.explain("b:general")["resolved"] == {"serverId": "b", "channelId": "general"}
+            assert daemon.explain("general", "a")["resolved"] == {"serverId": "a", "channelId": "general"}
+
+
+@ORDERS
+async def test_a_message_is_admitted_only_into_its_own_servers_channel(tmp_path: Path, first: str) -> None:
+    second = other(first)
+    message = {"channelId": "general", "messageId": "m-1", "content": [{"type": "text", "text": "hello"}]}
+    with trio.fail_after(40):
+        async with servers(tmp_path) as (daemon, fx):
+            await fx[first].register(["general"])
+            # The second server never registered "general": its message is refused, alone.
+            answer = await fx[second].incoming([message, {**message, "channelId": "nowhere", "messageId": "m-2"}])
+            results = answer["results"]
+            assert [r["accepted"] for r in results] == [False, False]
+            assert results[0]["code"] == -32023
+            assert daemon.journal.last_seq() == 0
+            # Once it registers its own "general", the same message is admitted there.
+            await fx[second].register(["general"])
+            answer = await fx[second].incoming([message])
+            assert answer["results"][0]["accepted"] is True
+            stored = daemon.journal.unacked()
+            assert [(e.server_id, e.channel_id) for e in stored] == [(second, "general")]
+            # The same message again is a duplicate: accepted, not stored twice.
+            again = await fx[second].incoming([message])
+            assert again["results"][0]["accepted"] is True
+            assert len(daemon.journal.unacked()) == 1
+
+
+@ORDERS
+async def test_a_push_belongs_to_the_pushing_server(tmp_path: Path, first: str) -> None:
+    second = other(first)
+    with trio.fail_after(40):
+        async with servers(tmp_path) as (daemon, fx):
+            await fx[first].register(["general"])
+            before = daemon.router.registry.get(ChannelRef(first, "general"))
+            answer = await fx[second].push("ev-1", origin={"mcplChannelId": "general"}, payload={"content": [{"type": "text", "text": "hi"}]})
+            assert answer["accepted"] is True
+            lazy = daemon.router.registry.get(ChannelRef(second, "general"))
+            assert lazy is not None and lazy.lazy
+            assert daemon.router.registry.get(ChannelRef(first, "general")) is before
+            [event] = daemon.journal.unacked()
+            assert (event.server_id, event.channel_id, event.kind) == (second, "general", "push")
+
+
+async def test_registration_outside_patterns_is_refused_and_notification_refusals_logged(tmp_path: Path) -> None:
+    options = {"a": {"channelPatterns": ["acme:*"]}}
+    with trio.fail_after(40):
+        async with servers(tmp_path, ("a",), options) as (daemon, fx):
+            answer = await fx["a"].register(["acme:general", "elsewhere"])
+            results = {r["id"]: r for r in answer["results"]}
+            assert results["acme:general"]["accepted"] is True
+            assert results["elsewhere"]["accepted"] is False and "outside" in results["elsewhere"]["reason"]
+            with structlog.testing.capture_logs() as logs:
+                assert await fx["a"].register(["also-elsewhere"], form="notification") is None
+                await wait_until(lambda: any(e["event"] == "channels.register.refused" for e in logs), timeout=10)
+            refused = [e for e in logs if e["event"] == "channels.register.refused"]
+            assert refused[0]["form"] == "notification" and refused[0]["channel"] == "also-elsewhere"
+            assert not daemon.router.registry.is_registered(ChannelRef("a", "also-elsewhere"))
+
+
+async def test_ids_that_would_join_to_one_key_stay_two_channels(tmp_path: Path) -> None:
+    # Server a's "b:room" and server "a:b"'s "room" both read "a:b:room" joined with a colon.
+    with trio.fail_after(40):
+        async with servers(tmp_path, ("a", "a:b")) as (daemon, fx):
+            await fx["a"].register(["b:room"])
+            await fx["a:b"].register(["room"])
+            registry = daemon.router.registry
+            assert registry.is_registered(ChannelRef("a", "b:room"))
+            assert registry.is_registered(ChannelRef("a:b", "room"))
+            refs = daemon.router.names.channels_named("a:b:room")
+            assert set(refs) == {ChannelRef("a", "b:room"), ChannelRef("a:b", "room")}
+            assert daemon.explain("a:b:room")["resolved"] is None
+            assert daemon.explain("room")["resolved"] == {"serverId": "a:b", "channelId": "room"}
+
+
+@ORDERS
+async def test_withdrawal_and_disconnect_remove_only_that_servers_channel(tmp_path: Path, first: str) -> None:
+    second = other(first)
+    with trio.fail_after(40):
+        async with servers(tmp_path) as (daemon, fx):
+            await fx[first].register(["general"])
+            await fx[second].register(["general"])
+            await fx[second].withdraw(["general"])
+            await wait_until(lambda: not daemon.router.registry.is_registered(ChannelRef(second, "general")))
+            assert daemon.explain("general")["resolved"] == {"serverId": first, "channelId": "general"}
+            await fx[second].register(["general"])
+            await wait_channel(daemon, second, "general")
+            await fx[first].disconnect()
+            await wait_until(lambda: not daemon.router.registry.is_registered(ChannelRef(first, "general")))
+            assert daemon.explain("general")["resolved"] == {"serverId": second, "channelId": "general"}
+
+
+async def test_a_malformed_descriptor_is_refused_alone(tmp_path: Path) -> None:
+    with trio.fail_after(40):
+        async with servers(tmp_path, ("a",)) as (daemon, fx):
+            answer = await fx["a"].register([{"id": "ok"}, {"label": "no id"}, {"id": ""}])
+            accepted = [r["accepted"] for r in answer["results"]]
+            assert accepted == [True, False, False]
+            assert daemon.router.registry.is_registered(ChannelRef("a", "ok"))
+            # A batch that isn't a list at all is bad params, answered with the field's path.
+            answer = await fx["a"].host_call("channels/register", {"channels": "not-a-list"})
+            assert answer["error"]["code"] == -32602 and "$.channels" in answer["error"]["message"]

@@ -1,0 +1,159 @@
+"""The command line and the container, as a user runs them: real processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+
+from mcpl_router.testing.control import FixtureProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "mcpl_router"]
+
+
+def children_of(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (read from /proc)."""
+    found: set[int] = set()
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                text = (task / "children").read_text()
+            except OSError:
+                continue
+            for child in map(int, text.split()):
+                if child not in found:
+                    found.add(child)
+                    frontier.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes; its parent reaps it.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_demo_once_shows_both_servers_ready_with_general() -> None:
+    with trio.fail_after(60):
+        result = await trio.run_process([*CLI, "demo", "--once"], capture_stdout=True, capture_stderr=True)
+    out = result.stdout.decode()
+    assert "server a: ready" in out and "server b: ready" in out
+    assert "general (shown as a:general)" in out and "general (shown as b:general)" in out
+    assert 'the name "general" is refused' in out and "is on more than one server" in out
+    assert "the name \"b:general\" picks server b's channel general" in out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_demo_stops_cleanly_on_signal_leaving_no_child(signum: int) -> None:
+    with trio.fail_after(60):
+        process = await trio.lowlevel.open_process([*CLI, "demo"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert process.stdout is not None
+        seen = b""
+        try:
+            while b"Press Ctrl-C to stop." not in seen:
+                chunk = await process.stdout.receive_some(65536)
+                assert chunk, f"demo exited early: {seen.decode()}"
+                seen += chunk
+            descendants = children_of(process.pid)
+            assert len(descendants) >= 2, "the demo should have spawned servers a and b"
+            process.send_signal(signum)
+            while chunk := await process.stdout.receive_some(65536):
+                seen += chunk
+            code = await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert code == 0, seen.decode()
+    assert "every server process has exited" in seen.decode()
+    await wait_until(lambda: not any(alive(pid) for pid in descendants), timeout=5)
+
+
+async def test_check_config_names_file_key_and_fix(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"mcplServers": {"a": {"command": "some-server", "args": ["--stdio"]}}}))
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[mcplServers.a]\ntransport = "smtp"\ncommand = "x"\n')
+    with trio.fail_after(30):
+        ok = await trio.run_process([*CLI, "check-config", str(good)], capture_stdout=True)
+        refused = await trio.run_process([*CLI, "check-config", str(bad)], capture_stderr=True, check=False)
+    assert ok.stdout.decode().startswith("OK")
+    assert refused.returncode == 2
+    message = refused.stderr.decode()
+    assert str(bad) in message and "mcplServers.a.transport" in message and "stdio" in message
+
+
+def _dockerfile_command(instruction: str) -> list[str]:
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    match = re.search(rf"^{instruction}\s.*?(\[.*\])\s*$", text, re.MULTILINE)
+    assert match, f"no exec-form {instruction} in the Dockerfile"
+    return json.loads(match.group(1))
+
+
+async def test_container_entrypoint_and_health_check_without_docker(tmp_path: Path) -> None:
+    """Run the Dockerfile's own ENTRYPOINT and HEALTHCHECK commands against a real daemon."""
+    entrypoint = _dockerfile_command("ENTRYPOINT")
+    health = _dockerfile_command("HEALTHCHECK.*CMD")
+    mounted = "/etc/mcpl-router/config.toml"
+    assert entrypoint[0] == health[0] == "mcpl-router"
+    assert mounted in entrypoint and mounted in health
+    with trio.fail_after(60), tempfile.TemporaryDirectory(prefix="mr-ct-", dir="/tmp") as run_dir:
+        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=tmp_path) as fixture:
+            config = tmp_path / "config.toml"
+            config.write_text(
+                f'[mcplServers.a]\nurl = "{fixture.listen_url}"\n\n'
+                f'[host]\nunixSocket = "{run_dir}/host.sock"\n\n[host.websocket]\nenabled = false\n\n'
+                f'[journal]\npath = "{tmp_path}/journal.sqlite3"\n'
+            )
+
+            def as_run_here(argv: list[str]) -> list[str]:
+                # The image's mounted path becomes this test's file; mcpl-router is the module.
+                return [*CLI, *[str(config) if part == mounted else part for part in argv[1:]]]
+
+            daemon = await trio.lowlevel.open_process(as_run_here(entrypoint), stderr=subprocess.DEVNULL)
+            try:
+
+                async def healthy() -> bool:
+                    result = await trio.run_process(as_run_here(health), capture_stdout=True, capture_stderr=True, check=False)
+                    return result.returncode == 0 and b"1/1 servers ready" in result.stdout
+
+                await wait_until(healthy, timeout=30, interval=0.2)
+                listing = await trio.run_process([*CLI, "channels", "--config", str(config)], capture_stdout=True)
+                assert b"general" in listing.stdout
+                daemon.send_signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+            finally:
+                if daemon.returncode is None:
+                    daemon.kill()
+                    await daemon.wait()
+            # With the daemon gone, the health check fails: nothing answers.
+            result = await trio.run_process(as_run_here(health), capture_stdout=True, capture_stderr=True, check=False)
+            assert result.returncode != 0
+            assert not Path(run_dir, "host.sock").exists()
+
+
+def test_cli_lists_its_commands() -> None:
+    result = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True)
+    for command in ("run", "demo", "check-config", "status", "channels", "explain", "health"):
+        assert command in result.stdout
+    assert shlex.split("mcpl-router run --config x")[0] == "mcpl-router"
