@@ -216,3 +216,67 @@ def reason_native_unknown(native_id: str) -> str:
 def reason_native_ambiguous(native_id: str) -> str:
     """A push's native id that several of the pushing server's channels have."""
     return f"more than one channel of this server has native id {quoted(native_id)}"
+
+
+# ---------------------------------------------------------------------- turns (host API)
+
+MALFORMED_REF_SERVER: Final = (
+    "channel: a ref needs a non-empty serverId; to name a channel without its server, give"
+    " the name as a string"
+)
+MALFORMED_REF_CHANNEL: Final = "channel: a ref needs a non-empty channelId"
+
+#: What a turn's undelivered words are, in the receipt.
+NOTHING_POSTED: Final = "Nothing was posted."
+
+
+def own_channel_withdrawn(channel_id: str, server_id: str, not_done: str) -> str:
+    """A turn's own channel its server no longer registers: never read as another server's."""
+    return (
+        f"Channel {quoted(channel_id)} on server {quoted(server_id)}, where this turn has been,"
+        f" is no longer registered by that server. {not_done} Nothing can reach it until server"
+        f" {quoted(server_id)} registers it again."
+    )
+
+
+def speech_lands_in(shown: str) -> str:
+    """The routing line a turn is shown when its plain speech has a destination."""
+    return f"[routing] Your plain speech now lands in {shown}."
+
+
+SPEECH_HAS_NO_DESTINATION: Final = (
+    "[routing] This turn has no channel, so your plain speech is not posted anywhere."
+    " Use channel_publish with a channelId to speak in a channel."
+)
+
+
+def receipt(delivered: Sequence[str], held: int, failed: Sequence[str], unknown: Sequence[str]) -> str:
+    """The turn's receipt: where plain speech went, then notes on what didn't go."""
+    text = "[delivered] " + (", ".join(dict.fromkeys(delivered)) if delivered else "nothing")
+    if held:
+        text += f"\n{held} segment(s) had no destination and were held, not posted."
+    if failed:
+        text += "\nNot delivered (the server refused or was unreachable): " + ", ".join(failed) + "."
+    if unknown:
+        text += (
+            "\nDelivery not confirmed: " + ", ".join(unknown) + ". Check the channel before"
+            " sending the same words again."
+        )
+    return text
+
+
+def unknown_tool(name: str) -> str:
+    """A tool call the daemon offers no tool for."""
+    return f"Unknown tool {quoted(name)}: no such tool is offered. Nothing was done."
+
+
+# ---------------------------------------------------------------------- delivery reasons (stable)
+
+REASON_NO_LINK: Final = "server-unavailable"
+REASON_NOT_PERMITTED: Final = "not-permitted"
+REASON_NOT_REGISTERED: Final = "channel-not-registered"
+REASON_SERVER_REFUSED: Final = "server-refused"
+REASON_NOT_DELIVERED: Final = "not-delivered"
+REASON_TIMEOUT: Final = "timeout"
+REASON_NO_RECEIPT: Final = "no-receipt"
+REASON_MALFORMED_RECEIPT: Final = "malformed-receipt"

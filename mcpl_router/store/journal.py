@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,24 @@ CREATE TABLE IF NOT EXISTS inbound (
     received_at REAL NOT NULL,
     acked INTEGER NOT NULL DEFAULT 0,
     UNIQUE (server, kind, dedup)
+);
+-- One row per agent an inbound event woke; written in the event's own transaction, so a wake
+-- is durable before the server hears "accepted". Re-sent to the agent's owner until acked.
+CREATE TABLE IF NOT EXISTS deliveries (
+    agent TEXT NOT NULL,
+    seq INTEGER NOT NULL REFERENCES inbound (seq),
+    reason TEXT NOT NULL,
+    tags BLOB NOT NULL,
+    addressed INTEGER NOT NULL,
+    acked INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (agent, seq)
+);
+CREATE INDEX IF NOT EXISTS deliveries_unacked ON deliveries (agent, acked, seq);
+-- Agents hosts declared, so wakes for them are kept while their host is away (and across
+-- restarts). Config agents are not stored: the config declares them at every start.
+CREATE TABLE IF NOT EXISTS agents (
+    name TEXT PRIMARY KEY,
+    spec BLOB NOT NULL
 );
 """
 
@@ -53,6 +72,28 @@ class Recorded:
 
 
 @attrs.frozen
+class Delivery:
+    """One agent woken by one event, as the journal keeps it."""
+
+    agent: str
+    reason: str
+    tags: tuple[str, ...]
+    addressed: bool
+
+
+@attrs.frozen
+class StoredDelivery:
+    """An unacked delivery with its event, for re-sending."""
+
+    delivery: Delivery
+    event: StoredEvent
+
+
+#: Decides, inside the event's transaction, which agents a newly recorded event wakes.
+DeliveryRouter = Callable[[int, InboundEvent], Sequence[Delivery]]
+
+
+@attrs.frozen
 class StoredEvent:
     seq: int
     server_id: str
@@ -74,9 +115,23 @@ class Journal:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._encoder = msgspec.json.Encoder()
+        #: Set by the daemon (see :meth:`set_router`); None records events without deliveries.
+        self._router: DeliveryRouter | None = None
+
+    def set_router(self, router: DeliveryRouter | None) -> None:
+        """Have :meth:`record_inbound` write each new event's deliveries in its transaction.
+
+        ``router(seq, event)`` is called for every newly recorded event (never a duplicate),
+        inside the transaction; if it raises, the whole batch rolls back and nothing is
+        accepted.
+        """
+        self._router = router
 
     def record_inbound(self, events: list[InboundEvent]) -> list[Recorded]:
-        """Commit a batch in one transaction; a duplicate gets the seq it was first given."""
+        """Commit a batch in one transaction; a duplicate gets the seq it was first given.
+
+        With a router set (:meth:`set_router`), each new event's deliveries commit with it.
+        """
         results: list[Recorded] = []
         db = self._db
         db.execute("BEGIN IMMEDIATE")
@@ -100,7 +155,10 @@ class Journal:
                         time.time(),
                     ),
                 )
-                results.append(Recorded(seq=int(cursor.lastrowid or 0), duplicate=False))
+                seq = int(cursor.lastrowid or 0)
+                if self._router is not None:
+                    self._insert_deliveries(seq, self._router(seq, event))
+                results.append(Recorded(seq=seq, duplicate=False))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -134,6 +192,77 @@ class Journal:
             return 0
         cursor = self._db.executemany("UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0", [(s,) for s in seqs])
         return cursor.rowcount
+
+    def _insert_deliveries(self, seq: int, deliveries: Sequence[Delivery]) -> None:
+        self._db.executemany(
+            "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)",
+            [(d.agent, seq, d.reason, self._encoder.encode(list(d.tags)), int(d.addressed)) for d in deliveries],
+        )
+
+    def unacked_deliveries(self, agent: str, *, after_seq: int = 0, limit: int = 10000) -> list[StoredDelivery]:
+        """``agent``'s unacked deliveries with their events, in seq order."""
+        rows = self._db.execute(
+            "SELECT d.agent, d.reason, d.tags, d.addressed,"
+            " i.seq, i.server, i.channel, i.kind, i.payload, i.received_at"
+            " FROM deliveries d JOIN inbound i ON i.seq = d.seq"
+            " WHERE d.agent = ? AND d.acked = 0 AND d.seq > ? ORDER BY d.seq LIMIT ?",
+            (agent, after_seq, limit),
+        ).fetchall()
+        return [
+            StoredDelivery(
+                Delivery(agent_, reason, tuple(msgspec.json.decode(tags)), bool(addressed)),
+                StoredEvent(seq, server, channel, kind, msgspec.json.decode(payload), received_at),
+            )
+            for agent_, reason, tags, addressed, seq, server, channel, kind, payload, received_at in rows
+        ]
+
+    def delivery(self, seq: int, agent: str) -> StoredDelivery | None:
+        """One delivery (acked or not) with its event."""
+        row = self._db.execute(
+            "SELECT reason, tags, addressed FROM deliveries WHERE seq = ? AND agent = ?", (seq, agent)
+        ).fetchone()
+        event = self.get(seq)
+        if row is None or event is None:
+            return None
+        reason, tags, addressed = row
+        return StoredDelivery(Delivery(agent, reason, tuple(msgspec.json.decode(tags)), bool(addressed)), event)
+
+    def ack_deliveries(self, agents: Sequence[str], seqs: Sequence[int]) -> int:
+        """Mark ``agents``' deliveries of ``seqs`` acked; returns how many were newly acked.
+
+        An event whose every delivery is acked is marked acked too (see :meth:`unacked`).
+        """
+        if not agents or not seqs:
+            return 0
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            pairs = [(seq, agent) for seq in seqs for agent in agents]
+            newly = 0
+            for pair in pairs:
+                newly += db.execute("UPDATE deliveries SET acked = 1 WHERE seq = ? AND agent = ? AND acked = 0", pair).rowcount
+            db.executemany(
+                "UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0"
+                " AND NOT EXISTS (SELECT 1 FROM deliveries WHERE seq = inbound.seq AND acked = 0)",
+                [(seq,) for seq in set(seqs)],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return newly
+
+    def save_agent(self, name: str, spec: Any) -> None:
+        """Remember a host-declared agent's spec (plain JSON values)."""
+        self._db.execute(
+            "INSERT INTO agents (name, spec) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
+            (name, self._encoder.encode(spec)),
+        )
+
+    def saved_agents(self) -> dict[str, Any]:
+        """Every remembered host-declared agent's spec, by name."""
+        rows = self._db.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
+        return {name: msgspec.json.decode(spec) for name, spec in rows}
 
     def last_seq(self) -> int:
         row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM inbound").fetchone()

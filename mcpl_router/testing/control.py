@@ -22,6 +22,7 @@ import msgspec
 import trio
 
 from mcpl_router.jsonrpc import MethodTable, NdjsonStream, Peer
+from mcpl_router.testing.descriptors import channel_descriptor
 
 FIXTURE_MODULE = "mcpl_router.testing.fixture_server"
 # Oversized test frames travel through the control channel: allow far more than any host does.
@@ -34,18 +35,6 @@ _POLL_INTERVAL = 0.02
 
 class FixtureStartError(RuntimeError):
     """The fixture did not become ready (exited early, or no control file before the deadline)."""
-
-
-def channel_descriptor(channel_id: str, label: str | None = None, *, channel_type: str = "text") -> dict[str, Any]:
-    """A channel descriptor shaped like the ones the fixture registers from ``--channel``."""
-    return {
-        "id": channel_id,
-        "type": channel_type,
-        "label": label or channel_id,
-        "direction": "bidirectional",
-        "address": {"native": channel_id},
-        "metadata": {},
-    }
 
 
 def _channel_spec(channel: str | tuple[str, str]) -> str:

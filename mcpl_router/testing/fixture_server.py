@@ -55,6 +55,7 @@ from mcpl_router.jsonrpc import (
     WebSocketMessageStream,
 )
 from mcpl_router.logs import configure_logging, get_logger
+from mcpl_router.testing.descriptors import channel_descriptor
 
 PERSONALITIES = ("strict", "discord", "legacy", "notify-publish")
 TRANSPORTS = ("stdio", "tcp", "ws")
@@ -146,17 +147,10 @@ def _effective(grant: dict[str, Any] | None) -> list[str]:
     return [p for p in paths if isinstance(p, str)]
 
 
-def channel_descriptor(spec: str, channel_type: str = "text") -> dict[str, Any]:
+def channel_descriptor_from_spec(spec: str, channel_type: str = "text") -> dict[str, Any]:
     """A channel descriptor from a CLI spec ``ID[=LABEL]``."""
     channel_id, _, label = spec.partition("=")
-    return {
-        "id": channel_id,
-        "type": channel_type,
-        "label": label or channel_id,
-        "direction": "bidirectional",
-        "address": {"native": channel_id},
-        "metadata": {},
-    }
+    return channel_descriptor(channel_id, label or None, channel_type=channel_type)
 
 
 def build_manifest(personality: str, name: str, *, has_channels: bool) -> dict[str, Any]:
@@ -387,8 +381,8 @@ class FixtureServer:
     @classmethod
     def from_options(cls, options: argparse.Namespace) -> FixtureServer:
         name = options.server_name or _DEFAULT_NAMES[options.personality]
-        channels = [channel_descriptor(spec) for spec in options.channel]
-        channels += [channel_descriptor(spec, "dm") for spec in options.dm]
+        channels = [channel_descriptor_from_spec(spec) for spec in options.channel]
+        channels += [channel_descriptor_from_spec(spec, "dm") for spec in options.dm]
         log = get_logger(
             server=options.server_name or os.getpid(),
             personality=options.personality,

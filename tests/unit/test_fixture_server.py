@@ -15,6 +15,8 @@ from typing import Any
 
 import msgspec
 import pytest
+
+from mcpl_router.mcpl.grants import DEFAULT_ENABLED_CAPABILITIES
 import structlog
 import trio
 import trio_websocket
@@ -28,22 +30,8 @@ pytestmark = pytest.mark.integration
 # Spawning a Python process takes a while on a loaded CI box; a hang still fails fast.
 LIMIT = 30
 
-ALL_LEAVES = [
-    "pushEvents",
-    "tools",
-    "inferenceLifecycle",
-    "contextHooks.beforeInference.observe",
-    "contextHooks.beforeInference.inject.system",
-    "contextHooks.beforeInference.inject.beforeUser",
-    "contextHooks.beforeInference.inject.afterUser",
-    "channels.register",
-    "channels.lifecycle",
-    "channels.publish",
-    "channels.incoming",
-    "channels.streaming",
-    "channels.acknowledge",
-    "channels.typing",
-]
+# Every leaf the daemon grants by default: what a real host would send a fixture.
+ALL_LEAVES = list(DEFAULT_ENABLED_CAPABILITIES)
 _PRIVILEGED = {
     "channels/register": "channels.register",
     "channels/changed": "channels.register",
