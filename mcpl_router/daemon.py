@@ -21,6 +21,7 @@ from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.store.journal import InboundEvent, Journal
+from mcpl_router.turn_runner import TurnManager
 
 Observer = Callable[[str, dict[str, Any]], None]
 
@@ -53,6 +54,18 @@ class Daemon:
         self._shutdown = trio.Event()
         self._log = get_logger()
         self.host_socket_path: str | None = None
+        #: ``ws://host:port/path`` once the host WebSocket listens (the actual port).
+        self.host_websocket_url: str | None = None
+        self._host_token: str | None = None
+        # Sessions own agents and wakes: the journal asks them whom each new event wakes inside
+        # its transaction, and they relay server and channel changes to hosts.
+        from mcpl_router.hosts.sessions import SessionManager
+
+        self.sessions = SessionManager(self)
+        self.host_connection_hooks = self.sessions
+        self.journal.set_router(self.sessions.route)
+        self.observers.append(self.sessions.observe)
+        self.turns = TurnManager(self)
 
     # -- LinkDelegate ------------------------------------------------------------------------
 
@@ -72,6 +85,9 @@ class Daemon:
     # -- events ------------------------------------------------------------------------------
 
     def _channels_changed(self, server_id: str, added: list[ChannelRef], removed: list[ChannelRef]) -> None:
+        if removed:
+            # Only these refs' typing stops: another server's channel with the id keeps its own.
+            self.turns.channels_removed(removed)
         self._emit(
             "channels/changed",
             {
@@ -82,6 +98,7 @@ class Daemon:
         )
 
     def _accepted(self, seq: int, event: InboundEvent) -> None:
+        self.sessions.accepted(seq, event)
         self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
@@ -119,14 +136,25 @@ class Daemon:
 
     async def run(self, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until :meth:`request_shutdown`; then drain within :data:`SHUTDOWN_GRACE`."""
-        from mcpl_router.hosts.listener import serve_unix_socket
+        from mcpl_router.hosts.listener import prepare_socket_path, serve_unix_socket
+        from mcpl_router.hosts.websocket import prepare_websocket, serve_websocket
 
         self._log.info("daemon.starting", version=__version__, servers=list(self.links), config=self.config.source)
+        websocket = self.config.host.websocket
         try:
+            # Refusals (an unsafe socket directory, a non-loopback bind without a token) come
+            # first and bare, before anything listens or dials.
+            if self.config.host.unix_socket:
+                prepare_socket_path(self.config.host.unix_socket)
+            if websocket is not None:
+                self._host_token = prepare_websocket(self, websocket)
             async with trio.open_nursery() as root:
+                await root.start(self.sessions.run)
                 async with trio.open_nursery() as serving:
                     if self.config.host.unix_socket:
                         self.host_socket_path = await serving.start(serve_unix_socket, self, self.config.host.unix_socket)
+                    if websocket is not None and self._host_token is not None:
+                        self.host_websocket_url = await serving.start(serve_websocket, self, websocket, self._host_token)
                     for link in self.links.values():
                         await serving.start(link.run)
                     task_status.started(self)

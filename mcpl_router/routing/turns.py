@@ -35,12 +35,15 @@ __all__ = [
     "OUTCOMES",
     "RULE_OWN_CHANNEL",
     "Delivery",
+    "CallScope",
     "MalformedChannel",
     "Turn",
     "TurnRouting",
     "TurnTable",
     "WakeFact",
+    "call_scope",
     "own_channel_named",
+    "ref_from_wire",
     "requested_channel",
     "trigger_of",
 ]
@@ -331,3 +334,28 @@ class TurnTable:
         if turn is None or turn.turn_id != caller_turn_id or not turn.is_open:
             return None
         return turn
+
+
+@attrs.frozen
+class CallScope:
+    """What a tool call may touch of a turn: decided by :meth:`TurnTable.calling_turn_of`.
+
+    ``turn`` is the turn the call was made in when that turn is open now, else None; then the
+    call reads no turn's own channels (``own_channels`` is empty) and moves no routing.
+    """
+
+    turn: Turn | None
+    own_channels: tuple[ChannelRef, ...] = ()
+
+    @property
+    def may_move_routing(self) -> bool:
+        """Whether the call may change the turn's locus, ``was_in`` or engaged channels."""
+        return self.turn is not None
+
+
+def call_scope(table: TurnTable, agent: str, caller_turn_id: str | None) -> CallScope:
+    """The scope of a call by ``agent`` carrying ``caller_turn_id`` (see ``calling_turn_of``)."""
+    turn = table.calling_turn_of(caller_turn_id, agent)
+    if turn is None:
+        return CallScope(None)
+    return CallScope(turn, turn.routing.was_in)

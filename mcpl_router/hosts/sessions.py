@@ -1,0 +1,563 @@
+"""Host sessions and agents: ``session/hello``, agent ownership, durable wakes, ``wake/ack``.
+
+An agent is owned by one host connection at a time; another host's claim is refused (-32010).
+The same host (same ``host`` name) claiming it from a newer connection takes it over: that is a
+host that reconnected before the daemon noticed its old connection drop. When the owning
+connection drops, its agents stay held for the same host (same ``host`` name) for :attr:`SessionManager.grace` seconds, so a
+host that reconnects picks them up again; after that any host may claim them. Wakes for an agent
+nobody owns stay in the journal and are re-sent, in seq order, to the next session that claims it.
+
+Every wake is written to the journal in the same transaction as its inbound event (the journal
+calls :meth:`SessionManager.route`), so it is durable before the server is answered
+``accepted``; the notification goes out right after the commit.
+
+Backpressure: each connection has an outbox of :data:`OUTBOX_SIZE` notifications drained by one
+sender task, so notifications keep their order and the daemon never waits on a slow host. A host
+that lets its outbox fill is disconnected (``host.outbox.full``); nothing is lost, because its
+wakes stay unacked in the journal and come back when it reconnects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import attrs
+import msgspec
+import trio
+
+from mcpl_router import __version__
+from mcpl_router.config import AgentConfig
+from mcpl_router.jsonrpc import INVALID_PARAMS, Inbound, MethodTable, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.tags import expand_tags
+from mcpl_router.routing.wakes import (
+    REASON_MESSAGE,
+    REASON_PUSH,
+    InboundFacts,
+    Wake,
+    resolve_policy,
+    wakes,
+)
+from mcpl_router.store.journal import Delivery, InboundEvent, StoredDelivery
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.connection import HostConnection
+
+#: How long a dropped connection's agents stay reserved for the same host.
+GRACE_SECONDS: Final = 10.0
+#: Notifications waiting for one host connection before it counts as too slow.
+OUTBOX_SIZE: Final = 4096
+
+AGENT_OWNED: Final = -32010
+UNKNOWN_AGENT: Final = -32011
+
+ProseRouting = Literal["disabled", "locus", "hybrid", "explicit", "named"]
+
+#: Daemon events every hello'd host is told of, under the same method name.
+BROADCAST_EVENTS: Final = ("server/state", "channels/changed")
+
+
+# -- wire ----------------------------------------------------------------------------------------
+
+
+class ChannelRefParams(msgspec.Struct, rename="camel"):
+    server_id: str
+    channel_id: str
+
+
+class WakeParams(msgspec.Struct, rename="camel"):
+    channels: list[str] | None = None
+    servers: list[str] | None = None
+    tags: list[str] | None = None
+
+
+class AgentSpecParams(msgspec.Struct, rename="camel"):
+    name: str
+    prose_routing: ProseRouting = "locus"
+    allowed_tools: list[str] | None = None
+    wake: WakeParams | None = None
+    home_channel: ChannelRefParams | None = None
+
+
+class HelloParams(msgspec.Struct, rename="camel"):
+    host: str
+    agents: list[AgentSpecParams] = []
+    resume_from: int | None = None
+
+
+class AckParams(msgspec.Struct, rename="camel"):
+    seqs: list[int] | None = None
+    seq: int | None = None
+    agent: str | None = None
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AgentSpec:
+    """An agent as the daemon serves it: prose routing, tools, wake policy, home channel.
+
+    ``wake_tags`` of ``None`` means the default policy's tags (see
+    :mod:`mcpl_router.routing.wakes`); ``allowed_tools`` of ``None`` allows every tool.
+    """
+
+    name: str
+    prose_routing: str = "locus"
+    allowed_tools: tuple[str, ...] | None = None
+    home_channel: ChannelRef | None = None
+    wake_channels: tuple[str, ...] = ()
+    wake_servers: tuple[str, ...] = ()
+    wake_tags: tuple[str, ...] | None = None
+    #: Declared in the daemon's config (its spec is the operator's, not the host's).
+    configured: bool = False
+
+    @classmethod
+    def from_config(cls, config: AgentConfig) -> AgentSpec:
+        return cls(
+            name=config.name,
+            prose_routing=config.prose_routing,
+            allowed_tools=config.allowed_tools,
+            home_channel=config.home_channel,
+            wake_channels=config.wake_channels,
+            wake_servers=config.wake_servers,
+            # The config can't tell "no tags" from "not given": empty means the default.
+            wake_tags=config.wake_tags or None,
+            configured=True,
+        )
+
+    @classmethod
+    def from_params(cls, params: AgentSpecParams) -> AgentSpec:
+        wake = params.wake or WakeParams()
+        home = params.home_channel
+        return cls(
+            name=params.name,
+            prose_routing=params.prose_routing,
+            allowed_tools=None if params.allowed_tools is None else tuple(params.allowed_tools),
+            home_channel=None if home is None else ChannelRef(home.server_id, home.channel_id),
+            wake_channels=tuple(wake.channels or ()),
+            wake_servers=tuple(wake.servers or ()),
+            wake_tags=None if wake.tags is None else tuple(wake.tags),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        wake: dict[str, Any] = {"channels": list(self.wake_channels), "servers": list(self.wake_servers)}
+        if self.wake_tags is not None:
+            wake["tags"] = list(self.wake_tags)
+        return {
+            "name": self.name,
+            "proseRouting": self.prose_routing,
+            "allowedTools": None if self.allowed_tools is None else list(self.allowed_tools),
+            "wake": wake,
+            "homeChannel": None if self.home_channel is None else self.home_channel.to_wire(),
+            "configured": self.configured,
+        }
+
+
+@attrs.define(eq=False)
+class HostSession:
+    """What ``session/hello`` made of a connection: the host's name and the agents it owns."""
+
+    host: str
+    agents: set[str] = attrs.field(factory=set)
+
+
+@attrs.define(eq=False)
+class _Outbox:
+    send: trio.MemorySendChannel[tuple[str, Any]]
+    receive: trio.MemoryReceiveChannel[tuple[str, Any]]
+
+
+@attrs.define(eq=False)
+class _Hold:
+    """An agent reserved for the host whose connection dropped, until ``deadline``."""
+
+    host: str
+    deadline: float
+
+
+# -- the manager ---------------------------------------------------------------------------------
+
+
+class SessionManager:
+    """Host connections, agent ownership and wake delivery for one daemon.
+
+    Set as ``daemon.sessions`` and ``daemon.host_connection_hooks``; :meth:`run` must run in
+    the daemon's nursery (it hosts each connection's sender task and the grace timers).
+    """
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self.grace = GRACE_SECONDS
+        self._agents: dict[str, AgentSpec] = {name: AgentSpec.from_config(a) for name, a in daemon.config.agents.items()}
+        for name, saved in daemon.journal.saved_agents().items():
+            if name not in self._agents:
+                try:
+                    self._agents[name] = AgentSpec.from_params(msgspec.convert(saved, AgentSpecParams))
+                except msgspec.ValidationError:
+                    get_logger(agent=name).warning("agent.saved_spec.unreadable")
+        self._owners: dict[str, HostConnection] = {}
+        self._holds: dict[str, _Hold] = {}
+        self._outboxes: dict[HostConnection, _Outbox] = {}
+        # Wakes decided inside the journal's transaction, sent once it has committed.
+        self._fresh: dict[int, list[Wake]] = {}
+        self._nursery: trio.Nursery | None = None
+        self._log = get_logger()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the sender tasks and grace timers until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- what other code asks ------------------------------------------------------------------
+
+    def agent(self, name: str) -> AgentSpec | None:
+        """The agent called ``name``, or None if neither the config nor a host declared it."""
+        return self._agents.get(name)
+
+    def agents(self) -> list[AgentSpec]:
+        """Every known agent, configured ones first."""
+        return sorted(self._agents.values(), key=lambda spec: (not spec.configured, spec.name))
+
+    def owner_of(self, name: str) -> HostConnection | None:
+        """The connection owning agent ``name`` now, if any."""
+        return self._owners.get(name)
+
+    def require_owner(self, connection: HostConnection, name: str) -> AgentSpec:
+        """The agent's spec, if ``connection`` owns it.
+
+        Raises:
+            RpcError: -32011 for an unknown agent, -32010 when this connection doesn't own it.
+        """
+        spec = self._agents.get(name)
+        if spec is None:
+            raise RpcError(UNKNOWN_AGENT, f"Unknown agent {name!r}. Declare it in session/hello.", {"agent": name})
+        if self._owners.get(name) is not connection:
+            raise self._not_yours(name)
+        return spec
+
+    async def notify_agent(self, name: str, method: str, params: Any) -> bool:
+        """Queue a notification to the connection owning ``name``; False when none does."""
+        await trio.lowlevel.checkpoint()
+        owner = self._owners.get(name)
+        return owner is not None and self._enqueue(owner, method, params)
+
+    def wake(self, seq: int, agent: str) -> Wake | None:
+        """The wake of ``agent`` by the event ``seq`` (acked or not), from the journal."""
+        stored = self._daemon.journal.delivery(seq, agent)
+        return None if stored is None else _wake_of(stored)
+
+    async def broadcast(self, method: str, params: Any) -> None:
+        """Queue a notification to every connection that said hello."""
+        await trio.lowlevel.checkpoint()
+        self._broadcast_nowait(method, params)
+
+    # -- connection hooks (called by the listener) --------------------------------------------
+
+    def opened(self, connection: HostConnection) -> None:
+        send, receive = trio.open_memory_channel[tuple[str, Any]](OUTBOX_SIZE)
+        self._outboxes[connection] = _Outbox(send, receive)
+        if not self._spawn(self._drain, connection, receive):
+            self._log.error("host.sessions.not_running", connection=connection.id)
+
+    def closed(self, connection: HostConnection) -> None:
+        outbox = self._outboxes.pop(connection, None)
+        if outbox is not None:
+            outbox.send.close()
+        session: HostSession | None = connection.session
+        if session is None:
+            return
+        now = trio.current_time()
+        for name in sorted(session.agents):
+            if self._owners.get(name) is not connection:
+                continue
+            del self._owners[name]
+            hold = _Hold(session.host, now + self.grace)
+            self._holds[name] = hold
+            self._log.info("agent.held", agent=name, host=session.host, connection=connection.id, grace=self.grace)
+            self._spawn(self._release_after_grace, name, hold)
+
+    def _spawn(self, fn: Any, *args: Any) -> bool:
+        if self._nursery is None:
+            return False
+        try:
+            self._nursery.start_soon(fn, *args)
+        except RuntimeError:
+            # Shutting down: the nursery takes no new tasks, and none are needed any more.
+            return False
+        return True
+
+    async def _release_after_grace(self, name: str, hold: _Hold) -> None:
+        await trio.sleep_until(hold.deadline)
+        if self._holds.get(name) is hold:
+            del self._holds[name]
+            self._log.info("agent.released", agent=name, host=hold.host)
+
+    async def _drain(self, connection: HostConnection, receive: trio.MemoryReceiveChannel[tuple[str, Any]]) -> None:
+        async with receive:
+            async for method, params in receive:
+                if not await connection.notify(method, params):
+                    # The connection is gone; its wakes stay unacked in the journal.
+                    return
+
+    def _enqueue(self, connection: HostConnection, method: str, params: Any) -> bool:
+        outbox = self._outboxes.get(connection)
+        if outbox is None:
+            return False
+        try:
+            outbox.send.send_nowait((method, params))
+        except trio.WouldBlock:
+            self._log.warning("host.outbox.full", connection=connection.id, method=method, size=OUTBOX_SIZE)
+            # Too slow to keep up: drop the connection rather than the messages. Its wakes are
+            # journaled and come back on reconnect.
+            self._outboxes.pop(connection, None)
+            outbox.send.close()
+            if connection.peer is not None:
+                self._spawn(connection.peer.aclose, "too slow: outbox full")
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    def _broadcast_nowait(self, method: str, params: Any) -> None:
+        for connection in list(self._outboxes):
+            if connection.session is not None:
+                self._enqueue(connection, method, params)
+
+    # -- daemon events -------------------------------------------------------------------------
+
+    def observe(self, event: str, fields: dict[str, Any]) -> None:
+        """A daemon observer: relays server-state and channel changes to every host."""
+        if event in BROADCAST_EVENTS:
+            self._broadcast_nowait(event, fields)
+
+    def route(self, seq: int, event: InboundEvent) -> list[Delivery]:
+        """Which agents a newly journaled event wakes (called inside the journal transaction)."""
+        facts = self._facts(event)
+        names = self._daemon.router.names
+        decided: list[Wake] = []
+        for spec in self._agents.values():
+            policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, names.channels_named)
+            if wakes(policy, facts):
+                decided.append(
+                    Wake(
+                        seq=seq,
+                        agent=spec.name,
+                        reason=facts.kind,
+                        channel=facts.channel,
+                        payload=event.payload,
+                        tags=facts.tags,
+                        addressed=facts.addressed,
+                    )
+                )
+        # Overwrites whatever a rolled-back transaction may have left under a reused seq.
+        self._fresh[seq] = decided
+        return [Delivery(w.agent, w.reason, w.tags, w.addressed) for w in decided]
+
+    def accepted(self, seq: int, event: InboundEvent) -> None:
+        """The event ``seq`` committed: send its wakes to the agents' owners."""
+        for wake in self._fresh.pop(seq, ()):
+            owner = self._owners.get(wake.agent)
+            log = get_logger(agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq)
+            if owner is None:
+                log.info("wake.pending", reason="agent not owned")
+                continue
+            self._send_wake(owner, wake)
+            log.info("wake.sent", connection=owner.id)
+
+    def _facts(self, event: InboundEvent) -> InboundFacts:
+        channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
+        entry = None if channel is None else self._daemon.router.registry.get(channel)
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        return InboundFacts(
+            kind=REASON_MESSAGE if event.kind == "message" else REASON_PUSH,
+            server_id=event.server_id,
+            channel=channel,
+            tags=expand_tags(payload.get("tags")),
+            is_dm=entry is not None and entry.descriptor.is_dm,
+        )
+
+    def _send_wake(self, connection: HostConnection, wake: Wake) -> bool:
+        return self._enqueue(connection, "wake", self.wake_params(wake))
+
+    def wake_params(self, wake: Wake) -> dict[str, Any]:
+        """The ``wake`` notification's params."""
+        params: dict[str, Any] = {
+            "seq": wake.seq,
+            "agent": wake.agent,
+            "reason": wake.reason,
+            "channel": None
+            if wake.channel is None
+            else {**wake.channel.to_wire(), "shown": self._daemon.router.names.name_shown(wake.channel)},
+            "tags": list(wake.tags),
+            "addressed": wake.addressed,
+        }
+        if wake.reason == REASON_MESSAGE:
+            params["messages"] = [wake.payload]
+        else:
+            params["event"] = wake.payload
+        return params
+
+    # -- methods -------------------------------------------------------------------------------
+
+    def hello(self, connection: HostConnection, params: HelloParams) -> dict[str, Any]:
+        """``session/hello``: claim the agents, then re-send their unacked wakes in seq order."""
+        session: HostSession | None = connection.session
+        if session is not None and session.host != params.host:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"This connection said hello as host {session.host!r}; it can't become {params.host!r}. "
+                "Open another connection.",
+            )
+        specs = [self._spec_for(agent) for agent in params.agents]
+        seen: set[str] = set()
+        for spec in specs:
+            if spec.name in seen:
+                raise RpcError(INVALID_PARAMS, f"Agent {spec.name!r} is listed twice.", {"agent": spec.name})
+            seen.add(spec.name)
+            self._check_claimable(connection, params.host, spec.name)
+        # Every agent is claimable: claim them all (all or nothing).
+        if session is None:
+            session = HostSession(params.host)
+            connection.session = session
+        log = get_logger(host=params.host, connection=connection.id)
+        claimed: list[str] = []
+        for spec in specs:
+            self._agents[spec.name] = spec
+            if not spec.configured:
+                self._daemon.journal.save_agent(spec.name, msgspec.to_builtins(_params_of(spec)))
+            self._holds.pop(spec.name, None)
+            previous = self._owners.get(spec.name)
+            if previous is not connection:
+                if previous is not None and previous.session is not None:
+                    # The same host reconnected before we noticed its old connection drop: the
+                    # newer connection is the host now.
+                    previous.session.agents.discard(spec.name)
+                    log.info("agent.taken_over", agent=spec.name, previous=previous.id)
+                self._owners[spec.name] = connection
+                claimed.append(spec.name)
+            session.agents.add(spec.name)
+            log.info("agent.claimed", agent=spec.name)
+        resent = self._resend(connection, claimed, after_seq=params.resume_from or 0)
+        log.info("session.hello", agents=sorted(session.agents), resent=resent)
+        return {
+            "daemonVersion": __version__,
+            "servers": self._daemon.servers_list(),
+            "agents": [self._agents[name].to_wire() for name in sorted(session.agents)],
+            "wakeSeq": self._daemon.journal.last_seq(),
+        }
+
+    def ack(self, connection: HostConnection, params: AckParams) -> dict[str, Any]:
+        """``wake/ack``: the host has the wakes ``seqs`` (of its agents, or of ``agent``)."""
+        seqs = list(params.seqs or [])
+        if params.seq is not None:
+            seqs.append(params.seq)
+        if params.agent is not None:
+            agents = [self.require_owner(connection, params.agent).name]
+        else:
+            session: HostSession | None = connection.session
+            agents = sorted(name for name in (session.agents if session else ()) if self._owners.get(name) is connection)
+        acked = self._daemon.journal.ack_deliveries(agents, seqs)
+        get_logger(connection=connection.id).debug("wake.acked", seqs=seqs, agents=agents, acked=acked)
+        return {"acked": acked}
+
+    def _spec_for(self, params: AgentSpecParams) -> AgentSpec:
+        if not params.name or any(char.isspace() for char in params.name):
+            raise RpcError(INVALID_PARAMS, f"{params.name!r} is not an agent name (non-empty, no whitespace).")
+        configured = self._agents.get(params.name)
+        if configured is not None and configured.configured:
+            # The operator's config is the authority over a configured agent's tools and wakes.
+            return configured
+        return AgentSpec.from_params(params)
+
+    def _check_claimable(self, connection: HostConnection, host: str, name: str) -> None:
+        owner = self._owners.get(name)
+        if owner is not None and owner is not connection and _host_of(owner) != host:
+            raise self._not_yours(name)
+        hold = self._holds.get(name)
+        if owner is None and hold is not None and hold.host != host:
+            left = max(0.0, hold.deadline - trio.current_time())
+            raise RpcError(
+                AGENT_OWNED,
+                f"Agent {name!r} is held for host {hold.host!r}, whose connection dropped, for "
+                f"{left:.1f} s more. Claim it after that, or from host {hold.host!r}.",
+                {"agent": name, "owner": hold.host, "heldFor": left},
+            )
+
+    def _not_yours(self, name: str) -> RpcError:
+        owner = self._owners.get(name)
+        if owner is None:
+            return RpcError(AGENT_OWNED, f"Agent {name!r} is not owned by this connection. Claim it with session/hello.", {"agent": name})
+        host = owner.session.host if owner.session is not None else "?"
+        return RpcError(
+            AGENT_OWNED,
+            f"Agent {name!r} is owned by host {host!r} (connection {owner.id}). One session owns an agent at a time.",
+            {"agent": name, "owner": host, "connection": owner.id},
+        )
+
+    def _resend(self, connection: HostConnection, agents: Iterable[str], *, after_seq: int) -> int:
+        journal = self._daemon.journal
+        pending = [stored for name in agents for stored in journal.unacked_deliveries(name, after_seq=after_seq)]
+        pending.sort(key=lambda stored: (stored.event.seq, stored.delivery.agent))
+        for stored in pending:
+            wake = _wake_of(stored)
+            if not self._send_wake(connection, wake):
+                break
+            get_logger(agent=wake.agent, seq=wake.seq, connection=connection.id).info("wake.resent")
+        return len(pending)
+
+
+def _host_of(connection: HostConnection) -> str | None:
+    session: HostSession | None = connection.session
+    return None if session is None else session.host
+
+
+def _wake_of(stored: StoredDelivery) -> Wake:
+    event = stored.event
+    return Wake(
+        seq=event.seq,
+        agent=stored.delivery.agent,
+        reason=stored.delivery.reason,
+        channel=None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id),
+        payload=event.payload,
+        tags=stored.delivery.tags,
+        addressed=stored.delivery.addressed,
+    )
+
+
+def _params_of(spec: AgentSpec) -> AgentSpecParams:
+    return AgentSpecParams(
+        name=spec.name,
+        prose_routing=spec.prose_routing,  # type: ignore[arg-type]
+        allowed_tools=None if spec.allowed_tools is None else list(spec.allowed_tools),
+        wake=WakeParams(
+            channels=list(spec.wake_channels),
+            servers=list(spec.wake_servers),
+            tags=None if spec.wake_tags is None else list(spec.wake_tags),
+        ),
+        home_channel=None
+        if spec.home_channel is None
+        else ChannelRefParams(spec.home_channel.server_id, spec.home_channel.channel_id),
+    )
+
+
+def add_session_methods(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
+    """Register ``session/hello`` and ``wake/ack`` for one connection."""
+    sessions: SessionManager | None = getattr(daemon, "sessions", None)
+    if sessions is None:
+        return
+    manager = sessions
+
+    async def hello(params: HelloParams, _inbound: Inbound) -> Any:
+        return manager.hello(connection, params)
+
+    async def ack(params: AckParams, _inbound: Inbound) -> Any:
+        return manager.ack(connection, params)
+
+    table.add("session/hello", hello, HelloParams)
+    table.add("wake/ack", ack, AckParams)

@@ -1,0 +1,110 @@
+"""Host API methods for turns, typing and context: ``turn/*`` and ``channels/typing``.
+
+Each ``turn/*`` method checks that the connection's session owns the turn's agent
+(``daemon.sessions.require_owner``). The work is :class:`~mcpl_router.turn_runner.TurnManager`'s
+(``daemon.turns``); this module only decodes params and shapes answers. Documented in
+``docs/host-api.md`` (Turns, Typing).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from mcpl_router.jsonrpc import Inbound, MethodTable
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.connection import HostConnection
+
+__all__ = ["add_turn_methods"]
+
+# A channel as a host names it: a name (an id, a qualified name, a DM label) or a ref object.
+ChannelParam = str | dict[str, Any]
+
+
+class TurnOpenParams(msgspec.Struct, rename="camel"):
+    agent: str
+    wakes: list[int] = []
+    channel: ChannelParam | None = None
+
+
+class TurnContextParams(msgspec.Struct, rename="camel"):
+    turn_id: str
+    model: str | None = None
+    user_message: Any = None
+
+
+class TurnTextParams(msgspec.Struct, rename="camel"):
+    turn_id: str
+    round: int
+    delta: str
+
+
+class TurnRoundParams(msgspec.Struct, rename="camel"):
+    turn_id: str
+    round: int
+
+
+class TurnToolParams(msgspec.Struct, rename="camel"):
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: Any = None
+    caller_turn_id: str | None = None
+
+
+class TurnCloseParams(msgspec.Struct, rename="camel"):
+    turn_id: str
+    outcome: Literal["completed", "aborted", "failed"]
+    usage: Any = None
+
+
+class TypingParams(msgspec.Struct, rename="camel"):
+    channel: ChannelParam
+    op: Literal["start", "stop"] = "start"
+
+
+def add_turn_methods(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
+    """Add ``turn/open|context|text|round|tool|close`` and ``channels/typing`` to ``table``."""
+    turns = daemon.turns
+
+    async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> Any:
+        return await turns.open(connection, params.agent, wakes=params.wakes, channel=params.channel)
+
+    async def turn_context(params: TurnContextParams, _inbound: Inbound) -> Any:
+        return await turns.context(connection, params.turn_id, user_message=params.user_message, model=params.model)
+
+    async def turn_text(params: TurnTextParams, _inbound: Inbound) -> Any:
+        turns.text(connection, params.turn_id, params.round, params.delta)
+        return {}
+
+    async def turn_round(params: TurnRoundParams, _inbound: Inbound) -> Any:
+        return await turns.round(connection, params.turn_id, params.round)
+
+    async def turn_tool(params: TurnToolParams, _inbound: Inbound) -> Any:
+        return await turns.tool(
+            connection,
+            params.turn_id,
+            call_id=params.call_id,
+            name=params.name,
+            arguments=params.arguments,
+            caller_turn_id=params.caller_turn_id,
+        )
+
+    async def turn_close(params: TurnCloseParams, _inbound: Inbound) -> Any:
+        return await turns.close(connection, params.turn_id, params.outcome, params.usage)
+
+    async def channels_typing(params: TypingParams, _inbound: Inbound) -> Any:
+        return await turns.host_typing(params.channel, params.op)
+
+    table.add("turn/open", turn_open, TurnOpenParams)
+    # Up to the hook timeout per call: its own task, so the host's other calls don't queue
+    # behind it. Everything else runs in arrival order (text before its round's end).
+    table.add("turn/context", turn_context, TurnContextParams, concurrent=True)
+    table.add("turn/text", turn_text, TurnTextParams)
+    table.add("turn/round", turn_round, TurnRoundParams)
+    table.add("turn/tool", turn_tool, TurnToolParams)
+    table.add("turn/close", turn_close, TurnCloseParams)
+    table.add("channels/typing", channels_typing, TypingParams)

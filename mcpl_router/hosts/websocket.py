@@ -1,0 +1,95 @@
+"""The host listener's WebSocket: one JSON-RPC message per text frame, bearer-token auth.
+
+Loopback by default. The handshake must carry ``Authorization: Bearer <token>`` (see
+:mod:`mcpl_router.hosts.auth`); a missing or wrong token is answered HTTP 401 and the
+connection never reaches the API.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+import trio
+import trio_websocket
+
+from mcpl_router.config import WebSocketListenConfig
+from mcpl_router.hosts.auth import HostAuthError, bearer_matches, resolve_token
+from mcpl_router.hosts.listener import serve_host_stream
+from mcpl_router.jsonrpc import WebSocketMessageStream
+from mcpl_router.jsonrpc.framing import DEFAULT_MAX_MESSAGE_BYTES
+from mcpl_router.logs import get_logger
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+
+# Bounded so a client that never finishes its handshake or close can't hold a task for long.
+_CONNECT_TIMEOUT = 10.0
+_DISCONNECT_TIMEOUT = 5.0
+
+
+def prepare_websocket(daemon: Daemon, websocket: WebSocketListenConfig) -> str:
+    """Check the bind and get the token, before anything listens.
+
+    Raises:
+        HostAuthError: a non-loopback bind without a token, or no usable token.
+    """
+    host = daemon.config.host
+    if not websocket.loopback and not host.allow_non_loopback:
+        raise HostAuthError(
+            f"host.websocket.bind {websocket.bind!r} is not a loopback address and host.allowNonLoopback "
+            "is false: refusing to listen. Bind 127.0.0.1, or set allowNonLoopback and a token."
+        )
+    if not websocket.loopback and not (host.token or host.token_file):
+        raise HostAuthError(
+            f"host.websocket.bind {websocket.bind!r} is not a loopback address and no token is configured: "
+            "refusing to listen. Give host.token or host.tokenFile."
+        )
+    return resolve_token(host, websocket)
+
+
+async def serve_websocket(
+    daemon: Daemon,
+    websocket: WebSocketListenConfig,
+    token: str,
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen until cancelled; ``task_status.started`` gets the URL with the bound port."""
+    log = get_logger(transport="websocket")
+
+    async def handle(request: trio_websocket.WebSocketRequest) -> None:
+        path = urlsplit(request.path).path
+        if path != websocket.path:
+            log.warning("host.websocket.rejected", reason="wrong path", path=path)
+            await request.reject(404, body=f"not found: the host API is at {websocket.path}".encode())
+            return
+        if not bearer_matches(request.headers, token):
+            # Never log what was offered: it may be a real credential.
+            log.warning("host.websocket.rejected", reason="missing or wrong bearer token", status=401)
+            await request.reject(401, body=b"unauthorized: send Authorization: Bearer <token> (see host.tokenFile)")
+            return
+        connection = await request.accept()
+        await serve_host_stream(daemon, WebSocketMessageStream(connection), transport="websocket")
+
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(
+            partial(
+                trio_websocket.serve_websocket,
+                handle,
+                websocket.bind,
+                websocket.port,
+                ssl_context=None,
+                max_message_size=DEFAULT_MAX_MESSAGE_BYTES,
+                connect_timeout=_CONNECT_TIMEOUT,
+                disconnect_timeout=_DISCONNECT_TIMEOUT,
+            )
+        )
+        host = websocket.bind if ":" not in websocket.bind else f"[{websocket.bind}]"
+        url = f"ws://{host}:{server.port}{websocket.path}"
+        log.info("host.websocket.listening", url=url)
+        task_status.started(url)
+
+
+__all__ = ["HostAuthError", "prepare_websocket", "serve_websocket"]

@@ -1,0 +1,223 @@
+"""``context/beforeInference`` fan-out and ``inference/lifecycle`` (PROTOCOL §3, §4).
+
+Each server granted any ``contextHooks.beforeInference.*`` leaf is asked, in parallel, with
+only **its own** channels in the context: ``incoming`` and ``defaultOutgoing`` only where that
+channel is this server's, ``candidates`` only this server's open channels. One server's failure
+(a timeout, an error answer, a malformed answer, an exception building its context) fails that
+server alone and is logged. Every returned injection is authorized by its ``position`` against
+the grant current when the answer arrived; an unauthorized one is dropped with a log line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import attrs
+import trio
+
+from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.registry import ChannelRegistry
+
+if TYPE_CHECKING:
+    from mcpl_router.mcpl.link import ServerLink
+
+__all__ = [
+    "BEFORE_INFERENCE_TIMEOUT",
+    "HOOK_PREFIX",
+    "POSITIONS",
+    "ContextResult",
+    "HookFacts",
+    "before_inference",
+    "channel_context_for",
+    "send_lifecycle",
+]
+
+#: How long one server may take to answer ``context/beforeInference`` before we go on without it.
+BEFORE_INFERENCE_TIMEOUT: Final = 5.0
+HOOK_PREFIX: Final = "contextHooks.beforeInference"
+OBSERVE: Final = "contextHooks.beforeInference.observe"
+POSITIONS: Final = ("system", "beforeUser", "afterUser")
+LIFECYCLE: Final = "inferenceLifecycle"
+
+ServerOutcome = Literal["ok", "timeout", "error", "skipped"]
+
+
+@attrs.frozen
+class HookFacts:
+    """What a turn knows when it asks for context: ids, the user message, and its refs.
+
+    ``incoming`` is the trigger (the channel the turn's message came from) with that message's
+    ids; ``default_outgoing`` the locus. Refs, so each server is told only of its own.
+    """
+
+    inference_id: str
+    conversation_id: str
+    turn_index: int
+    model: str | None
+    user_message: Any = None
+    incoming: ChannelRef | None = None
+    incoming_message_id: str | None = None
+    incoming_thread_id: str | None = None
+    default_outgoing: ChannelRef | None = None
+
+
+@attrs.define
+class ContextResult:
+    """Injections grouped by position, each with the server it came from; and each server's
+    outcome (``ok``, ``timeout``, ``error``, ``skipped``)."""
+
+    injections: dict[str, list[dict[str, Any]]] = attrs.field(factory=lambda: {p: [] for p in POSITIONS})
+    servers: dict[str, ServerOutcome] = attrs.field(factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``turn/context`` result."""
+        return {"injections": self.injections, "servers": dict(self.servers)}
+
+
+def channel_context_for(server_id: str, facts: HookFacts, registry: ChannelRegistry) -> dict[str, Any]:
+    """The ``channels`` member ``server_id`` is told: its own channels, and nothing else.
+
+    ``incoming`` only when the turn's trigger is this server's; ``defaultOutgoing`` only when
+    the locus is; ``candidates`` this server's open channels, by id (ids are unique within one
+    server, so a bare id is a whole name here, and only here).
+    """
+    context: dict[str, Any] = {}
+    incoming = facts.incoming
+    if incoming is not None and incoming.server_id == server_id:
+        context["incoming"] = {
+            "channelId": incoming.channel_id,
+            "messageId": facts.incoming_message_id,
+            "threadId": facts.incoming_thread_id,
+        }
+    outgoing = facts.default_outgoing
+    if outgoing is not None and outgoing.server_id == server_id:
+        context["defaultOutgoing"] = {"channelId": outgoing.channel_id}
+    context["candidates"] = [entry.ref.channel_id for entry in registry.channels_for(server_id) if entry.open]
+    return context
+
+
+def _hooked(link: ServerLink) -> bool:
+    return link.state is LinkState.READY and link.grant.allows_any_under(HOOK_PREFIX)
+
+
+async def before_inference(
+    links: Iterable[ServerLink],
+    facts: HookFacts,
+    registry: ChannelRegistry,
+    *,
+    timeout: float = BEFORE_INFERENCE_TIMEOUT,
+    log_fields: dict[str, Any] | None = None,
+) -> ContextResult:
+    """Ask every hooked server for context, in parallel; never fails as a whole.
+
+    Servers not ready or granted no ``contextHooks.beforeInference.*`` leaf are ``skipped``.
+    """
+    result = ContextResult()
+    log = get_logger(**(log_fields or {}))
+    answers: dict[str, list[dict[str, Any]]] = {}
+    links = list(links)
+    for link in links:
+        result.servers[link.server_id] = "skipped"
+
+    async def ask(link: ServerLink) -> None:
+        server = link.server_id
+        try:
+            # Built inside the task, so an exception building one server's context fails that
+            # server alone.
+            params = {
+                "inferenceId": facts.inference_id,
+                "conversationId": facts.conversation_id,
+                "turnIndex": facts.turn_index,
+                "userMessage": facts.user_message if link.grant.allows(OBSERVE) else None,
+                "model": facts.model,
+                "channels": channel_context_for(server, facts, registry),
+            }
+            answer = await link.call("context/beforeInference", params, capability=HOOK_PREFIX + ".*", timeout=timeout)
+        except RequestTimeout:
+            result.servers[server] = "timeout"
+            log.warning("context.before_inference.timeout", server=server, timeout=timeout)
+            return
+        except (RpcError, PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
+            result.servers[server] = "error"
+            log.warning("context.before_inference.failed", server=server, error=str(exc))
+            return
+        except Exception:
+            result.servers[server] = "error"
+            log.exception("context.before_inference.crashed", server=server)
+            return
+        # The grant current NOW, at receipt: one narrowed while we waited applies to this answer.
+        grant = link.grant
+        injections = answer.get("contextInjections") if isinstance(answer, dict) else None
+        if not isinstance(injections, list):
+            result.servers[server] = "error"
+            log.warning("context.before_inference.malformed", server=server)
+            return
+        kept: list[dict[str, Any]] = []
+        for index, injection in enumerate(injections):
+            position = injection.get("position") if isinstance(injection, dict) else None
+            if position not in POSITIONS:
+                log.warning("context.injection.dropped", server=server, index=index, position=position, reason="unknown-position")
+                continue
+            capability = f"{HOOK_PREFIX}.inject.{position}"
+            if not grant.allows(capability):
+                log.warning("context.injection.dropped", server=server, index=index, position=position, reason="not-granted", capability=capability)
+                continue
+            kept.append(
+                {
+                    "serverId": server,
+                    "position": position,
+                    "namespace": injection.get("namespace"),
+                    "content": injection.get("content"),
+                    "metadata": injection.get("metadata"),
+                }
+            )
+        answers[server] = kept
+        result.servers[server] = "ok"
+
+    async with trio.open_nursery() as nursery:
+        for link in links:
+            if _hooked(link):
+                nursery.start_soon(ask, link)
+    # Grouped in the links' (configuration) order, whatever order the answers came in.
+    for link in links:
+        for injection in answers.get(link.server_id, ()):
+            result.injections[injection.pop("position")].append(injection)
+    return result
+
+
+async def send_lifecycle(
+    links: Iterable[ServerLink],
+    params: dict[str, Any],
+    *,
+    only: dict[str, int] | None = None,
+    log_fields: dict[str, Any] | None = None,
+) -> dict[str, int]:
+    """Send ``inference/lifecycle`` to every ready server granted ``inferenceLifecycle``.
+
+    Args:
+        params: ``{inferenceId, conversationId, turnIndex, phase}`` (no content, ever).
+        only: for a terminal phase, the servers (and their transport epochs) that were told
+            ``started``: exactly those get the terminal, and only in that same epoch (a server
+            that reconnected since never saw ``started`` on this connection).
+
+    Returns:
+        The servers told, with their epochs.
+    """
+    log = get_logger(**(log_fields or {}))
+    told: dict[str, int] = {}
+    for link in links:
+        if only is not None and only.get(link.server_id) != link.epoch:
+            continue
+        if link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
+            continue
+        try:
+            await link.send_notification("inference/lifecycle", params, capability=LIFECYCLE)
+        except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
+            log.info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
+            continue
+        told[link.server_id] = link.epoch
+    return told
