@@ -81,8 +81,30 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     fmt = config.logging.format
     configure_logging(args.log_level or config.logging.level, json=None if fmt == "auto" else fmt == "json")
-    trio.run(run_until_signalled, Daemon(config))
+    try:
+        trio.run(run_until_signalled, Daemon(config))
+    except BaseException as exc:
+        refusal = _startup_refusal(exc)
+        if refusal is None:
+            raise
+        print(f"mcpl-router: not started: {refusal}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _startup_refusal(exc: BaseException) -> BaseException | None:
+    """A refusal to start (unsafe socket directory, token problems), found even inside a group."""
+    from mcpl_router.hosts.auth import HostAuthError
+    from mcpl_router.hosts.listener import SocketSetupError
+
+    if isinstance(exc, (SocketSetupError, HostAuthError)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _startup_refusal(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _socket_path(args: argparse.Namespace) -> str:

@@ -169,6 +169,10 @@ class RouterClient:
         if failure is not None:
             raise failure
 
+    async def notify(self, method: str, params: Any = None) -> None:
+        """Send a notification (no answer): ``turn/text`` deltas go this way."""
+        await self._peer.notify(method, params if params is not None else {})
+
     async def call(self, method: str, params: Any = None, *, timeout: float | None = None) -> Any:
         """Call a host API method; raises ``RpcError`` with the daemon's error."""
         return await self._peer.request(method, params if params is not None else {}, timeout=timeout)

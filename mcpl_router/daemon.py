@@ -14,6 +14,7 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.config import RouterConfig
+from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
@@ -22,6 +23,9 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.store.journal import InboundEvent, Journal
 from mcpl_router.turn_runner import TurnManager
+
+#: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
+SHUTDOWN_GRACE = 5.0
 
 Observer = Callable[[str, dict[str, Any]], None]
 
@@ -62,7 +66,7 @@ class Daemon:
         from mcpl_router.hosts.sessions import SessionManager
 
         self.sessions = SessionManager(self)
-        self.host_connection_hooks = self.sessions
+        self.host_connection_hooks = self
         self.journal.set_router(self.sessions.route)
         self.observers.append(self.sessions.observe)
         self.turns = TurnManager(self)
@@ -81,6 +85,17 @@ class Daemon:
 
     async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
         return await self.inbound.handle(link, inbound)
+
+    # -- host connections (the listener calls these) -------------------------------------------
+
+    def opened(self, connection: HostConnection) -> None:
+        self.sessions.opened(connection)
+
+    def closed(self, connection: HostConnection) -> None:
+        # The host is gone: its turns end now (typing stopped, lifecycle terminal sent),
+        # not at their lease; then its agents are released after the session grace.
+        self.turns.connection_closed(connection)
+        self.sessions.closed(connection)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -150,6 +165,7 @@ class Daemon:
                 self._host_token = prepare_websocket(self, websocket)
             async with trio.open_nursery() as root:
                 await root.start(self.sessions.run)
+                await root.start(self.turns.run)
                 async with trio.open_nursery() as serving:
                     if self.config.host.unix_socket:
                         self.host_socket_path = await serving.start(serve_unix_socket, self, self.config.host.unix_socket)
@@ -159,9 +175,14 @@ class Daemon:
                         await serving.start(link.run)
                     task_status.started(self)
                     await self._shutdown.wait()
-                    self._log.info("daemon.draining")
+                    self._log.info("daemon.draining", open_turns=len(self.turns.table.all()))
+                    # Open turns end while the links are still up: typing stops and every
+                    # started inference gets its terminal, bounded so a stuck server can't
+                    # hold shutdown.
+                    with trio.move_on_after(SHUTDOWN_GRACE):
+                        await self.turns.drain()
                     # Links close their transports in shielded cleanup bounded by their own
-                    # graces (stdin close → SIGTERM → SIGKILL), so cancelling is the drain.
+                    # graces (stdin close → SIGTERM → SIGKILL), so cancelling is the rest.
                     serving.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:

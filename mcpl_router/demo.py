@@ -3,7 +3,11 @@
 Servers ``a`` (a strict 0.5 server) and ``b`` (a Discord-like 0.4 server, handled in legacy
 mode) are the fixture program spawned over stdio; both register ``general``. The demo prints
 each server's state, grant and channels, and how the name ``general`` resolves, so a newcomer
-sees the shared-id situation with no external service. Ctrl-C (or SIGTERM) stops it cleanly.
+sees the shared-id situation with no external service.
+
+Then a scripted host connects to the daemon's socket: a message arrives on ``b``'s ``general``,
+the host opens a turn and replies, and the demo shows — from what each *server* recorded —
+that the typing and the reply landed on ``b`` alone. Ctrl-C (or SIGTERM) stops it cleanly.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import trio
 
 from mcpl_router.config import RouterConfig, parse_config
 from mcpl_router.daemon import Daemon, run_until_signalled
-from mcpl_router.testing.control import fixture_command
+from mcpl_router.client import RouterClient
+from mcpl_router.jsonrpc import RpcError
+from mcpl_router.testing.control import FixtureControl, fixture_command
 
 READY_TIMEOUT = 30.0
 
@@ -94,12 +100,64 @@ async def run_demo(*, once: bool = False, out: TextIO = sys.stdout) -> int:
                 daemon.request_shutdown()
                 return 1
             print_overview(daemon, out)
+            try:
+                with trio.fail_after(READY_TIMEOUT):
+                    await run_scripted_host(daemon, workdir, out)
+            except (trio.TooSlowError, RpcError, OSError) as exc:
+                print(f"demo: the scripted host did not finish: {exc}", file=out, flush=True)
+                daemon.request_shutdown()
+                return 1
             if once:
                 daemon.request_shutdown()
             else:
                 print("Running. Press Ctrl-C to stop.", file=out, flush=True)
         print("demo stopped; every server process has exited.", file=out, flush=True)
     return 0
+
+
+DEMO_AGENT = "demo-agent"
+REPLY = "Hello from the demo agent: this reply goes back where the message came from."
+
+
+async def run_scripted_host(daemon: Daemon, workdir: Path, out: TextIO) -> None:
+    """A host's whole turn over the socket, then what each server says it received."""
+    assert daemon.host_socket_path is not None
+    async with RouterClient.connect_unix(daemon.host_socket_path) as host, FixtureControl.connect(
+        workdir / "b.control.json"
+    ) as server_b, FixtureControl.connect(workdir / "a.control.json") as server_a:
+        await host.hello("demo-host", [{"name": DEMO_AGENT}])
+        print(f"host: connected as demo-host, agent {DEMO_AGENT}", file=out, flush=True)
+        marks = {"a": len(await server_a.recorded()), "b": len(await server_b.recorded())}
+        await server_b.incoming(
+            [{"channelId": "general", "messageId": "demo-1", "author": {"id": "u1", "name": "Robin"},
+              "content": [{"type": "text", "text": f"@{DEMO_AGENT} are you there?"}], "tags": ["chat:mention"]}]
+        )
+        print("server b: a message from Robin arrives on its channel general", file=out, flush=True)
+        wake = await host.next_wake()
+        where = f"{wake.channel.shown} (server {wake.channel.server_id})" if wake.channel else "no channel"
+        print(f"host: woken (seq {wake.seq}) by a message on {where}", file=out, flush=True)
+        turn = await host.call("turn/open", {"agent": DEMO_AGENT, "wakes": [wake.seq]})
+        await host.call("turn/context", {"turnId": turn["turnId"], "model": "demo-model"})
+        await host.notify("turn/text", {"turnId": turn["turnId"], "round": 0, "delta": REPLY})
+        closed = await host.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+        await host.ack([wake.seq])
+        print(f"host: turn closed: {closed['receipt']['text']}", file=out, flush=True)
+        for server_id, control in (("b", server_b), ("a", server_a)):
+            received = (await control.recorded())[marks[server_id]:]
+            print(f"server {server_id} received: {_describe(received)}", file=out, flush=True)
+        print("", file=out, flush=True)
+
+
+def _describe(recorded: list[dict[str, Any]]) -> str:
+    parts = []
+    for entry in recorded:
+        method, params = entry["method"], entry.get("params") or {}
+        if method == "channels/typing":
+            parts.append(f"typing {params.get('op', 'start')} in {params.get('channelId')}")
+        elif method == "channels/publish":
+            text = " ".join(block.get("text", "") for block in params.get("content", []))
+            parts.append(f"the reply in {params.get('channelId')}: {text!r}")
+    return "; ".join(parts) or "no typing and no reply"
 
 
 async def _wait_for_general_on_both(daemon: Daemon) -> None:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from mcpl_router.hosts.sessions import add_session_methods
+from mcpl_router.hosts.turn_api import add_turn_methods
 from mcpl_router.jsonrpc import Inbound, MethodTable
 
 if TYPE_CHECKING:
@@ -51,25 +53,10 @@ def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
 
 
 def host_methods(daemon: Daemon, connection: HostConnection | None = None) -> MethodTable:
-    """The method table for one host connection."""
+    """The method table for one host connection (queries only when there is no connection)."""
     table = MethodTable()
     add_query_methods(table, daemon)
     if connection is not None:
-        _add_optional(table, daemon, connection)
-    return table
-
-
-def _add_optional(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
-    # Each area registers its own methods; an area not built yet simply adds none.
-    try:
-        from mcpl_router.hosts.sessions import add_session_methods
-    except ImportError:
-        pass
-    else:
         add_session_methods(table, daemon, connection)
-    try:
-        from mcpl_router.hosts.turn_api import add_turn_methods
-    except ImportError:
-        pass
-    else:
         add_turn_methods(table, daemon, connection)
+    return table

@@ -61,6 +61,12 @@ async def test_demo_once_shows_both_servers_ready_with_general() -> None:
     assert "general (shown as a:general)" in out and "general (shown as b:general)" in out
     assert 'the name "general" is refused' in out and "is on more than one server" in out
     assert "the name \"b:general\" picks server b's channel general" in out
+    # The scripted host: woken on b's general; typing and the reply land on b, nothing on a.
+    assert "host: woken (seq 1) by a message on b:general (server b)" in out
+    assert "host: turn closed: [delivered] b:general" in out
+    b_line = next(line for line in out.splitlines() if line.startswith("server b received:"))
+    assert "typing start in general" in b_line and "the reply in general" in b_line and "typing stop" in b_line
+    assert "server a received: no typing and no reply" in out
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -157,3 +163,21 @@ def test_cli_lists_its_commands() -> None:
     for command in ("run", "demo", "check-config", "status", "channels", "explain", "health"):
         assert command in result.stdout
     assert shlex.split("mcpl-router run --config x")[0] == "mcpl-router"
+
+
+async def test_run_refuses_an_unsafe_socket_directory_with_a_clear_message(tmp_path: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="mr-bad-", dir="/tmp") as directory:
+        socket_dir = Path(directory, "sock")
+        socket_dir.mkdir(mode=0o755)
+        socket_dir.chmod(0o755)
+        config = tmp_path / "config.toml"
+        config.write_text(
+            f'[host]\nunixSocket = "{socket_dir}/host.sock"\n[host.websocket]\nenabled = false\n'
+            f'[journal]\npath = "{tmp_path}/journal.sqlite3"\n'
+        )
+        with trio.fail_after(30):
+            result = await trio.run_process([*CLI, "run", "--config", str(config)], capture_stderr=True, check=False)
+    assert result.returncode == 2
+    stderr = result.stderr.decode()
+    assert f"chmod 700 {socket_dir}" in stderr
+    assert "Traceback" not in stderr
