@@ -50,6 +50,7 @@ from mcpl_router.routing.turns import (
     trigger_of,
 )
 from mcpl_router.routing.typing import host_typing_targets
+from mcpl_router.tool_calls import ToolCall, ToolProvider, agent_may_call, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -104,6 +105,8 @@ class _TurnRun:
     started_done: trio.Event = attrs.field(factory=trio.Event)
     held: int = 0
     finished: bool = False
+    # Rounds in which a send tool delivered (for send-silencing of that round's plain text).
+    explicit_send_rounds: set[int] = attrs.field(factory=set)
 
 
 def _message_ids(payload: Any) -> tuple[str | None, str | None]:
@@ -210,6 +213,26 @@ class TurnManager:
         self._ids = itertools.count(1)
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None
+        #: Who offers and executes tools (see :mod:`mcpl_router.tool_calls`); the daemon wires them.
+        self.tool_providers: list[ToolProvider] = []
+
+    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
+        """Every provider's tools this agent may call, in provider order."""
+        offered: list[dict[str, Any]] = []
+        for provider in self.tool_providers:
+            offered.extend(spec for spec in provider.tools_for(agent, run) if agent_may_call(agent, spec["name"]))
+        return offered
+
+    def record_explicit_send(self, call: ToolCall, ref: ChannelRef) -> None:
+        """A send tool delivered to ``ref``: engage it for the calling turn, note the round.
+
+        Only a call made inside the turn engages anything (``callingTurnOf``). The round is
+        noted so prose routing can hold that round's plain text (send-silencing).
+        """
+        if not call.scope.may_move_routing or call.scope.turn is None:
+            return
+        call.scope.turn.routing.engage(ref)
+        call.run.explicit_send_rounds.add(call.run.turn.round)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the turns' keeper tasks in the daemon's nursery tree, until cancelled."""
@@ -346,7 +369,7 @@ class TurnManager:
             "turnId": turn_id,
             "inferenceId": inference_id,
             "channel": self._ref_wire(trigger),
-            "tools": [],
+            "tools": self.tools_for(spec, run),
             "system": [],
             "shown": {
                 "channel": self._shown(trigger) if trigger else None,
@@ -447,27 +470,39 @@ class TurnManager:
         arguments: Any,
         caller_turn_id: str | None,
     ) -> dict[str, Any]:
-        """A tool call from the model: no tools are offered yet, so every name is unknown.
+        """A tool call from the model, sent to the provider that handles ``name``.
 
-        The call's scope (:func:`~mcpl_router.routing.turns.call_scope`) is worked out and
-        logged already: a call carrying another turn than the agent's open one would read
-        none of its channels and move none of its routing.
+        The call's scope (:func:`~mcpl_router.routing.turns.call_scope`) decides what it may
+        touch: a call carrying another turn than the agent's open one reads none of its
+        channels and moves none of its routing. The agent's allowed tools are checked here, at
+        dispatch, whatever the listing said.
         """
         run = self._run_for(connection, turn_id)
+        agent = self._sessions.agent(run.turn.agent)
         scope = call_scope(self.table, run.turn.agent, caller_turn_id or turn_id)
-        self._log.info(
-            "turn.tool.unknown",
-            agent=run.turn.agent,
-            turn=turn_id,
-            call=call_id,
-            tool=name,
+        log = self._log.bind(
+            agent=run.turn.agent, turn=turn_id, call=call_id, tool=name,
             calling_turn=scope.turn.turn_id if scope.turn else None,
         )
-        return {
-            "content": [{"type": "text", "text": texts.unknown_tool(name)}],
-            "isError": True,
-            "reason": "unknown-tool",
-        }
+        provider = next((p for p in self.tool_providers if p.handles(name)), None)
+        if provider is None:
+            log.info("turn.tool.unknown")
+            return tool_result(texts.unknown_tool(name), error=True, reason="unknown-tool")
+        if not agent_may_call(agent, name):
+            log.info("turn.tool.not_permitted")
+            return tool_result(texts.tool_not_permitted(name), error=True, reason="not-permitted")
+        call = ToolCall(
+            daemon=self._daemon,
+            run=run,
+            scope=scope,
+            agent=agent,
+            call_id=call_id,
+            name=name,
+            arguments=dict(arguments) if isinstance(arguments, Mapping) else {},
+        )
+        result = await provider.call(call)
+        log.info("turn.tool.called", error=bool(result.get("isError")), reason=result.get("reason"))
+        return result
 
     # ------------------------------------------------------------------ turn/close
 

@@ -280,3 +280,8 @@ REASON_NOT_DELIVERED: Final = "not-delivered"
 REASON_TIMEOUT: Final = "timeout"
 REASON_NO_RECEIPT: Final = "no-receipt"
 REASON_MALFORMED_RECEIPT: Final = "malformed-receipt"
+
+
+def tool_not_permitted(name: str) -> str:
+    """A tool the agent's allowed tools don't include, called anyway."""
+    return f"{name} is not among the tools you may use here. Nothing was done."
