@@ -268,9 +268,14 @@ class ServerConfig:
 
     @property
     def endpoint(self) -> str:
-        """Where the server is, for humans: the command line, ``host:port`` or the URL."""
+        """Where the server is, for humans: the command, ``host:port`` or the URL.
+
+        Never a secret: arguments (``--token ${TOKEN}`` after substitution) are only counted,
+        and a URL's userinfo and query are masked.
+        """
         if self.transport == "stdio":
-            return shlex.join([self.command or "", *self.args])
+            shown = shlex.quote(self.command or "")
+            return f"{shown} (+{len(self.args)} args)" if self.args else shown
         if self.transport == "tcp":
             return f"{self.host}:{self.port}"
         return _without_password(self.url or "")
@@ -748,11 +753,13 @@ def _list_or_none(values: tuple[str, ...] | None) -> list[str] | None:
 
 
 def _without_password(url: str) -> str:
+    """The URL fit to show: userinfo and query (either may carry a credential) masked."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.netloc.rpartition('@')[2]}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "***" if parts.query else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=""))
 
 
 def _is_loopback(bind: str) -> bool:

@@ -13,7 +13,10 @@ from typing import Any
 import trio
 
 from mcpl_router import __version__
+from mcpl_router.channel_tools import ChannelTools
 from mcpl_router.config import RouterConfig
+from mcpl_router.connector_tools import ConnectorTools
+from mcpl_router.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.logs import get_logger
@@ -21,6 +24,7 @@ from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
+from mcpl_router.speech_tools import SpeechTools
 from mcpl_router.store.journal import InboundEvent, Journal
 from mcpl_router.turn_runner import TurnManager
 
@@ -48,6 +52,7 @@ class Daemon:
             self.journal,
             on_channels_changed=self._channels_changed,
             on_accepted=self._accepted,
+            on_tools_changed=lambda link: self.connector_tools.list_changed(link),
         )
         self.links: dict[str, ServerLink] = {
             server_id: ServerLink(server, self)
@@ -70,16 +75,32 @@ class Daemon:
         self.journal.set_router(self.sessions.route)
         self.observers.append(self.sessions.observe)
         self.turns = TurnManager(self)
+        # The daemon's channel tools, and each agent's default channel (channel_publish).
+        self.channel_tools = ChannelTools(self)
+        self.turns.tool_providers.append(self.channel_tools)
+        # The servers' own tools, offered under each server's prefix and forwarded to it.
+        self.connector_tools = ConnectorTools(self)
+        self.turns.tool_providers.append(self.connector_tools)
+        # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
+        # and the subconscious agent's tools.
+        self.tune_outs = TuneOuts(self)
+        self.turns.tool_providers.append(self.tune_outs)
+        self.turns.tool_providers.append(SpeechTools(self))
 
     # -- LinkDelegate ------------------------------------------------------------------------
 
     def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None:
         self._emit("server/state", {"serverId": link.server_id, "old": old.value, "state": new.value})
+        if new is LinkState.READY:
+            # Every epoch (a reconnect too) lists the server's tools again.
+            self.connector_tools.link_ready(link)
 
     def link_epoch_ended(self, link: ServerLink) -> None:
         # The transport is gone and with it everything that server registered: a reconnect
         # registers again. Until then no name may resolve to its channels.
         removed = self.router.registry.remove_server(link.server_id)
+        # Defaults on its channels keep their ref, not their message (issue 6 item 8).
+        self.channel_tools.server_removed(link.server_id)
         if removed:
             self._channels_changed(link.server_id, [], removed)
 
@@ -113,6 +134,7 @@ class Daemon:
         )
 
     def _accepted(self, seq: int, event: InboundEvent) -> None:
+        self.channel_tools.message_admitted(seq, event)
         self.sessions.accepted(seq, event)
         self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 
@@ -166,6 +188,8 @@ class Daemon:
             async with trio.open_nursery() as root:
                 await root.start(self.sessions.run)
                 await root.start(self.turns.run)
+                await root.start(self.connector_tools.run)
+                await root.start(self.tune_outs.run)
                 async with trio.open_nursery() as serving:
                     if self.config.host.unix_socket:
                         self.host_socket_path = await serving.start(serve_unix_socket, self, self.config.host.unix_socket)

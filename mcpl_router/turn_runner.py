@@ -13,8 +13,10 @@ the server links:
 - **Lifecycle**: ``inference/lifecycle`` ``started`` once per turn (at ``turn/context`` or the
   first ``turn/round``), and exactly one terminal per ``started`` on every exit path (close,
   supersede, lease expiry, host gone, drain).
-- **Speech** (locus mode, minimal): each round's text is published to the turn's locus, on the
-  locus's server, as the round ends; held (counted, not posted) when the turn has no locus.
+- **Speech** (prose routing, :mod:`mcpl_router.routing.prose` decides): each round's text is
+  routed as the round ends, along the route in force when its first words arrived; published
+  on the destination's own server, drafted (journaled), or counted; ``[routing]`` notices and
+  the receipt at close say what happened.
 
 Each turn's timers run in a *keeper* task. The daemon wires no nursery for turns, so keepers
 are trio system tasks: each ends with its turn, and every exception in one is caught and logged
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -35,7 +38,8 @@ from mcpl_router.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, PeerClosed, Re
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import BEFORE_INFERENCE_TIMEOUT, HookFacts, before_inference, send_lifecycle
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
-from mcpl_router.routing import texts
+from mcpl_router.routing import prose, texts
+from mcpl_router.routing.drafts import Attempt, Draft, new_draft_id
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import (
     OUTCOMES,
@@ -85,6 +89,10 @@ CHANNEL_REFUSED: Final = -32052
 
 TYPING: Final = "channels.typing"
 PUBLISH: Final = "channels.publish"
+ACKNOWLEDGE: Final = "channels.acknowledge"
+STREAMING: Final = "channels.streaming"
+#: The reaction a turn the model provider refused leaves on the message it answered.
+REFUSAL_REACTION: Final = "🚫"
 
 
 @attrs.define(eq=False)
@@ -107,6 +115,19 @@ class _TurnRun:
     finished: bool = False
     # Rounds in which a send tool delivered (for send-silencing of that round's plain text).
     explicit_send_rounds: set[int] = attrs.field(factory=set)
+    # Prose routing: the turn's pins and holds; each round's route when its first words came.
+    prose: prose.ProseState = attrs.field(factory=prose.ProseState)
+    round_routes: dict[int, tuple[ChannelRef | None, ChannelRef | None]] = attrs.field(factory=dict)
+    notices: list[str] = attrs.field(factory=list)
+    private: int = 0
+    suppressed: int = 0
+    kept: int = 0
+    drafts: list[str] = attrs.field(factory=list)
+    again: bool = False
+    subagent: bool = False
+    # Outgoing streams: per destination ref, the epoch its chunks went in and the words sent.
+    streams: dict[ChannelRef, tuple[int, list[str]]] = attrs.field(factory=dict)
+    stream_index: int = 0
 
 
 def _message_ids(payload: Any) -> tuple[str | None, str | None]:
@@ -149,8 +170,11 @@ async def publish_text(
     round_: int,
     registered: bool,
     timeout: float = PUBLISH_TIMEOUT,
+    thread_id: str | None = None,
 ) -> Delivery:
     """Publish ``text`` to ``ref`` through its own server's link; the outcome, never raised.
+
+    ``thread_id`` (channel_publish's ``threadId``) posts into that thread of the channel.
 
     ``delivered`` only on ``{delivered: true}``; ``failed`` when nothing left (no link, not
     granted, not registered) or the server answered no; ``unknown`` after a timeout, a lost
@@ -167,7 +191,9 @@ async def publish_text(
         return outcome("failed", texts.REASON_NOT_PERMITTED)
     if not registered:
         return outcome("failed", texts.REASON_NOT_REGISTERED)
-    params = {"conversationId": conversation_id, "channelId": ref.channel_id, "content": [{"type": "text", "text": text}]}
+    params: dict[str, Any] = {"conversationId": conversation_id, "channelId": ref.channel_id, "content": [{"type": "text", "text": text}]}
+    if thread_id:
+        params["threadId"] = thread_id
     try:
         answer = await link.call("channels/publish", params, capability=PUBLISH, timeout=timeout)
     except RpcError as error:
@@ -215,6 +241,10 @@ class TurnManager:
         self._nursery: trio.Nursery | None = None
         #: Who offers and executes tools (see :mod:`mcpl_router.tool_calls`); the daemon wires them.
         self.tool_providers: list[ToolProvider] = []
+        #: Bounces in a row per agent (a bounce wakes the agent again at most twice in a row).
+        self._bounce_streak: dict[str, int] = {}
+        #: The reaction a provider-refused turn's latest inbound message gets (not for named).
+        self.refusal_reaction: str = REFUSAL_REACTION
 
     def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
         """Every provider's tools this agent may call, in provider order."""
@@ -298,12 +328,18 @@ class TurnManager:
         *,
         wakes: Sequence[int] = (),
         channel: str | Mapping[str, Any] | None = None,
+        subagent: bool = False,
     ) -> dict[str, Any]:
         """Open a turn for ``agent`` (owned by ``connection``): fix its trigger, start typing.
 
         The channel comes from one request: the newest addressed wake's ref among ``wakes``,
         or else ``channel`` as the host named it. A name that means none or several channels
         gives the turn no channel, and nothing falls back to another.
+
+        The locus (where plain speech goes) is the one conversation the wakes hold (addressed
+        ones first); several → held. ``system`` holds the lines the host puts at the system
+        position of every request of the turn (named mode's line); ``subagent`` (or the
+        agent spec's ``subagent``) picks the subagent wording.
         """
         sessions = self._sessions
         spec = sessions.require_owner(connection, agent)
@@ -340,11 +376,31 @@ class TurnManager:
             trigger_message_id=message_id,
             trigger_thread_id=thread_id,
         )
-        prose = str(getattr(spec, "prose_routing", "locus") or "locus")
-        if prose in ("disabled", "named"):
+        mode = str(getattr(spec, "prose_routing", "locus") or "locus")
+        state = prose.ProseState()
+        competing: list[str] = []
+        if mode in ("disabled", "named"):
             # Nothing plain is ever posted in these modes, so there is no place to show typing.
             turn.routing.locus = turn.routing.typing_channel = None
-        run = _TurnRun(turn=turn, connection=connection, prose_routing=prose, lease_deadline=trio.current_time() + self.lease)
+        elif mode == "explicit":
+            # No locus: unprefixed text bounces. Typing shows on the trigger, on its server.
+            turn.routing.locus = None
+        elif facts:
+            choice = prose.locus_of(facts)
+            if choice.held:
+                turn.routing.locus = turn.routing.typing_channel = None
+                state.held_reason = prose.REASON_AMBIGUOUS
+                competing = [self._shown(ref) for ref in choice.competing]
+            elif choice.ref is None:
+                turn.routing.locus = turn.routing.typing_channel = None
+        run = _TurnRun(
+            turn=turn,
+            connection=connection,
+            prose_routing=mode,
+            lease_deadline=trio.current_time() + self.lease,
+            prose=state,
+            subagent=bool(subagent or getattr(spec, "subagent", False)),
+        )
         superseded = self.table.add(turn)
         self._runs[turn_id] = run
         log = self._log.bind(agent=agent, turn=turn_id)
@@ -365,16 +421,29 @@ class TurnManager:
             # No daemon nursery (a TurnManager driven directly by a unit test).
             trio.lowlevel.spawn_system_task(self._keep, run, name=f"turn-keeper:{turn_id}")
         locus = turn.routing.locus
+        system: list[str] = []
+        if mode == "named":
+            system.append(texts.named_line(may_publish=agent_may_call(spec, "channel_publish"), subagent=run.subagent))
+        routing_line: str | None
+        if mode in ("disabled", "named", "explicit"):
+            routing_line = None  # no route to announce: no notices in these modes
+        elif locus is not None:
+            routing_line = texts.speech_lands_in(self._shown(locus))
+        elif state.held_reason == prose.REASON_AMBIGUOUS:
+            routing_line = texts.speech_held(competing)
+        else:
+            routing_line = texts.SPEECH_NO_DESTINATION_HELD
         return {
             "turnId": turn_id,
             "inferenceId": inference_id,
             "channel": self._ref_wire(trigger),
             "tools": self.tools_for(spec, run),
-            "system": [],
+            "system": system,
+            "proseRouting": mode,
             "shown": {
                 "channel": self._shown(trigger) if trigger else None,
                 "locus": self._shown(locus) if locus else None,
-                "routing": texts.speech_lands_in(self._shown(locus)) if locus else texts.SPEECH_HAS_NO_DESTINATION,
+                "routing": routing_line,
             },
         }
 
@@ -408,18 +477,37 @@ class TurnManager:
     # ------------------------------------------------------------------ turn/text, turn/round
 
     def text(self, connection: Any, turn_id: str, round_: int, delta: str) -> None:
-        """Buffer a round's text delta (``turn/text`` is a notification: nothing answers)."""
+        """Buffer a round's text delta (``turn/text`` is a notification: nothing answers).
+
+        The route in force when a round's first words arrive is the one they travel along: a
+        ``channel_open`` landing later in the round changes only later rounds' words.
+        """
         run = self._run_for(connection, turn_id)
         if not run.turn.add_text(round_, delta):
             self._log.warning("turn.text.late", agent=run.turn.agent, turn=turn_id, round=round_)
+            return
+        routing = run.turn.routing
+        run.round_routes.setdefault(round_, (routing.locus, routing.sticky_target))
 
     async def round(self, connection: Any, turn_id: str, round_: int) -> dict[str, Any]:
-        """A round ended: route its text now; its deliveries."""
+        """A round ended: route its text now; its deliveries and the notices it raised."""
         run = self._run_for(connection, turn_id)
         await self._start_inference(run)
         async with run.lock:
+            seen = len(run.notices)
             deliveries = await self._route_round(run, round_)
-        return {"deliveries": [d.to_wire() for d in deliveries]}
+        return {"deliveries": [d.to_wire() for d in deliveries], "notices": run.notices[seen:]}
+
+    # ------------------------------------------------------------------ speech
+
+    def _takes_posts(self, ref: ChannelRef) -> bool:
+        entry = self._daemon.router.registry.get(ref)
+        return entry is None or entry.descriptor.direction != "inbound"
+
+    def resolve_speech_target(self, token: str, routing: TurnRouting | None, prefix: str = prose.EXPLICIT) -> prose.Target:
+        """A target token as speech resolves it: the turn's own channels first, then the one
+        resolver; a channel that takes no posts is refused."""
+        return prose.resolve_target(token, self._daemon.router.names, routing, prefix=prefix, takes_posts=self._takes_posts)
 
     async def _route_round(self, run: _TurnRun, round_: int) -> list[Delivery]:
         turn = run.turn
@@ -427,36 +515,279 @@ class TurnManager:
             # Ended (lease, host gone, superseded) while this call waited: post nothing more.
             return []
         text = turn.take_text(round_)
+        routing = turn.routing
+        locus_then, pin_then = run.round_routes.pop(round_, (routing.locus, routing.sticky_target))
         if not text.strip():
             return []
-        locus = turn.routing.sticky_target or turn.routing.locus
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id, round=round_)
-        if run.prose_routing not in ("locus", "hybrid") or locus is None:
-            # No destination (or a mode whose routing isn't built yet): held, never guessed.
-            run.held += 1
-            log.info("speech.held", prose=run.prose_routing, chars=len(text))
-            return []
-        registry = self._daemon.router.registry
-        delivery = await publish_text(
-            self._daemon.links.get(locus.server_id),
-            locus,
-            self._shown(locus),
+        mode = run.prose_routing
+        prefix = prose.PIN if mode == "hybrid" else prose.EXPLICIT
+        # Pins live in the routing (a channel_open with setSpeechTarget clears them); the words
+        # go along the pin in force when they were written.
+        locus_now, pin_now = routing.locus, routing.sticky_target
+        run.prose.pin = pin_then if mode in ("hybrid", "explicit") else None
+        quiet_before, hold_before = run.prose.quiet, run.prose.hold
+        segments = prose.decide(
+            mode,
             text,
-            conversation_id=turn.conversation_id,
-            round_=round_,
-            registered=registry.is_registered(locus),
-            timeout=self.publish_timeout,
+            run.prose,
+            locus=locus_then,
+            resolve=lambda token: self.resolve_speech_target(token, routing, prefix),
+            silenced=round_ in run.explicit_send_rounds,
         )
+        if mode in ("hybrid", "explicit"):
+            moved = (locus_now, pin_now) != (locus_then, pin_then)
+            # A channel_open that landed after these words were written wins for later words.
+            if not moved:
+                if mode == "hybrid" and run.prose.pin != pin_then and run.prose.pin is not None:
+                    run.notices.append(texts.speech_lands_in(self._shown(run.prose.pin)))
+                routing.sticky_target = run.prose.pin
+        deliveries: list[Delivery] = []
+        for segment in segments:
+            delivery = await self._carry_out(run, round_, segment, prefix, log)
+            if delivery is not None:
+                deliveries.append(delivery)
+        if mode == "hybrid":
+            if run.prose.quiet and not quiet_before:
+                run.notices.append(texts.SPEECH_PRIVATE_UNTIL_TARGET)
+            if run.prose.hold and not hold_before:
+                run.notices.append(texts.SPEECH_HELD_UNTIL_TARGET)
+        return deliveries
+
+    async def _carry_out(self, run: _TurnRun, round_: int, segment: prose.Segment, prefix: str, log: Any) -> Delivery | None:
+        turn = run.turn
+        action = segment.action
+        if segment.again:
+            run.again = True
+        if action == "suppressed":
+            run.suppressed += 1
+            log.info("speech.not_routed", why="disabled", chars=len(segment.text))
+            return None
+        if action == "kept":
+            run.kept += 1
+            log.info("speech.not_routed", why="named", chars=len(segment.text))
+            return None
+        text = segment.text
+        unsent: Draft | None = None
+        if segment.unsent:
+            unsent = self._latest_bounced(turn.agent)
+            if unsent is None or unsent.state != "held" or unsent.sending:
+                run.notices.append(texts.unsent_unavailable(None if unsent is None else unsent.state))
+                log.info("speech.unsent.refused", state=None if unsent is None else unsent.state)
+                return None
+            if action == "private":
+                # ">>skip_reply {{unsent}}" sets the bounced draft aside.
+                self._dismiss(unsent)
+                run.private += 1
+                return None
+            text = prose.substitute_unsent(text, unsent.text)
+        if action == "private":
+            run.private += 1
+            log.info("speech.private", chars=len(text))
+            return None
+        if action == "draft":
+            draft = self._new_draft(run, text, segment.reason or prose.REASON_NO_DESTINATION, target=segment.target)
+            log.info("speech.drafted", draft=draft.draft_id, reason=draft.reason, chars=len(text))
+            return None
+        if action == "bounce":
+            self._bounce(run, text, segment.target, segment.why or texts.BOUNCE_NO_TARGET, segment.why_text,
+                         segment.candidates, prefix, log)
+            return None
+        assert segment.ref is not None
+        ref = segment.ref
+        # Decided words only: a stream chunk goes out just before the publish that delivers it.
+        await self._stream_chunk(run, ref, text)
+        delivery = await self._publish(run, ref, text, round_)
         turn.routing.record(delivery)
         log.info(
             "speech.published",
-            server=locus.server_id,
-            channel=locus.channel_id,
+            server=ref.server_id,
+            channel=ref.channel_id,
             outcome=delivery.outcome,
             reason=delivery.reason,
             message_id=delivery.message_id,
         )
-        return [delivery]
+        if unsent is not None:
+            self._attempted(unsent, delivery)
+        if delivery.outcome == "delivered":
+            self._bounce_streak[turn.agent] = 0
+        elif delivery.outcome == "unknown":
+            run.notices.append(texts.delivery_unknown(delivery.shown, ref.server_id, delivery.reason or texts.REASON_NO_RECEIPT))
+        elif run.prose_routing == "explicit" or segment.pinned:
+            # A failed >> or >>> delivery bounces; a failed >>> clears the pin and holds.
+            if segment.pinned:
+                run.prose.pin = None
+                run.prose.hold = True
+                if turn.routing.sticky_target == ref:
+                    turn.routing.sticky_target = None
+            why = texts.bounce_why_not_delivered(delivery.shown, delivery.reason or texts.REASON_NOT_DELIVERED)
+            if unsent is None:
+                self._bounce(run, text, segment.target, texts.BOUNCE_NOT_DELIVERED, why, (), prefix, log)
+        else:
+            run.notices.append(texts.delivery_failed(delivery.shown, ref.server_id, delivery.reason or texts.REASON_NOT_DELIVERED))
+        return delivery
+
+    async def _stream_chunk(self, run: _TurnRun, ref: ChannelRef, text: str) -> None:
+        """Send decided words to ``ref``'s own server as a chunk, if it is granted streaming.
+
+        ``index`` counts per inference across channels. The stream belongs to the ref and the
+        epoch of its first chunk: a reconnected server (or another server taking the id) never
+        gets the rest of it.
+        """
+        link = self._daemon.links.get(ref.server_id)
+        if link is None or link.state is not LinkState.READY or not link.grant.allows(STREAMING):
+            return
+        stream = run.streams.get(ref)
+        if stream is not None and stream[0] != link.epoch:
+            return
+        turn = run.turn
+        index = run.stream_index
+        run.stream_index += 1
+        # Each channel's deltas join into its complete text: later words start a new paragraph.
+        delta = text if stream is None else "\n\n" + text
+        params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
+                  "index": index, "delta": delta}
+        try:
+            await link.send_notification("channels/outgoing/chunk", params, capability=STREAMING)
+        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+            self._log.info("stream.chunk.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id, channel=ref.channel_id)
+            return
+        if stream is None:
+            run.streams[ref] = stream = (link.epoch, [])
+        stream[1].append(delta)
+
+    async def _complete_streams(self, run: _TurnRun) -> None:
+        """``complete`` once per channel that got chunks, with its full text (every exit path)."""
+        streams, run.streams = run.streams, {}
+        turn = run.turn
+        for ref, (epoch, parts) in streams.items():
+            link = self._daemon.links.get(ref.server_id)
+            if link is None or link.epoch != epoch or link.state is not LinkState.READY:
+                continue
+            params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
+                      "content": "".join(parts)}
+            try:
+                await link.send_notification("channels/outgoing/complete", params, capability=STREAMING)
+            except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+                self._log.info("stream.complete.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id)
+
+    async def _publish(self, run: _TurnRun, ref: ChannelRef, text: str, round_: int) -> Delivery:
+        return await publish_text(
+            self._daemon.links.get(ref.server_id),
+            ref,
+            self._shown(ref),
+            text,
+            conversation_id=run.turn.conversation_id,
+            round_=round_,
+            registered=self._daemon.router.registry.is_registered(ref),
+            timeout=self.publish_timeout,
+        )
+
+    def _bounce(
+        self, run: _TurnRun, text: str, target: str | None, why: str, why_text: str,
+        candidates: Sequence[str], prefix: str, log: Any,
+    ) -> None:
+        turn = run.turn
+        draft = self._new_draft(run, text, prose.REASON_BOUNCED, target=target, detail=why)
+        fallback = self._daemon.router.names.pick_name(turn.routing.trigger) if turn.routing.trigger else None
+        example = prose.example_target(candidates, prefix, fallback)
+        run.notices.append(texts.bounce(len(text), why_text, draft.draft_id, candidates, prefix=prefix, example_target=example))
+        streak = self._bounce_streak.get(turn.agent, 0) + 1
+        self._bounce_streak[turn.agent] = streak
+        if streak <= prose.BOUNCE_WAKE_CAP:
+            run.again = True
+        log.info("speech.bounced", draft=draft.draft_id, why=why, chars=len(text), streak=streak)
+
+    def invitation_for(self, wake: Any) -> str | None:
+        """The closed-channel invitation a message wake carries, or None.
+
+        Only for a message that addresses the agent in a channel that is registered and not
+        open (the agent hasn't joined it); the first option is the agent's mode's way to reach
+        that channel alone.
+        """
+        ref = getattr(wake, "channel", None)
+        if not isinstance(ref, ChannelRef) or not getattr(wake, "addressed", False):
+            return None
+        entry = self._daemon.router.registry.get(ref)
+        if entry is None or entry.open:
+            return None
+        spec = self._sessions.agent(wake.agent)
+        mode = str(getattr(spec, "prose_routing", "locus") or "locus")
+        payload = getattr(wake, "payload", None)
+        author = payload.get("author") if isinstance(payload, Mapping) else None
+        if isinstance(author, Mapping):
+            author = author.get("name") or author.get("id")
+        return prose.invitation_text(
+            mode,
+            self._daemon.router.names,
+            ref,
+            author if isinstance(author, str) else None,
+            may_publish=agent_may_call(spec, "channel_publish"),
+        )
+
+    # ------------------------------------------------------------------ drafts
+
+    def _journal(self) -> Any:
+        return self._daemon.journal
+
+    def drafts_of(self, agent: str) -> list[Draft]:
+        """Every draft of ``agent``, oldest first (durable: read from the journal)."""
+        return [Draft.from_row(row) for row in self._journal().drafts_of(agent)]
+
+    def draft(self, agent: str, draft_id: str) -> Draft | None:
+        """One of ``agent``'s drafts by id."""
+        row = self._journal().draft(draft_id)
+        if row is None or row.get("agent") != agent:
+            return None
+        return Draft.from_row(row)
+
+    def save_draft(self, draft: Draft) -> None:
+        """Journal ``draft`` as it is now."""
+        self._journal().save_draft(draft.row())
+
+    def _new_draft(self, run: _TurnRun, text: str, reason: str, *, target: str | None = None, detail: str | None = None) -> Draft:
+        journal = self._journal()
+        draft = Draft(
+            draft_id=new_draft_id(lambda candidate: journal.draft(candidate) is not None),
+            agent=run.turn.agent,
+            text=text,
+            reason=reason,
+            created_at=time.time(),
+            turn_id=run.turn.turn_id,
+            target=target,
+            detail=detail,
+        )
+        self.save_draft(draft)
+        run.drafts.append(draft.draft_id)
+        return draft
+
+    def _latest_bounced(self, agent: str) -> Draft | None:
+        bounced = [draft for draft in self.drafts_of(agent) if draft.reason == prose.REASON_BOUNCED]
+        return bounced[-1] if bounced else None
+
+    def _dismiss(self, draft: Draft) -> None:
+        draft.state = "dismissed"
+        self.save_draft(draft)
+
+    def _attempted(self, draft: Draft, delivery: Delivery) -> None:
+        """Record a finished send of ``draft`` (journaled) and move its state."""
+        attempt = Attempt(delivery.ref.server_id, delivery.ref.channel_id, delivery.shown, time.time(), delivery.outcome, delivery.reason)
+        if draft.attempts and draft.attempts[-1].outcome == "sending":
+            draft.attempts[-1] = attempt
+        else:
+            draft.attempts.append(attempt)
+        draft.state = {"delivered": "delivered", "unknown": "unconfirmed"}.get(delivery.outcome, draft.state)  # type: ignore[assignment]
+        self.save_draft(draft)
+
+    async def resend_draft(self, run: _TurnRun, draft: Draft, ref: ChannelRef) -> Delivery:
+        """Send ``draft`` to ``ref``: the attempt is journaled before the publish goes out."""
+        draft.attempts.append(Attempt(ref.server_id, ref.channel_id, self._shown(ref), time.time(), "sending"))
+        self.save_draft(draft)
+        delivery = await self._publish(run, ref, draft.text, run.turn.round)
+        self._attempted(draft, delivery)
+        if draft.state == "held" and delivery.outcome == "failed":
+            pass  # stays held: nothing arrived
+        return delivery
 
     # ------------------------------------------------------------------ turn/tool
 
@@ -507,33 +838,95 @@ class TurnManager:
     # ------------------------------------------------------------------ turn/close
 
     async def close(self, connection: Any, turn_id: str, outcome: str, usage: Any = None) -> dict[str, Any]:
-        """End a turn: route what's left, stop typing, send the lifecycle terminal; the receipt."""
+        """End a turn: route what's left, stop typing, send the lifecycle terminal; the receipt.
+
+        ``refused`` (the model provider refused) ends the turn as ``failed`` for servers and
+        marks the turn's latest inbound message with :attr:`refusal_reaction` through
+        ``channels/acknowledge`` on that message's own server, except for a named agent.
+        """
         if outcome not in OUTCOMES:
-            raise RpcError(INVALID_PARAMS, f"outcome must be one of completed, aborted, failed; got {texts.quoted(str(outcome))}")
+            raise RpcError(INVALID_PARAMS, f"outcome must be one of completed, aborted, failed, refused; got {texts.quoted(str(outcome))}")
         run = self._run_for(connection, turn_id)
         turn = run.turn
         async with run.lock:
+            seen = len(run.notices)
             if outcome == "completed":
                 for round_ in turn.unrouted_rounds():
                     await self._route_round(run, round_)
             else:
-                # An aborted or failed turn's unfinished words are not posted.
+                # An aborted, failed or refused turn's unfinished words are not posted.
                 for round_ in turn.unrouted_rounds():
-                    if turn.take_text(round_).strip():
-                        run.held += 1
-        await self._finish(run, outcome, why="closed", usage=usage)
+                    text = turn.take_text(round_)
+                    if text.strip():
+                        self._new_draft(run, text, prose.REASON_NO_DESTINATION, detail=f"turn-{outcome}")
+        if outcome == "refused":
+            await self._react_to_refusal(run)
+        await self._finish(run, "failed" if outcome == "refused" else outcome, why="closed", usage=usage)
         deliveries = turn.routing.deliveries
+        receipt_text = self._receipt(run)
         receipt = {
-            "text": texts.receipt(
-                [d.shown for d in deliveries if d.outcome == "delivered"],
-                run.held,
-                [d.shown for d in deliveries if d.outcome == "failed"],
-                [d.shown for d in deliveries if d.outcome == "unknown"],
-            ),
+            "text": receipt_text,
             "delivered": [d.to_wire() for d in deliveries if d.outcome == "delivered"],
-            "held": run.held,
+            "held": len(run.drafts),
+            "private": run.private,
+            "suppressed": run.suppressed,
+            "kept": run.kept,
         }
-        return {"receipt": receipt, "deliveries": [d.to_wire() for d in deliveries], "drafts": []}
+        drafts = [d.to_wire(time.time()) for d in self.drafts_of(turn.agent) if d.draft_id in run.drafts]
+        again = run.again and outcome == "completed"
+        return {
+            "receipt": receipt,
+            "deliveries": [d.to_wire() for d in deliveries],
+            "drafts": drafts,
+            "notices": run.notices[seen:],
+            "again": again,
+        }
+
+    def _receipt(self, run: _TurnRun) -> str | None:
+        """The turn's receipt text; None in explicit mode (which has none)."""
+        mode = run.prose_routing
+        if mode == "explicit":
+            return None
+        deliveries = run.turn.routing.deliveries
+        places = [d.shown for d in deliveries if d.outcome == "delivered"]
+        notes: list[str] = []
+        if mode == "named":
+            if run.kept:
+                notes.append(texts.note_named(run.kept))
+            return texts.prose_receipt([], notes)
+        if run.drafts:
+            notes.append(texts.note_drafts(run.drafts))
+        unknown = [d.shown for d in deliveries if d.outcome == "unknown"]
+        failed = [d.shown for d in deliveries if d.outcome == "failed"]
+        if unknown:
+            notes.append(texts.note_unconfirmed(unknown))
+        if failed:
+            notes.append(texts.note_failed(failed))
+        if run.private:
+            notes.append(texts.note_private(run.private))
+        if run.suppressed:
+            notes.append(texts.note_suppressed(run.suppressed))
+        return texts.prose_receipt(places, notes)
+
+    async def _react_to_refusal(self, run: _TurnRun) -> None:
+        """Mark the turn's latest inbound message (on its own server) with the refusal reaction."""
+        turn = run.turn
+        log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
+        ref, message_id = turn.routing.trigger, turn.trigger_message_id
+        if run.prose_routing == "named" or ref is None or message_id is None:
+            log.info("refusal.reaction.skipped", why="named" if run.prose_routing == "named" else "no-inbound-message")
+            return
+        link = self._daemon.links.get(ref.server_id)
+        if link is None or link.state is not LinkState.READY or not link.grant.allows(ACKNOWLEDGE):
+            log.info("refusal.reaction.skipped", why="not-permitted", server=ref.server_id)
+            return
+        params = {"channelId": ref.channel_id, "messageId": message_id, "reaction": self.refusal_reaction}
+        try:
+            await link.send_notification("channels/acknowledge", params, capability=ACKNOWLEDGE)
+        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+            log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id)
+            return
+        log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)
 
     # ------------------------------------------------------------------ ending a turn
 
@@ -552,6 +945,7 @@ class TurnManager:
         # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
             await self._stop_typing(run)
+            await self._complete_streams(run)
             if run.started is not None:
                 await run.started_done.wait()
                 params: dict[str, Any] = {
@@ -647,6 +1041,17 @@ class TurnManager:
         # A server that reconnected since never saw the start on this connection.
         if link is not None and link.epoch == epoch:
             await self._send_typing(ref, "stop")
+
+    async def stop_typing_in(self, ref: ChannelRef) -> None:
+        """``channel_close`` of ``ref``: stop the typing of turns typing in exactly that channel.
+
+        Another server's channel with the same id keeps its typing. (Channel tools' helper.)
+        """
+        for run in list(self._runs.values()):
+            if run.turn.routing.typing_channel == ref:
+                run.turn.routing.typing_channel = None
+                await self._stop_typing(run)
+                self._log.info("typing.closed", agent=run.turn.agent, turn=run.turn.turn_id, server=ref.server_id, channel=ref.channel_id)
 
     def channels_removed(self, refs: Iterable[ChannelRef]) -> None:
         """Channels withdrawn (or their server gone): stop only those channels' typing.

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from mcpl_router.hosts.publish_api import add_publish_methods
 from mcpl_router.hosts.sessions import add_session_methods
 from mcpl_router.hosts.turn_api import add_turn_methods
 from mcpl_router.jsonrpc import Inbound, MethodTable
@@ -59,4 +60,5 @@ def host_methods(daemon: Daemon, connection: HostConnection | None = None) -> Me
     if connection is not None:
         add_session_methods(table, daemon, connection)
         add_turn_methods(table, daemon, connection)
+        add_publish_methods(table, daemon, connection)
     return table

@@ -87,7 +87,7 @@ async def serve_unix_socket(
 
 
 async def _serve_connection(daemon: Daemon, stream: trio.SocketStream) -> None:
-    await serve_host_stream(daemon, NdjsonStream(stream, stream), transport="unix")
+    await serve_host_stream(daemon, NdjsonStream(stream, stream, skip_log_lines=False), transport="unix")
 
 
 async def serve_host_stream(daemon: Daemon, stream: MessageStream, *, transport: str) -> None:

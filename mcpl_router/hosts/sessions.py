@@ -80,6 +80,8 @@ class AgentSpecParams(msgspec.Struct, rename="camel"):
     allowed_tools: list[str] | None = None
     wake: WakeParams | None = None
     home_channel: ChannelRefParams | None = None
+    #: Makes this agent the subconscious of the named (primary) agent (see mcpl_router.tune_out).
+    subconscious_for: str | None = None
 
 
 class HelloParams(msgspec.Struct, rename="camel"):
@@ -114,6 +116,8 @@ class AgentSpec:
     wake_tags: tuple[str, ...] | None = None
     #: Declared in the daemon's config (its spec is the operator's, not the host's).
     configured: bool = False
+    #: The primary agent this one is the subconscious of (its tune-out tools act on the primary's).
+    subconscious_for: str | None = None
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> AgentSpec:
@@ -141,6 +145,7 @@ class AgentSpec:
             wake_channels=tuple(wake.channels or ()),
             wake_servers=tuple(wake.servers or ()),
             wake_tags=None if wake.tags is None else tuple(wake.tags),
+            subconscious_for=params.subconscious_for or None,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -154,6 +159,7 @@ class AgentSpec:
             "wake": wake,
             "homeChannel": None if self.home_channel is None else self.home_channel.to_wire(),
             "configured": self.configured,
+            "subconsciousFor": self.subconscious_for,
         }
 
 
@@ -362,6 +368,8 @@ class SessionManager:
     def accepted(self, seq: int, event: InboundEvent) -> None:
         """The event ``seq`` committed: send its wakes to the agents' owners."""
         for wake in self._fresh.pop(seq, ()):
+            if self._daemon.tune_outs.divert(wake):
+                continue  # its channel is tuned out: held for the summary wake (mcpl_router.tune_out)
             owner = self._owners.get(wake.agent)
             log = get_logger(agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq)
             if owner is None:
@@ -399,6 +407,11 @@ class SessionManager:
         }
         if wake.reason == REASON_MESSAGE:
             params["messages"] = [wake.payload]
+            # A message addressing the agent in a channel it hasn't joined: the options (prose routing).
+            turns = getattr(self._daemon, "turns", None)
+            invitation = turns.invitation_for(wake) if turns is not None else None
+            if invitation is not None:
+                params["invitation"] = invitation
         else:
             params["event"] = wake.payload
         return params
@@ -543,6 +556,7 @@ def _params_of(spec: AgentSpec) -> AgentSpecParams:
         home_channel=None
         if spec.home_channel is None
         else ChannelRefParams(spec.home_channel.server_id, spec.home_channel.channel_id),
+        subconscious_for=spec.subconscious_for,
     )
 
 

@@ -28,6 +28,7 @@ class TurnOpenParams(msgspec.Struct, rename="camel"):
     agent: str
     wakes: list[int] = []
     channel: ChannelParam | None = None
+    subagent: bool = False
 
 
 class TurnContextParams(msgspec.Struct, rename="camel"):
@@ -57,7 +58,7 @@ class TurnToolParams(msgspec.Struct, rename="camel"):
 
 class TurnCloseParams(msgspec.Struct, rename="camel"):
     turn_id: str
-    outcome: Literal["completed", "aborted", "failed"]
+    outcome: Literal["completed", "aborted", "failed", "refused"]
     usage: Any = None
 
 
@@ -71,7 +72,9 @@ def add_turn_methods(table: MethodTable, daemon: Daemon, connection: HostConnect
     turns = daemon.turns
 
     async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> Any:
-        return await turns.open(connection, params.agent, wakes=params.wakes, channel=params.channel)
+        return await turns.open(
+            connection, params.agent, wakes=params.wakes, channel=params.channel, subagent=params.subagent
+        )
 
     async def turn_context(params: TurnContextParams, _inbound: Inbound) -> Any:
         return await turns.context(connection, params.turn_id, user_message=params.user_message, model=params.model)

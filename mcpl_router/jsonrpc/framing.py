@@ -45,15 +45,17 @@ class NdjsonStream:
     in (memory stays bounded) and reported once as :class:`OversizedMessage`.
     """
 
-    line_oriented = True
-
     def __init__(
         self,
         send_stream: trio.abc.SendStream | None,
         receive_stream: trio.abc.ReceiveStream,
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        skip_log_lines: bool = True,
     ) -> None:
+        # Servers print log lines on stdout; hosts have no such excuse, so a host connection
+        # turns this off and every non-JSON line is answered -32700.
+        self.line_oriented = skip_log_lines
         self._send_stream = send_stream
         self._receive_stream = receive_stream
         self._max = max_message_bytes

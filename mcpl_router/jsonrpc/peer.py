@@ -78,6 +78,9 @@ class Inbound:
     #: None for a notification; otherwise their id, echoed back verbatim.
     id: RequestId | None
     is_notification: bool
+    #: What the peer's ``stamp`` hook returned as the message arrived (in the read loop, in
+    #: byte order with the answers): e.g. the grant in force *at receipt*, for admission.
+    stamp: Any = None
 
     def decode_params(self, params_type: type[T]) -> T:
         """Decode the params into ``params_type``, or raise -32602 naming the bad field's path."""
@@ -157,6 +160,8 @@ class Peer:
         name: a label for logs (``server="a"`` style fields go in ``log_fields``).
         request_timeout: the default deadline of :meth:`request`.
         concurrent_methods: methods handled in their own task rather than in arrival order.
+        stamp: called in the read loop for each inbound request/notification as it arrives;
+            its value rides on :attr:`Inbound.stamp` (admission against the grant at receipt).
     """
 
     def __init__(
@@ -168,9 +173,11 @@ class Peer:
         concurrent_methods: Collection[str] = (),
         inbound_queue_size: int = 256,
         log_fields: dict[str, Any] | None = None,
+        stamp: Callable[[], Any] | None = None,
     ) -> None:
         self._stream = stream
         self._handler = handler
+        self._stamp = stamp
         self.request_timeout = request_timeout
         self._concurrent = frozenset(concurrent_methods)
         self._log = get_logger(**(log_fields or {}))
@@ -322,9 +329,8 @@ class Peer:
             except OversizedMessage as exc:
                 self._counts["oversized_messages"] += 1
                 self._log.warning("jsonrpc.message.oversized", size=exc.size, limit=exc.limit)
-                await self._reply(
-                    ErrorOut(id=None, error=ErrorObject(code=-32600, message=f"Invalid request: {exc}"))
-                )
+                # Spawned, never awaited here: a peer that isn't reading must not stop our reads.
+                self._spawn_reply(ErrorOut(id=None, error=ErrorObject(code=-32600, message=f"Invalid request: {exc}")))
                 continue
             except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
                 return
@@ -361,6 +367,7 @@ class Peer:
             params=None if envelope.params is msgspec.UNSET else envelope.params,
             id=request_id,
             is_notification=is_notification,
+            stamp=self._stamp() if self._stamp is not None else None,
         )
         assert self._nursery is not None
         if inbound.method in self._concurrent:

@@ -15,6 +15,7 @@ import msgspec
 
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, RpcError
 from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.wire import (
     ChangedParams,
     IncomingMessage,
@@ -33,15 +34,30 @@ if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
 
 INVALID_ITEM = -32602
+#: MCP's notice that a server's tool list changed (the connector tools re-list).
+TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
 
 
-def registration_policy(link: ServerLink) -> RegistrationPolicy:
-    """The registry's view of a server's grant, as it stands at this message's receipt."""
+def registration_policy(link: ServerLink, inbound: Inbound | None = None) -> RegistrationPolicy:
+    """The registry's view of a server's grant as it stood when ``inbound`` arrived.
+
+    The grant is the one the link stamped on the message in its read loop (at receipt), not
+    the one in force when the ordered dispatcher reached it.
+    """
+    grant = inbound.stamp if inbound is not None and isinstance(inbound.stamp, Grant) else link.grant
     return RegistrationPolicy(
-        may_register=link.grant.allows("channels.register"),
-        may_receive=link.grant.allows("channels.incoming"),
+        may_register=grant.allows("channels.register"),
+        may_receive=grant.allows("channels.incoming"),
         id_patterns=tuple(link.config.channel_patterns),
     )
+
+
+def message_dedup_key(channel_id: str, message_id: str) -> str:
+    """A message's identity on its server: message ids are often unique only per chat.
+
+    JSON-encoded, so no separator can make two different pairs one key.
+    """
+    return msgspec.json.encode([channel_id, message_id]).decode()
 
 
 class ServerInbound:
@@ -53,6 +69,8 @@ class ServerInbound:
         on_channels_changed: told of every ref added or withdrawn (to stop typing and streams,
             to notify hosts).
         on_accepted: told of each newly journaled event (seq + event) to wake hosts.
+        on_tools_changed: told of a server's ``notifications/tools/list_changed`` (the
+            connector tools fetch its list again).
     """
 
     def __init__(
@@ -62,11 +80,13 @@ class ServerInbound:
         *,
         on_channels_changed: Callable[[str, list[ChannelRef], list[ChannelRef]], None] | None = None,
         on_accepted: Callable[[int, InboundEvent], None] | None = None,
+        on_tools_changed: Callable[[ServerLink], None] | None = None,
     ) -> None:
         self.registry = registry
         self.journal = journal
         self._on_channels_changed = on_channels_changed or (lambda server, added, removed: None)
         self._on_accepted = on_accepted or (lambda seq, event: None)
+        self._on_tools_changed = on_tools_changed or (lambda link: None)
         self._handlers = {
             "channels/register": self._register,
             "channels/changed": self._changed,
@@ -77,6 +97,9 @@ class ServerInbound:
 
     async def handle(self, link: ServerLink, inbound: Inbound) -> Any:
         handler = self._handlers.get(inbound.method)
+        if inbound.method == TOOLS_LIST_CHANGED:
+            self._on_tools_changed(link)
+            return None if inbound.is_notification else {}
         if handler is None:
             if inbound.method.startswith("notifications/"):
                 # MCP notifications we don't act on (logging, progress): noted, not refused.
@@ -91,7 +114,7 @@ class ServerInbound:
         params = inbound.decode_params(RegisterParams)
         form = "notification" if inbound.is_notification else "request"
         descriptors = [_plain_or_none(raw) for raw in params.channels]
-        results = self.registry.register(link.server_id, descriptors, registration_policy(link), form=form)
+        results = self.registry.register(link.server_id, descriptors, registration_policy(link, inbound), form=form)
         added = [ChannelRef(link.server_id, r.id) for r in results if r.accepted]
         if added:
             self._on_channels_changed(link.server_id, added, [])
@@ -100,12 +123,20 @@ class ServerInbound:
     def _changed(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(ChangedParams)
         form = "notification" if inbound.is_notification else "request"
+        removed = [item for item in params.removed if isinstance(item, str)]
+        if len(removed) != len(params.removed):
+            get_logger(server=link.server_id).warning(
+                "channels.changed.removal_skipped",
+                form=form,
+                skipped=[item for item in params.removed if not isinstance(item, str)][:10],
+                reason="a removed channel id must be a string",
+            )
         outcome = self.registry.change(
             link.server_id,
             [_plain_or_none(raw) for raw in params.added],
-            params.removed,
+            removed,
             [_plain_or_none(raw) for raw in params.updated],
-            registration_policy(link),
+            registration_policy(link, inbound),
             form=form,
         )
         added = [ChannelRef(link.server_id, r.id) for r in outcome.added if r.accepted]
@@ -121,10 +152,10 @@ class ServerInbound:
     def _incoming(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(IncomingParams)
         form = "notification" if inbound.is_notification else "request"
-        policy = registration_policy(link)
+        policy = registration_policy(link, inbound)
         log = get_logger(server=link.server_id)
         results: list[dict[str, Any] | None] = []
-        pending: list[tuple[int, InboundEvent]] = []
+        pending: list[tuple[int, str, InboundEvent]] = []
         for index, raw in enumerate(params.messages):
             try:
                 message = decode_item(raw, IncomingMessage)
@@ -146,24 +177,24 @@ class ServerInbound:
                 server_id=link.server_id,
                 channel_id=message.channel_id,
                 kind="message",
-                dedup_key=message.message_id,
+                dedup_key=message_dedup_key(message.channel_id, message.message_id),
                 payload=raw_to_plain(raw),
             )
-            pending.append((len(results), event))
+            pending.append((len(results), message.message_id, event))
             results.append(None)
         if pending:
             # Durable before we say "accepted": a crash after this line loses nothing.
-            recorded = self.journal.record_inbound([event for _, event in pending])
-            for (slot, event), outcome in zip(pending, recorded, strict=True):
+            recorded = self.journal.record_inbound([event for _, _, event in pending])
+            for (slot, message_id, event), outcome in zip(pending, recorded, strict=True):
                 results[slot] = {
-                    "messageId": event.dedup_key,
+                    "messageId": message_id,
                     "accepted": True,
                     "conversationId": _conversation_id(event),
                 }
                 if outcome.duplicate:
-                    log.info("channels.incoming.duplicate", channel=event.channel_id, message_id=event.dedup_key, seq=outcome.seq)
+                    log.info("channels.incoming.duplicate", channel=event.channel_id, message_id=message_id, seq=outcome.seq)
                 else:
-                    log.info("channels.incoming.accepted", channel=event.channel_id, message_id=event.dedup_key, seq=outcome.seq)
+                    log.info("channels.incoming.accepted", channel=event.channel_id, message_id=message_id, seq=outcome.seq)
                     self._on_accepted(outcome.seq, event)
         return {"results": results}
 
@@ -175,9 +206,9 @@ class ServerInbound:
         if origin.mcpl_channel_id or origin.channel_id:
             placed = self.registry.push_channel(
                 link.server_id,
-                registration_policy(link),
+                registration_policy(link, inbound),
                 mcpl_channel_id=origin.mcpl_channel_id,
-                native_channel_id=origin.channel_id,
+                native_channel_id=None if origin.channel_id is None else str(origin.channel_id),
                 label=origin.label,
             )
             channel = placed.ref

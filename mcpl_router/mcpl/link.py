@@ -145,7 +145,13 @@ class LinkStatus:
             "attempts": self.attempts,
             "legacy": self.legacy,
             "manifestVersion": self.manifest_version,
-            "grant": self.grant,
+            "grant": {
+                "granted": self.grant["granted"],
+                "deniedCount": self.grant["denied_count"],
+                "featureSetsEnabled": self.grant["feature_sets_enabled"],
+                "featureSetsDisabled": self.grant["feature_sets_disabled"],
+                "legacy": self.grant["legacy"],
+            },
             "receipt": self.receipt,
             "lastError": self.last_error,
         }
@@ -205,7 +211,6 @@ class ServerLink:
         self._since = time.time()
         self._endpoint = ""
         self._peer: Peer | None = None
-        self._policy_in_force = False
         self._manifest_dirty = False
         self._manifest_fetch_running = False
         self._last_manifest_fetch = -MANIFEST_REFETCH_INTERVAL
@@ -339,7 +344,6 @@ class ServerLink:
 
     async def _run_epoch(self) -> None:
         self.grant = Grant.nothing()  # every new transport epoch starts with nothing granted
-        self._policy_in_force = False
         self.legacy = False
         self.receipt = None
         self._ready_since = None
@@ -356,6 +360,8 @@ class ServerLink:
                         self._dispatch,
                         request_timeout=self.config.request_timeout,
                         log_fields={"server": self.server_id, "epoch": self.epoch},
+                        # Each inbound message carries the grant in force as it arrived.
+                        stamp=self._grant_at_receipt,
                     )
                     self._peer = peer
                     peer_done = trio.Event()
@@ -382,7 +388,6 @@ class ServerLink:
         finally:
             self._peer = None
             self._epoch_nursery = None
-            self._policy_in_force = False
             if transport is not None:
                 with trio.CancelScope(shield=True):
                     await transport.aclose()
@@ -410,13 +415,15 @@ class ServerLink:
         self.manifest = manifest
         if manifest.problems:
             self._log.info("link.manifest.tolerated", problems=list(manifest.problems))
-        await peer.notify("notifications/initialized")
         granted = compute_grant(manifest, self.policy)
+        # A legacy server acts right after "initialized", so its host-side grant must be in
+        # force before we send it: each message is admitted against the grant at receipt.
         if manifest.is_legacy_version:
             self._enter_legacy(granted, why=f"manifest version {manifest.version}")
         elif self.config.legacy == "allow":
             # Operator says this server acts before its policy: admit against the host-side grant.
             self._apply_grant(granted, host_side=True)
+        await peer.notify("notifications/initialized")
         try:
             await peer.request(
                 "featureSets/update",
@@ -426,8 +433,12 @@ class ServerLink:
         except RpcError as error:
             if error.code != METHOD_NOT_FOUND:
                 raise
-            if not self.legacy:
-                self._enter_legacy(granted, why="featureSets/update answered -32601")
+            if self.config.legacy == "deny":
+                raise _LegacyRefused('legacy server refused by config (legacy = "deny"): featureSets/update answered -32601') from None
+            if not manifest.is_legacy_version:
+                # The read loop applied the host-side grant as the answer arrived; say so once.
+                log = self._log.warning if self.config.legacy == "auto" else self._log.info
+                log("link.legacy", reason="featureSets/update answered -32601", hint='set legacy = "allow" to silence, "deny" to refuse')
             return
         if isinstance(self.receipt, dict) and self.receipt.get("accepted") is False:
             fallback = self.receipt.get("fallback")
@@ -442,7 +453,12 @@ class ServerLink:
     def _on_policy_answer(self, envelope: Envelope, granted: Grant) -> None:
         """Runs in the read loop as the receipt arrives, before the server's next message."""
         if envelope.error is not msgspec.UNSET:
-            return  # -32601 → legacy, handled by the caller; other errors fail the epoch
+            if envelope.error.code == METHOD_NOT_FOUND and self.config.legacy != "deny" and not self.legacy:
+                # A legacy server (e.g. heartbeat-mcpl): the host-side grant applies from its
+                # very next message. "deny" is refused by the link task.
+                self.legacy = True
+                self._apply_grant(attrs.evolve(granted, legacy=True), host_side=True)
+            return  # other errors fail the epoch in the link task
         try:
             receipt = msgspec.json.decode(envelope.result) if envelope.result is not msgspec.UNSET else None
         except msgspec.DecodeError:
@@ -470,10 +486,12 @@ class ServerLink:
 
     def _apply_grant(self, grant: Grant, *, host_side: bool) -> None:
         self.grant = grant
-        self._policy_in_force = True
         self._log.info("link.grant", host_side=host_side, **grant.summary())
 
     # -- inbound -----------------------------------------------------------------------------
+
+    def _grant_at_receipt(self) -> Grant:
+        return self.grant
 
     async def _dispatch(self, inbound: Inbound) -> Any:
         method = inbound.method
@@ -483,9 +501,12 @@ class ServerLink:
         if method == "ping":
             return {}
         capability = INBOUND_CAPABILITY.get(method)
-        if capability is not None and not self.grant.allows(capability):
-            # Admission against the grant current at receipt; before the policy, that's nothing.
-            reason = "before the policy was in force" if not self._policy_in_force else "not granted"
+        # Admission against the grant current at receipt (stamped in the read loop as the
+        # message arrived), not when its turn in the ordered queue came; before the policy,
+        # that grant is nothing.
+        grant = inbound.stamp if isinstance(inbound.stamp, Grant) else self.grant
+        if capability is not None and not grant.allows(capability):
+            reason = "not granted" if grant.effective else "before the policy was in force"
             if inbound.is_notification:
                 self._log.warning("link.admission.dropped", method=method, capability=capability, reason=reason)
                 return None

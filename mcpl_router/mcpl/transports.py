@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 STDIO_EXIT_GRACE = 2.0
 STDIO_TERM_GRACE = 3.0
 WEBSOCKET_CONNECT_TIMEOUT = 10.0
+# A blackholed address would otherwise hold the link in "connecting" for the kernel's SYN
+# timeout (minutes).
+TCP_CONNECT_TIMEOUT = 10.0
 # A WebSocket close handshake waits for the peer's reply; after a cancel nobody reads it, and
 # trio-websocket would wait 60 s under our shield. So every stream close has a short deadline.
 _STREAM_CLOSE_GRACE = 1.0
@@ -54,30 +57,39 @@ class OpenTransport:
 
 
 async def stop_process(process: trio.Process) -> None:
-    """stdin is closed already (servers exit on EOF); then SIGTERM, then SIGKILL."""
+    """stdin is closed already (servers exit on EOF); then SIGTERM, then SIGKILL.
+
+    Signals go to the child's whole process group (it was started in a session of its own), so
+    a wrapper (``sh -c …``, ``npx …``) can't leave its own children running.
+    """
     with trio.CancelScope(shield=True):
         with trio.move_on_after(STDIO_EXIT_GRACE):
             await process.wait()
             return
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
+        _signal_group(process, signal.SIGTERM)
         with trio.move_on_after(STDIO_TERM_GRACE):
             await process.wait()
             return
-        if process.returncode is None:
-            process.kill()
+        _signal_group(process, signal.SIGKILL)
         await process.wait()
 
 
+def _signal_group(process: trio.Process, signum: int) -> None:
+    if process.returncode is not None:
+        return
+    try:
+        os.killpg(process.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        # The group is gone (or was never ours): signal the child itself.
+        try:
+            process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+
 def child_environment(config: ServerConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The allowlisted part of our environment (all of it with ``inheritEnv``), then ``env`` on top."""
-    source = os.environ if environ is None else environ
-    if config.inherit_env:
-        env = dict(source)
-    else:
-        env = {name: source[name] for name in config.env_allowlist if name in source}
-    env.update(config.env)
-    return env
+    """The environment a stdio child gets (see :meth:`ServerConfig.spawn_env`)."""
+    return config.spawn_env(os.environ if environ is None else environ)
 
 
 def safe_url(url: str) -> str:
@@ -140,7 +152,10 @@ async def _pump_stderr(stderr: trio.abc.ReceiveStream, server_id: str) -> None:
 
 async def _dial_tcp(config: ServerConfig, max_message_bytes: int) -> OpenTransport:
     try:
-        stream = await trio.open_tcp_stream(config.host, config.port)
+        with trio.fail_after(TCP_CONNECT_TIMEOUT):
+            stream = await trio.open_tcp_stream(config.host, config.port)
+    except trio.TooSlowError:
+        raise TransportError(f"could not connect to tcp://{config.host}:{config.port}: no answer within {TCP_CONNECT_TIMEOUT:g}s") from None
     except OSError as exc:
         raise TransportError(f"could not connect to tcp://{config.host}:{config.port}: {exc.strerror or exc}") from exc
     return OpenTransport(

@@ -17,7 +17,8 @@ class RegisterParams(msgspec.Struct):
 
 class ChangedParams(msgspec.Struct):
     added: list[msgspec.Raw] = []
-    removed: list[str] = []
+    # Any: one malformed id is skipped (and logged by the registry), not the whole change.
+    removed: list[Any] = []
     updated: list[msgspec.Raw] = []
 
 
@@ -43,7 +44,8 @@ class IncomingParams(msgspec.Struct):
 
 class PushOrigin(msgspec.Struct, rename="camel"):
     mcpl_channel_id: str | None = None
-    channel_id: str | None = None
+    # Native ids arrive as numbers too (a Discord snowflake); compared as strings.
+    channel_id: str | int | None = None
     source: str | None = None
     label: str | None = None
 

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: How a turn may end (``turn/close``'s ``outcome``; the daemon adds none of its own).
-OUTCOMES: Final = frozenset({"completed", "aborted", "failed"})
+OUTCOMES: Final = frozenset({"completed", "aborted", "failed", "refused"})
 
 #: The resolver rule for a name that is the id of one of the turn's own channels.
 RULE_OWN_CHANNEL: Final = "own-channel"

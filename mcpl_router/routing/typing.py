@@ -24,18 +24,20 @@ def host_typing_targets(names: ChannelNames, channel: str | Mapping[str, Any]) -
     """The channels a host's typing call names, or the refusal saying why none.
 
     - a ref ``{serverId, channelId}``: that exact pair (registered or not: the caller checks);
-    - a string that is the id of registered channels: each of them, on every server;
+    - a string every channel answering to which (through the one resolver) answers *by its
+      id*: each of them, on every server — the deliberate fan-out;
     - any other string: the one channel the resolver picks (a qualified name, a DM label),
-      or its refusal.
+      or its refusal — including a string that is one channel's id and another's qualified
+      name, which is ambiguous rather than a bare id.
 
     Raises:
         MalformedChannel: a ref without a non-empty ``serverId`` and ``channelId``.
     """
     if not isinstance(channel, str):
         return (ref_from_wire(channel),)
-    by_id = names.registry.refs_with_id(channel)
-    if by_id:
-        return tuple(sorted(by_id, key=names.registry.order_of))
+    answering = names.channels_named(channel)
+    if len(answering) > 1 and all(ref.channel_id == channel for ref in answering):
+        return tuple(answering)
     resolved = names.channel_named(channel, not_done=TYPING_NOT_DONE)
     if isinstance(resolved, Resolved):
         return (resolved.ref,)

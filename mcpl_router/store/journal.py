@@ -49,6 +49,23 @@ CREATE TABLE IF NOT EXISTS agents (
     name TEXT PRIMARY KEY,
     spec BLOB NOT NULL
 );
+-- channel_decline: an agent chose to stay out of a channel (server + id: a channel is a pair).
+CREATE TABLE IF NOT EXISTS declines (
+    agent TEXT NOT NULL,
+    server TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    declined_at REAL NOT NULL,
+    PRIMARY KEY (agent, server, channel)
+);
+-- Drafts: plain speech held instead of posted (mcpl_router.routing.drafts), one row each,
+-- rewritten whole on every change (an attempt is saved before its publish goes out).
+CREATE TABLE IF NOT EXISTS drafts (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    row BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS drafts_by_agent ON drafts (agent, created_at);
 """
 
 
@@ -112,7 +129,9 @@ class Journal:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._db = sqlite3.connect(str(path), isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # FULL: a commit is on disk before we answer "accepted", across a power loss too
+        # (NORMAL in WAL mode survives a process crash but may roll back on an OS crash).
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._encoder = msgspec.json.Encoder()
         #: Set by the daemon (see :meth:`set_router`); None records events without deliveries.
@@ -263,6 +282,47 @@ class Journal:
         """Every remembered host-declared agent's spec, by name."""
         rows = self._db.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
         return {name: msgspec.json.decode(spec) for name, spec in rows}
+
+    def save_draft(self, row: dict[str, Any]) -> None:
+        """Insert or replace one draft (its :meth:`~mcpl_router.routing.drafts.Draft.row`)."""
+        self._db.execute(
+            "INSERT INTO drafts (id, agent, created_at, row) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET row = excluded.row",
+            (row["id"], row["agent"], float(row["createdAt"]), self._encoder.encode(row)),
+        )
+
+    def drafts_of(self, agent: str) -> list[dict[str, Any]]:
+        """Every draft row of ``agent``, oldest first."""
+        rows = self._db.execute("SELECT row FROM drafts WHERE agent = ? ORDER BY created_at, id", (agent,)).fetchall()
+        return [msgspec.json.decode(row) for (row,) in rows]
+
+    def draft(self, draft_id: str) -> dict[str, Any] | None:
+        """One draft row by id."""
+        row = self._db.execute("SELECT row FROM drafts WHERE id = ?", (draft_id,)).fetchone()
+        return None if row is None else msgspec.json.decode(row[0])
+
+    def woken_agents(self, seq: int) -> list[str]:
+        """The agents the event ``seq`` woke (its deliveries), by name."""
+        rows = self._db.execute("SELECT agent FROM deliveries WHERE seq = ? ORDER BY agent", (seq,)).fetchall()
+        return [agent for (agent,) in rows]
+
+    def record_decline(self, agent: str, server_id: str, channel_id: str) -> None:
+        """Remember that ``agent`` declined channel ``channel_id`` of server ``server_id``."""
+        self._db.execute(
+            "INSERT INTO declines (agent, server, channel, declined_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (agent, server, channel) DO UPDATE SET declined_at = excluded.declined_at",
+            (agent, server_id, channel_id, time.time()),
+        )
+
+    def forget_decline(self, agent: str, server_id: str, channel_id: str) -> None:
+        """Forget a decline (the agent opened the channel after all)."""
+        self._db.execute(
+            "DELETE FROM declines WHERE agent = ? AND server = ? AND channel = ?", (agent, server_id, channel_id)
+        )
+
+    def declines(self) -> list[tuple[str, str, str]]:
+        """Every recorded decline as ``(agent, server, channel)``."""
+        return [tuple(row) for row in self._db.execute("SELECT agent, server, channel FROM declines ORDER BY declined_at")]
 
     def last_seq(self) -> int:
         row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM inbound").fetchone()

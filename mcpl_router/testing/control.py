@@ -242,10 +242,12 @@ class FixtureControl:
         before_inference: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         receipt: Mapping[str, Any] | None = None,
+        tool_call: Mapping[str, Any] | None = None,
     ) -> None:
-        """Set how the fixture answers publishes, hooks, tool listings and the policy."""
+        """Set how the fixture answers publishes, hooks, tool listings and calls, and the policy."""
         await self.call(
-            "configure", **_given(publish=publish, beforeInference=before_inference, tools=tools, receipt=receipt)
+            "configure",
+            **_given(publish=publish, beforeInference=before_inference, tools=tools, receipt=receipt, toolCall=tool_call),
         )
 
     async def recorded(self, method: str | None = None, *, epoch: int | None = None) -> list[dict[str, Any]]:

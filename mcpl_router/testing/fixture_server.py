@@ -353,6 +353,8 @@ class _Behaviour:
     publish: dict[str, Any] = attrs.field(factory=dict)
     before_inference: dict[str, Any] = attrs.field(factory=dict)
     tools: list[dict[str, Any]] = attrs.field(factory=_default_tools)
+    #: How ``tools/call`` answers: ``delayMs`` before answering (a connector-call deadline test).
+    tool_call: dict[str, Any] = attrs.field(factory=dict)
     receipt: dict[str, Any] | None = None
 
 
@@ -810,6 +812,9 @@ class _HostSession:
         arguments = params.get("arguments") or {}
         if name not in {tool.get("name") for tool in self.server.behaviour.tools}:
             raise RpcError(-32602, f"Unknown tool: {name}", {"name": name})
+        delay_ms = self.server.behaviour.tool_call.get("delayMs") or 0
+        if delay_ms:
+            await trio.sleep(delay_ms / 1000)
         if name == "send_message":
             self.server.published += 1
             message_id = f"m-{self.server.published}"
@@ -1065,6 +1070,8 @@ class _ControlSession:
             behaviour.before_inference = {**behaviour.before_inference, **params["beforeInference"]}
         if isinstance(params.get("tools"), list):
             behaviour.tools = params["tools"]
+        if isinstance(params.get("toolCall"), dict):
+            behaviour.tool_call = {**behaviour.tool_call, **params["toolCall"]}
         if "receipt" in params:
             behaviour.receipt = params["receipt"]
         return {}

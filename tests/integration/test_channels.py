@@ -170,3 +170,15 @@ async def test_a_malformed_descriptor_is_refused_alone(tmp_path: Path) -> None:
             # A batch that isn't a list at all is bad params, answered with the field's path.
             answer = await fx["a"].host_call("channels/register", {"channels": "not-a-list"})
             assert answer["error"]["code"] == -32602 and "$.channels" in answer["error"]["message"]
+
+
+async def test_one_message_id_in_two_channels_is_two_messages(tmp_path: Path) -> None:
+    # Message ids are often unique only per chat: the dedup key is (channel, messageId).
+    with trio.fail_after(40):
+        async with servers(tmp_path, ("a",)) as (daemon, fx):
+            await fx["a"].register(["group:111", "group:222"])
+            for channel in ("group:111", "group:222", "group:111"):
+                answer = await fx["a"].incoming([{"channelId": channel, "messageId": "42", "text": "hi"}])
+                assert answer["results"][0]["accepted"] is True
+            stored = daemon.journal.unacked()
+            assert [(e.server_id, e.channel_id) for e in stored] == [("a", "group:111"), ("a", "group:222")]

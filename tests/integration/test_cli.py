@@ -63,7 +63,7 @@ async def test_demo_once_shows_both_servers_ready_with_general() -> None:
     assert "the name \"b:general\" picks server b's channel general" in out
     # The scripted host: woken on b's general; typing and the reply land on b, nothing on a.
     assert "host: woken (seq 1) by a message on b:general (server b)" in out
-    assert "host: turn closed: [delivered] b:general" in out
+    assert "host: turn closed: [delivered] plain speech → b:general" in out
     b_line = next(line for line in out.splitlines() if line.startswith("server b received:"))
     assert "typing start in general" in b_line and "the reply in general" in b_line and "typing stop" in b_line
     assert "server a received: no typing and no reply" in out

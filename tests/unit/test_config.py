@@ -858,3 +858,19 @@ def test_the_example_names_its_missing_secret() -> None:
     assert not ok
     assert "DISCORD_TOKEN" in text and "mcplServers.discord.env.DISCORD_TOKEN" in text
     assert "EDITOR_TOKEN" in text and "mcplServers.editor.token" in text
+
+
+def test_check_config_never_prints_a_secret(tmp_path) -> None:
+    from mcpl_router.config import check_config
+
+    path = tmp_path / "servers.json"
+    path.write_text(
+        '{"mcplServers": {"d": {"command": "discord-mcpl", "args": ["--token", "${DISCORD_TOKEN}"]},'
+        ' "w": {"url": "wss://ghp_USERTOKEN@example.test/mcpl?token=QUERYSECRET"},'
+        ' "p": {"url": "wss://user:PASSWORD@example.test/mcpl"}}}'
+    )
+    ok, text = check_config(path, environ={"DISCORD_TOKEN": "xoxb-ENVSECRET"})
+    assert ok, text
+    for secret in ("xoxb-ENVSECRET", "ghp_USERTOKEN", "QUERYSECRET", "PASSWORD"):
+        assert secret not in text
+    assert "discord-mcpl (+2 args)" in text

@@ -288,3 +288,15 @@ def test_a_wakes_message_ids_come_from_its_payload() -> None:
     assert fact == WakeFact(3, B_GENERAL, addressed=True, message_id="in-7", thread_id="th-1")
     batch = wake_fact(FakeWake(4, None, {"messages": [{"messageId": "x"}, {"messageId": "y"}]}, addressed=False))
     assert (batch.channel, batch.message_id, batch.addressed) == (None, "y", False)
+
+
+def test_host_typing_by_a_name_that_is_an_id_and_a_qualified_name_is_refused() -> None:
+    # Server "a" has "general"; server "x" has the id "a:general". "a:general" is x's id AND
+    # a's qualified name: not a bare id to fan out over, but a name two channels answer to.
+    registry = ChannelRegistry()
+    registry.register("a", [{"id": "general"}], RegistrationPolicy.permissive())
+    registry.register("x", [{"id": "a:general"}], RegistrationPolicy.permissive())
+    names = ChannelNames(registry)
+    assert isinstance(host_typing_targets(names, "a:general"), Refusal)
+    assert host_typing_targets(names, "general") == (ChannelRef("a", "general"),)
+    assert host_typing_targets(names, "x:a:general") == (ChannelRef("x", "a:general"),)

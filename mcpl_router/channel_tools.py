@@ -1,0 +1,481 @@
+"""The daemon's channel tools: ``channel_list``, ``channel_open``, ``channel_close``,
+``channel_decline`` and ``channel_publish`` (a :class:`~mcpl_router.tool_calls.ToolProvider`).
+
+How every tool reads a channel name (issue 6, seed ``000_…``):
+
+- ``channelId`` takes an id or the qualified ``serverId:channelId``; a ``serverId`` beside it
+  names that exact pair. A model's empty string is "not given". No schema changes because ids
+  are shared.
+- **The turn's own channel first**: for a call made inside the agent's open turn
+  (``call.scope.turn``), an id of a channel the turn has been in means that channel on its
+  server (:func:`~mcpl_router.routing.turns.own_channel_named`), before any other reading, and
+  is refused once that server withdraws it. A call made outside the turn (a script left running
+  after its turn) reads no turn's channels, moves no routing and engages nothing.
+- ``channel_publish`` with no ``channelId`` posts to the agent's default channel on the server
+  whose message set it (:mod:`mcpl_router.routing.defaults`); ``named`` agents must name one.
+
+Every result carries ``serverId`` in ``structuredContent``; every refusal says what was not done
+and what would work, with a stable ``reason`` (the resolver's refusal kind, or a delivery reason).
+
+Declines are durable (the journal's ``declines`` table). What the agent last decided for each
+channel (``open``/``closed``/``declined``, its *desired state*) is shown by ``channel_list``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.routing import texts
+from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
+from mcpl_router.routing.names import Refusal, Resolved
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.turns import own_channel_named
+from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.turn_runner import publish_text
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.store.journal import InboundEvent
+    from mcpl_router.turn_runner import _TurnRun
+
+__all__ = ["CHANNEL_TOOLS", "LIFECYCLE_TIMEOUT", "ChannelTools"]
+
+CHANNEL_TOOLS: Final = ("channel_list", "channel_open", "channel_close", "channel_decline", "channel_publish")
+
+LIFECYCLE: Final = "channels.lifecycle"
+ACKNOWLEDGE: Final = "channels.acknowledge"
+#: How long ``channels/open``, ``channels/close`` and ``channels/acknowledge`` may take.
+LIFECYCLE_TIMEOUT: Final = 10.0
+
+# Stable reasons of the tools' own refusals (the resolver's kinds and delivery reasons too).
+REASON_NO_CONTENT: Final = "no-content"
+REASON_UNCONFIRMED: Final = "unconfirmed"
+REASON_TUNED_OUT: Final = "tuned-out"
+
+_STRING: Final = {"type": "string"}
+
+
+def _schema(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def _channel_id(description: str = texts.CHANNEL_ID_DESCRIPTION) -> dict[str, Any]:
+    return {**_STRING, "description": description}
+
+
+_SERVER_ID: Final = {**_STRING, "description": texts.SERVER_ID_DESCRIPTION}
+
+
+def _text_arg(arguments: dict[str, Any], key: str) -> str | None:
+    """A string argument; an empty string (a model's way of leaving it out) is None."""
+    value = arguments.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _content_arg(arguments: dict[str, Any]) -> str:
+    """The words of a publish: ``content`` (a string or text blocks), else ``text``."""
+    content = arguments.get("content")
+    if isinstance(content, list):
+        parts = [b.get("text", "") for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
+        content = "".join(parts)
+    if isinstance(content, str) and content.strip():
+        return content
+    text = arguments.get("text")
+    return text if isinstance(text, str) and text.strip() else ""
+
+
+def _refused(refusal: Refusal) -> dict[str, Any]:
+    data: dict[str, Any] = {"candidates": [ref.to_wire() for ref in refusal.candidates]}
+    if refusal.server_id is not None:
+        data["serverId"] = refusal.server_id
+    return tool_result(refusal.text, error=True, reason=refusal.kind, data=data)
+
+
+class ChannelTools:
+    """The channel tools of one daemon, and each agent's default channel.
+
+    The daemon wires it as a tool provider and calls :meth:`message_admitted` for each admitted
+    inbound event and :meth:`server_removed` when a server's connection ends.
+    """
+
+    lifecycle_timeout: float = LIFECYCLE_TIMEOUT
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self.defaults = DefaultChannels()
+        #: What the agents last decided for each channel: "open", "closed" or "declined".
+        self._desired: dict[ChannelRef, str] = {}
+        for _agent, server_id, channel_id in daemon.journal.declines():
+            self._desired[ChannelRef(server_id, channel_id)] = "declined"
+        self._log = get_logger()
+
+    # ------------------------------------------------------------------ daemon events
+
+    def message_admitted(self, seq: int, event: InboundEvent) -> None:
+        """An inbound event was journaled: it sets the default channel of each agent it woke.
+
+        Only while its channel is registered: a message admitted after its server was removed
+        sets no default.
+        """
+        if event.channel_id is None:
+            return
+        ref = ChannelRef(event.server_id, event.channel_id)
+        registered = self._daemon.router.registry.is_registered(ref)
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        message_id = payload.get("messageId") if event.kind == "message" else None
+        thread_id = payload.get("threadId") if event.kind == "message" else None
+        for agent in self._daemon.journal.woken_agents(seq):
+            set_ = self.defaults.woke(
+                agent,
+                ref,
+                message_id=message_id if isinstance(message_id, str) else None,
+                thread_id=thread_id if isinstance(thread_id, str) else None,
+                registered=registered,
+            )
+            if not set_:
+                self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq)
+
+    def server_removed(self, server_id: str) -> None:
+        """A server's connection ended: defaults on it keep their ref, lose message and thread."""
+        for agent in self.defaults.server_removed(server_id):
+            self._log.info("default_channel.server_removed", agent=agent, server=server_id)
+
+    # ------------------------------------------------------------------ ToolProvider
+
+    def handles(self, name: str) -> bool:
+        return name in CHANNEL_TOOLS
+
+    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
+        named = getattr(agent, "prose_routing", None) == "named"
+        publish_props = {
+            "channelId": _channel_id(),
+            "threadId": {**_STRING, "description": "Post into this thread of the channel. Optional."},
+            "content": {**_STRING, "description": "The message to post."},
+            "text": {**_STRING, "description": "The message to post (the same as content)."},
+        }
+        return [
+            {"name": "channel_list", "description": texts.CHANNEL_LIST_DESCRIPTION, "inputSchema": _schema({})},
+            {
+                "name": "channel_open",
+                "description": texts.CHANNEL_OPEN_DESCRIPTION,
+                "inputSchema": _schema(
+                    {
+                        "channelId": _channel_id(),
+                        "serverId": _SERVER_ID,
+                        "backscroll": {"type": "integer", "minimum": 0, "description": "How many recent messages to fetch. Optional."},
+                        "beforeMessageId": {**_STRING, "description": "Fetch the backscroll before this message. Optional."},
+                        "setSpeechTarget": {"type": "boolean", "default": True, "description": "Make it where your plain speech lands for the rest of this turn."},
+                        "threadId": {**_STRING, "description": "Open this thread of the channel. Optional."},
+                    },
+                    ("channelId",),
+                ),
+            },
+            {
+                "name": "channel_close",
+                "description": texts.CHANNEL_CLOSE_DESCRIPTION,
+                "inputSchema": _schema({"channelId": _channel_id(), "serverId": _SERVER_ID}, ("channelId",)),
+            },
+            {
+                "name": "channel_decline",
+                "description": texts.CHANNEL_DECLINE_DESCRIPTION,
+                "inputSchema": _schema(
+                    {
+                        "channelId": _channel_id(),
+                        "serverId": _SERVER_ID,
+                        "acknowledge": {**_STRING, "description": "An emoji to acknowledge the inviting message with. Optional."},
+                        "messageId": {**_STRING, "description": "The message to acknowledge (default: the latest that woke you there)."},
+                    },
+                    ("channelId",),
+                ),
+            },
+            {
+                "name": "channel_publish",
+                "description": texts.CHANNEL_PUBLISH_NAMED_DESCRIPTION if named else texts.CHANNEL_PUBLISH_DESCRIPTION,
+                "inputSchema": _schema(publish_props, ("channelId", "content") if named else ("content",)),
+            },
+        ]
+
+    async def call(self, call: ToolCall) -> dict[str, Any]:
+        handler = {
+            "channel_list": self._list,
+            "channel_open": self._open,
+            "channel_close": self._close,
+            "channel_decline": self._decline,
+            "channel_publish": self._publish,
+        }[call.name]
+        return await handler(call)
+
+    # ------------------------------------------------------------------ reading names
+
+    def resolve(
+        self, call: ToolCall, name: str | None, server_id: str | None, *, not_done: str, server_id_accepted: bool = True
+    ) -> Resolved | Refusal:
+        """The channel a tool's ``channelId`` (and ``serverId``) names, for this call.
+
+        Inside the turn, with no ``serverId``, the turn's own channels come first.
+        """
+        router = self._daemon.router
+        if name and server_id is None and call.scope.turn is not None:
+            own = own_channel_named(call.scope.turn.routing, name, router.registry, not_done=not_done)
+            if own is not None:
+                return own
+        return router.names.channel_named(name, server_id, not_done=not_done, server_id_accepted=server_id_accepted)
+
+    def _shown(self, ref: ChannelRef) -> str:
+        return self._daemon.router.names.name_shown(ref)
+
+    def _data(self, ref: ChannelRef, **extra: Any) -> dict[str, Any]:
+        return {**ref.to_wire(), "shown": self._shown(ref), **extra}
+
+    def _link(self, ref: ChannelRef) -> ServerLink | None:
+        link = self._daemon.links.get(ref.server_id)
+        return link if link is not None and link.state is LinkState.READY else None
+
+    async def _lifecycle(self, link: ServerLink, method: str, params: dict[str, Any], capability: str) -> str | None:
+        """Send a lifecycle request; None when answered, else a stable reason."""
+        try:
+            await link.call(method, params, capability=capability, timeout=self.lifecycle_timeout)
+        except RequestTimeout as exc:
+            return REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
+        except RpcError:
+            return texts.REASON_SERVER_REFUSED
+        except (LinkUnavailable, CapabilityNotGranted):
+            return texts.REASON_NO_LINK
+        except PeerClosed:
+            return REASON_UNCONFIRMED
+        return None
+
+    def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, Any] | None:
+        """The refusal for a channel the calling agent tuned out, saying how the tune-out ends."""
+        tune_outs = getattr(self._daemon, "tune_outs", None)
+        if tune_outs is None:
+            return None
+        # A subconscious agent's tools act on its primary's tune-outs.
+        primary = getattr(call.agent, "subconscious_for", None)
+        owner = primary if isinstance(primary, str) and primary else call.run.turn.agent
+        ends = tune_outs.end_text(owner, ref)
+        if ends is None:
+            return None
+        self._log_call(call, f"channel_{verb}.tuned_out", ref)
+        text = texts.channel_tuned_out(verb, self._shown(ref), ref.server_id, ends, not_done)
+        return tool_result(text, error=True, reason=REASON_TUNED_OUT, data=self._data(ref))
+
+    def _log_call(self, call: ToolCall, event: str, ref: ChannelRef | None = None, **fields: Any) -> None:
+        self._log.info(
+            event,
+            agent=call.run.turn.agent,
+            turn=call.run.turn.turn_id,
+            calling_turn=call.scope.turn.turn_id if call.scope.turn else None,
+            server=ref.server_id if ref else None,
+            channel=ref.channel_id if ref else None,
+            **fields,
+        )
+
+    # ------------------------------------------------------------------ channel_list
+
+    async def _list(self, call: ToolCall) -> dict[str, Any]:
+        rows = []
+        lines = []
+        for row in self._daemon.router.names.channel_list():
+            desired = self._desired.get(row.ref)
+            rows.append({**row.to_dict(), "desired": desired})
+            lines.append(texts.channel_row(row.shown, row.server_id, row.label, row.direction, row.open, desired))
+        return tool_result(texts.channel_listing(lines), data={"channels": rows})
+
+    # ------------------------------------------------------------------ channel_open
+
+    async def _open(self, call: ToolCall) -> dict[str, Any]:
+        args = call.arguments
+        not_done = texts.OPEN_NOT_DONE
+        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
+        if isinstance(resolved, Refusal):
+            self._log_call(call, "channel_open.refused", kind=resolved.kind)
+            return _refused(resolved)
+        ref = resolved.ref
+        tuned_out = self._tuned_out(call, ref, "open", not_done)
+        if tuned_out is not None:
+            return tuned_out
+        shown = self._shown(ref)
+        registry = self._daemon.router.registry
+        entry = registry.get(ref)
+        link = self._link(ref)
+        if link is None:
+            return tool_result(texts.lifecycle_failed("open", shown, texts.REASON_NO_LINK, not_done), error=True,
+                               reason=texts.REASON_NO_LINK, data=self._data(ref))
+        if not link.grant.allows(LIFECYCLE):
+            if entry is None or not entry.open:
+                return tool_result(texts.lifecycle_not_granted("open", shown, ref.server_id, not_done), error=True,
+                                   reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
+            reason = None  # open already, and its server decides: nothing to ask
+        else:
+            params: dict[str, Any] = {"channelId": ref.channel_id}
+            backscroll = args.get("backscroll")
+            if isinstance(backscroll, int) and not isinstance(backscroll, bool) and backscroll > 0:
+                params["backscroll"] = backscroll
+            for key in ("beforeMessageId", "threadId"):
+                value = _text_arg(args, key)
+                if value is not None:
+                    params[key] = value
+            reason = await self._lifecycle(link, "channels/open", params, LIFECYCLE)
+        if reason == REASON_UNCONFIRMED:
+            self._log_call(call, "channel_open.unconfirmed", ref)
+            return tool_result(texts.lifecycle_unconfirmed("open", shown), error=True, reason=reason, data=self._data(ref))
+        if reason is not None:
+            self._log_call(call, "channel_open.failed", ref, reason=reason)
+            return tool_result(texts.lifecycle_failed("open", shown, reason, not_done), error=True, reason=reason,
+                               data=self._data(ref))
+        registry.set_open(ref, True)
+        if self._desired.get(ref) == "declined":
+            self._daemon.journal.forget_decline(call.run.turn.agent, ref.server_id, ref.channel_id)
+        self._desired[ref] = "open"
+        set_target = args.get("setSpeechTarget", True) is not False
+        turn = call.scope.turn
+        speech_here = False
+        if turn is not None and call.scope.may_move_routing:
+            # Only a call made inside the turn moves it; between turns an open sets no trigger.
+            speech_here = set_target and call.run.prose_routing in ("locus", "hybrid")
+            turn.routing.moved_to(ref, set_locus=speech_here)
+        self._log_call(call, "channel_open.opened", ref, speech_target=speech_here)
+        text = texts.opened(shown, ref.server_id, speech_here=speech_here, outside_turn=turn is None)
+        return tool_result(text, data=self._data(ref, open=True, speechTarget=speech_here))
+
+    # ------------------------------------------------------------------ channel_close
+
+    async def _close(self, call: ToolCall) -> dict[str, Any]:
+        args = call.arguments
+        not_done = texts.CLOSE_NOT_DONE
+        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
+        if isinstance(resolved, Refusal):
+            self._log_call(call, "channel_close.refused", kind=resolved.kind)
+            return _refused(resolved)
+        ref = resolved.ref
+        tuned_out = self._tuned_out(call, ref, "close", not_done)
+        if tuned_out is not None:
+            return tuned_out
+        shown = self._shown(ref)
+        link = self._link(ref)
+        if link is None:
+            return tool_result(texts.lifecycle_failed("close", shown, texts.REASON_NO_LINK, not_done), error=True,
+                               reason=texts.REASON_NO_LINK, data=self._data(ref))
+        if not link.grant.allows(LIFECYCLE):
+            return tool_result(texts.lifecycle_not_granted("close", shown, ref.server_id, not_done), error=True,
+                               reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
+        reason = await self._lifecycle(link, "channels/close", {"channelId": ref.channel_id}, LIFECYCLE)
+        if reason == REASON_UNCONFIRMED:
+            return tool_result(texts.lifecycle_unconfirmed("close", shown), error=True, reason=reason, data=self._data(ref))
+        if reason is not None:
+            self._log_call(call, "channel_close.failed", ref, reason=reason)
+            return tool_result(texts.lifecycle_failed("close", shown, reason, not_done), error=True, reason=reason,
+                               data=self._data(ref))
+        self._daemon.router.registry.set_open(ref, False)
+        self._desired[ref] = "closed"
+        # Typing stops in exactly this channel; another server's with the id keeps its own.
+        await self._daemon.turns.stop_typing_in(ref)
+        self._log_call(call, "channel_close.closed", ref)
+        return tool_result(texts.closed(shown, ref.server_id), data=self._data(ref, open=False))
+
+    # ------------------------------------------------------------------ channel_decline
+
+    async def _decline(self, call: ToolCall) -> dict[str, Any]:
+        args = call.arguments
+        not_done = texts.DECLINE_NOT_DONE
+        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
+        if isinstance(resolved, Refusal):
+            self._log_call(call, "channel_decline.refused", kind=resolved.kind)
+            return _refused(resolved)
+        ref = resolved.ref
+        tuned_out = self._tuned_out(call, ref, "decline", not_done)
+        if tuned_out is not None:
+            return tuned_out
+        agent = call.run.turn.agent
+        self._daemon.journal.record_decline(agent, ref.server_id, ref.channel_id)
+        self._desired[ref] = "declined"
+        emoji = _text_arg(args, "acknowledge")
+        acknowledged: bool | None = None
+        note = None
+        if emoji is not None:
+            message_id = _text_arg(args, "messageId")
+            default = self.defaults.get(agent)
+            if message_id is None and default is not None and default.ref == ref:
+                message_id = default.message_id
+            link = self._link(ref)
+            if message_id is None:
+                acknowledged, note = False, texts.ACK_NO_MESSAGE
+            elif link is None:
+                acknowledged, note = False, texts.ack_not_sent(texts.REASON_NO_LINK)
+            elif not link.grant.allows(ACKNOWLEDGE):
+                acknowledged, note = False, texts.ack_not_sent(texts.REASON_NOT_PERMITTED)
+            else:
+                params = {"channelId": ref.channel_id, "messageId": message_id, "emoji": emoji}
+                reason = await self._lifecycle(link, "channels/acknowledge", params, ACKNOWLEDGE)
+                acknowledged = reason is None
+                note = texts.ACK_SENT if reason is None else texts.ack_not_sent(reason)
+        self._log_call(call, "channel_decline.declined", ref, acknowledged=acknowledged)
+        return tool_result(
+            texts.declined(self._shown(ref), ref.server_id, note),
+            data=self._data(ref, declined=True, acknowledged=acknowledged),
+        )
+
+    # ------------------------------------------------------------------ channel_publish
+
+    async def _publish(self, call: ToolCall) -> dict[str, Any]:
+        args = call.arguments
+        not_done = texts.PUBLISH_NOT_SENT
+        content = _content_arg(args)
+        if not content:
+            return tool_result(texts.publish_no_content(), error=True, reason=REASON_NO_CONTENT)
+        name = _text_arg(args, "channelId")
+        server_id = _text_arg(args, "serverId")
+        thread_id = _text_arg(args, "threadId")
+        agent = call.run.turn.agent
+        if name is not None:
+            # The schema has no serverId; one given beside channelId is read as that exact pair.
+            resolved = self.resolve(call, name, server_id, not_done=not_done, server_id_accepted=False)
+            if isinstance(resolved, Refusal):
+                self._log_call(call, "channel_publish.refused", kind=resolved.kind)
+                return _refused(resolved)
+            ref = resolved.ref
+        else:
+            named = getattr(call.agent, "prose_routing", None) == "named" or call.run.prose_routing == "named"
+            target = self.defaults.target(
+                agent, self._daemon.router.names, server_id=server_id, named_mode=named, not_done=not_done
+            )
+            if isinstance(target, Refusal):
+                self._log_call(call, "channel_publish.refused", kind=target.kind, default=True)
+                return _refused(target)
+            assert isinstance(target, DefaultTarget)
+            ref = target.ref
+            thread_id = thread_id or target.thread_id
+        shown = self._shown(ref)
+        turns = self._daemon.turns
+        delivery = await publish_text(
+            self._daemon.links.get(ref.server_id),
+            ref,
+            shown,
+            content,
+            conversation_id=call.run.turn.conversation_id,
+            round_=call.run.turn.round,
+            registered=self._daemon.router.registry.is_registered(ref),
+            timeout=turns.publish_timeout,
+            thread_id=thread_id,
+        )
+        self._log_call(call, "channel_publish.outcome", ref, outcome=delivery.outcome, reason=delivery.reason,
+                       message_id=delivery.message_id)
+        data = self._data(ref, outcome=delivery.outcome)
+        if delivery.message_id is not None:
+            data["messageId"] = delivery.message_id
+        if delivery.outcome != "failed":
+            # The words (may have) gone out: an explicit send, for the calling turn only.
+            turns.record_explicit_send(call, ref)
+        if delivery.outcome == "delivered":
+            return tool_result(texts.published(shown, ref.server_id, delivery.message_id), data=data)
+        if delivery.outcome == "unknown":
+            return tool_result(texts.publish_unconfirmed(shown), reason=REASON_UNCONFIRMED, data=data)
+        return tool_result(texts.publish_failed(shown, delivery.reason), error=True, reason=delivery.reason, data=data)

@@ -1,0 +1,441 @@
+"""Connector tools: the servers' own MCP tools, offered to agents through the daemon's links.
+
+A server's tools (``send_message``, ``fetch_history``, …) are reachable only over the link the
+daemon holds, so the daemon lists them (``tools/list``, capability ``tools``) and forwards calls
+(``tools/call``) to the server that owns them.
+
+- **Catalog.** Each server's list is fetched when its link becomes ready (every transport epoch,
+  so after every reconnect) and again on ``notifications/tools/list_changed``. A fetch that
+  overlaps another coalesces; an answer from an earlier epoch is dropped.
+- **Names.** A tool is offered as ``<toolPrefix><tool>`` (default prefix ``mcpl--<serverId>--``),
+  sanitized for model APIs that take only ``[A-Za-z0-9_-]{1,64}``: see :func:`exposed_name`. The
+  catalog maps each offered name back to its exact ``(serverId, tool)``; the name is never
+  parsed back, so no spelling can reach another server's tool.
+- **Filters, at listing and at dispatch.** The server's ``enabledTools`` / ``disabledTools``
+  globs (deny wins, matched against the server's own tool name) and the agent's allowed tools
+  (matched against the offered name, by the turn seam). A disabled tool called by name without
+  being listed is refused, with nothing sent.
+- **Forwarding.** ``tools/call`` with a deadline (:attr:`ConnectorTools.call_timeout`). A
+  deadline that passes after the request was written, or a connection lost mid-call, is an
+  *unknown outcome* (reason ``unconfirmed``): the agent is told to check before calling again.
+- **Sends.** A successful (or unconfirmed) send — ``send_message``, ``reply_message``,
+  ``send_dm``, or a tool whose ``_meta`` carries ``"mcpl/send": true`` — counts as an explicit
+  send: its channel argument (``_meta["mcpl/channelArgument"]``, default ``channelId``; for a
+  result naming ``channelId`` in its ``structuredContent``, that) is read **on the tool's own
+  server only**, as ``ChannelRef(serverId, channelId)``, engaged for the calling turn through
+  :meth:`~mcpl_router.turn_runner.TurnManager.record_explicit_send`, and opened in the registry
+  if it was closed, with a notice in the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import msgspec
+import trio
+
+from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.routing import texts
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.tool_calls import ToolCall, tool_result
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.mcpl.link import ServerLink
+
+__all__ = [
+    "CALL_TIMEOUT",
+    "SEND_TOOLS",
+    "ConnectorTool",
+    "ConnectorTools",
+    "exposed_name",
+    "is_send_tool",
+]
+
+#: How long a forwarded ``tools/call`` may take before its outcome is unknown.
+CALL_TIMEOUT: Final = 30.0
+#: How long one ``tools/list`` page may take.
+LIST_TIMEOUT: Final = 10.0
+#: The most ``tools/list`` pages read from one server (a cursor loop can't run forever).
+MAX_LIST_PAGES: Final = 50
+#: Tool names a connector uses for sends (MCPL connectors' common names).
+SEND_TOOLS: Final = frozenset({"send_message", "reply_message", "send_dm"})
+#: ``_meta`` key by which a server marks one of its tools as a send.
+META_SEND: Final = "mcpl/send"
+#: ``_meta`` key naming the argument that holds a send tool's channel id.
+META_CHANNEL_ARGUMENT: Final = "mcpl/channelArgument"
+#: What model APIs accept in a tool name.
+NAME_MAX: Final = 64
+_NAME_OK = re.compile(r"[A-Za-z0-9_-]+")
+_NAME_BAD_CHAR = re.compile(r"[^A-Za-z0-9_-]")
+TOOLS: Final = "tools"
+
+
+def exposed_name(prefix: str, tool: str, server_id: str) -> str:
+    """The name a server's tool is offered under: ``prefix + tool``, made model-safe.
+
+    Where ``prefix + tool`` is already ``[A-Za-z0-9_-]{1,64}`` it is used as is
+    (``mcpl--a--send_message``). Otherwise every other character becomes ``_``, the result is
+    cut to 55 characters, and ``-`` plus 8 hex digits of a SHA-256 of the exact
+    ``(serverId, tool)`` pair are appended (``mcpl--discord_main--foo_bar-1a2b3c4d``), so two
+    tools that sanitize alike still get different names, and a name stays the same whatever
+    else the servers list. The catalog, not this function, maps a name back to its tool.
+    """
+    raw = prefix + tool
+    if len(raw) <= NAME_MAX and _NAME_OK.fullmatch(raw):
+        return raw
+    digest = hashlib.sha256(msgspec.json.encode([server_id, tool])).hexdigest()[:8]
+    return f"{_NAME_BAD_CHAR.sub('_', raw)[: NAME_MAX - 9]}-{digest}"
+
+
+def _meta(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = tool.get("_meta")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def is_send_tool(tool: Mapping[str, Any]) -> bool:
+    """Whether a listed tool posts a message: a known send name, or ``_meta["mcpl/send"]``."""
+    return tool.get("name") in SEND_TOOLS or _meta(tool).get(META_SEND) is True
+
+
+@attrs.frozen
+class ConnectorTool:
+    """One tool a server listed, with the name it is offered under."""
+
+    server_id: str
+    name: str
+    exposed: str
+    spec: Mapping[str, Any]
+
+    @property
+    def is_send(self) -> bool:
+        return is_send_tool(self.spec)
+
+    @property
+    def channel_argument(self) -> str:
+        argument = _meta(self.spec).get(META_CHANNEL_ARGUMENT)
+        return argument if isinstance(argument, str) and argument else "channelId"
+
+    def offered_spec(self) -> dict[str, Any]:
+        """The spec ``turn/open`` offers: the offered name, the server's schema and text."""
+        schema = self.spec.get("inputSchema")
+        description = self.spec.get("description")
+        return {
+            "name": self.exposed,
+            "description": f"[server {self.server_id}] {description if isinstance(description, str) else self.name}",
+            "inputSchema": schema if isinstance(schema, Mapping) else {"type": "object"},
+        }
+
+
+@attrs.define
+class _ServerCatalog:
+    """One server's tools as last listed, in the epoch they were listed in."""
+
+    epoch: int
+    tools: dict[str, ConnectorTool] = attrs.field(factory=dict)
+
+
+@attrs.define
+class _Refresh:
+    running: bool = False
+    dirty: bool = False
+
+
+class ConnectorTools:
+    """The connector-tool provider (:class:`~mcpl_router.tool_calls.ToolProvider`); ``daemon.connector_tools``.
+
+    Run :meth:`run` in the daemon's nursery; :meth:`link_ready` and :meth:`list_changed` schedule
+    fetches there. ``call_timeout`` is a constant by default; tests shorten it on the instance.
+    """
+
+    call_timeout: float = CALL_TIMEOUT
+    list_timeout: float = LIST_TIMEOUT
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self._catalogs: dict[str, _ServerCatalog] = {}
+        self._by_exposed: dict[str, ConnectorTool] = {}
+        self._refreshes: dict[str, _Refresh] = {}
+        self._nursery: trio.Nursery | None = None
+        self._log = get_logger()
+        #: Bumped after every catalog change (tests wait on it).
+        self.generation = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the list fetches until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            for link in self._daemon.links.values():
+                if link.state is LinkState.READY:
+                    self.link_ready(link)
+            try:
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    # ------------------------------------------------------------------ the catalog
+
+    def tools_of(self, server_id: str) -> list[ConnectorTool]:
+        """The tools ``server_id`` listed last (for status and tests), in its order."""
+        catalog = self._catalogs.get(server_id)
+        return list(catalog.tools.values()) if catalog else []
+
+    def tool_named(self, exposed: str) -> ConnectorTool | None:
+        """The tool offered under ``exposed``, if any server listed it."""
+        return self._by_exposed.get(exposed)
+
+    def link_ready(self, link: ServerLink) -> None:
+        """A link became ready (a new epoch): fetch its tools again."""
+        self._schedule(link)
+
+    def list_changed(self, link: ServerLink) -> None:
+        """The server sent ``notifications/tools/list_changed``: fetch its tools again."""
+        self._log.info("connector.tools.list_changed", server=link.server_id, epoch=link.epoch)
+        self._schedule(link)
+
+    def _schedule(self, link: ServerLink) -> None:
+        state = self._refreshes.setdefault(link.server_id, _Refresh())
+        state.dirty = True
+        if state.running or self._nursery is None:
+            return
+        state.running = True
+        try:
+            self._nursery.start_soon(self._refresh_loop, link, state)
+        except RuntimeError:
+            state.running = False  # shutting down
+
+    async def _refresh_loop(self, link: ServerLink, state: _Refresh) -> None:
+        try:
+            while state.dirty:
+                state.dirty = False
+                await self._refresh(link)
+        except Exception:
+            self._log.exception("connector.tools.refresh_crashed", server=link.server_id)
+        finally:
+            state.running = False
+
+    async def _refresh(self, link: ServerLink) -> None:
+        epoch = link.epoch
+        log = self._log.bind(server=link.server_id, epoch=epoch)
+        if link.state is not LinkState.READY or not link.grant.allows(TOOLS):
+            log.info("connector.tools.skipped", state=link.state.value, granted=link.grant.allows(TOOLS))
+            return
+        listed: list[Mapping[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            params = {"cursor": cursor} if cursor else {}
+            try:
+                answer = await link.call("tools/list", params, capability=TOOLS, timeout=self.list_timeout)
+            except (RpcError, RequestTimeout, PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
+                log.warning("connector.tools.list_failed", error=f"{type(exc).__name__}: {exc}")
+                return
+            page = answer.get("tools") if isinstance(answer, Mapping) else None
+            if not isinstance(page, list):
+                log.warning("connector.tools.list_malformed")
+                return
+            listed.extend(tool for tool in page if isinstance(tool, Mapping) and isinstance(tool.get("name"), str) and tool["name"])
+            next_cursor = answer.get("nextCursor")
+            if not isinstance(next_cursor, str) or not next_cursor:
+                break
+            cursor = next_cursor
+        if link.epoch != epoch:
+            log.info("connector.tools.stale", now=link.epoch)
+            return  # a reconnect happened meanwhile; its own fetch is scheduled
+        self._install(link, epoch, listed)
+
+    def _install(self, link: ServerLink, epoch: int, listed: Sequence[Mapping[str, Any]]) -> None:
+        server_id = link.server_id
+        prefix = link.config.tool_prefix
+        catalog = _ServerCatalog(epoch)
+        for spec in listed:
+            name = spec["name"]
+            if name in catalog.tools:
+                continue  # a server listing one name twice: the first stands
+            catalog.tools[name] = ConnectorTool(server_id, name, exposed_name(prefix, name, server_id), dict(spec))
+        self._catalogs[server_id] = catalog
+        self._rebuild()
+        self.generation += 1
+        self._log.info(
+            "connector.tools.listed",
+            server=server_id,
+            epoch=epoch,
+            tools=list(catalog.tools),
+            offered=[name for name in catalog.tools if link.config.tool_offered(name)],
+        )
+
+    def _rebuild(self) -> None:
+        by_exposed: dict[str, ConnectorTool] = {}
+        for server_id in self._daemon.links:  # config order: stable whoever listed first
+            catalog = self._catalogs.get(server_id)
+            for tool in catalog.tools.values() if catalog else ():
+                taken = by_exposed.get(tool.exposed)
+                if taken is not None:
+                    # Two servers configured with one prefix: the name means neither.
+                    self._log.warning(
+                        "connector.tools.name_collision", name=tool.exposed,
+                        servers=[taken.server_id, tool.server_id], tool=tool.name,
+                    )
+                    by_exposed[tool.exposed] = _COLLIDED
+                    continue
+                by_exposed[tool.exposed] = tool
+        self._by_exposed = {name: tool for name, tool in by_exposed.items() if tool is not _COLLIDED}
+
+    # ------------------------------------------------------------------ ToolProvider
+
+    def _others_handle(self, name: str) -> bool:
+        return any(p is not self and p.handles(name) for p in self._daemon.turns.tool_providers)
+
+    def tools_for(self, agent: Any, run: Any) -> list[dict[str, Any]]:
+        """Every ready server's offered tools (config globs applied; the seam applies the agent's)."""
+        offered: list[dict[str, Any]] = []
+        for server_id, link in self._daemon.links.items():
+            catalog = self._catalogs.get(server_id)
+            if catalog is None or link.state is not LinkState.READY or not link.grant.allows(TOOLS):
+                continue
+            for tool in catalog.tools.values():
+                if not link.config.tool_offered(tool.name) or self._by_exposed.get(tool.exposed) is not tool:
+                    continue
+                if self._others_handle(tool.exposed):
+                    continue  # a daemon tool's name (an empty toolPrefix): the daemon's wins
+                offered.append(tool.offered_spec())
+        return offered
+
+    def handles(self, name: str) -> bool:
+        return name in self._by_exposed
+
+    async def call(self, call: ToolCall) -> dict[str, Any]:
+        """Forward one call to the tool's own server; refusals and outcomes as results."""
+        tool = self._by_exposed.get(call.name)
+        log = self._log.bind(agent=call.run.turn.agent, call=call.call_id, tool=call.name)
+        if tool is None:
+            return tool_result(texts.unknown_tool(call.name), error=True, reason=texts.REASON_TOOL_UNKNOWN)
+        server_id = tool.server_id
+        log = log.bind(server=server_id, server_tool=tool.name)
+        link = self._daemon.links.get(server_id)
+        data = {"serverId": server_id, "tool": tool.name}
+        if link is not None and not link.config.tool_offered(tool.name):
+            # At dispatch, whatever the listing said: the operator's deny wins.
+            log.info("connector.call.disabled")
+            text = texts.connector_tool_disabled(call.name, tool.name, server_id)
+            return tool_result(text, error=True, reason=texts.REASON_TOOL_DISABLED, data=data)
+        if link is None or link.state is not LinkState.READY or not link.grant.allows(TOOLS):
+            log.info("connector.call.unavailable", state=link.state.value if link else None)
+            text = texts.connector_server_unavailable(call.name, server_id)
+            return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
+        catalog = self._catalogs.get(server_id)
+        if catalog is None or catalog.tools.get(tool.name) is not tool:
+            text = texts.connector_tool_gone(call.name, tool.name, server_id)
+            return tool_result(text, error=True, reason=texts.REASON_TOOL_UNKNOWN, data=data)
+        arguments = dict(call.arguments)
+        channel = self._send_channel(tool, arguments) if tool.is_send else None
+        if channel is not None and arguments.get(tool.channel_argument) != channel.channel_id:
+            # "b:general" given to b's own send: the server knows its channel by its own id.
+            arguments[tool.channel_argument] = channel.channel_id
+        timeout = self.call_timeout
+        try:
+            answer = await link.call(
+                "tools/call", {"name": tool.name, "arguments": arguments}, capability=TOOLS, timeout=timeout
+            )
+        except RequestTimeout as exc:
+            if not exc.sent:
+                log.info("connector.call.not_sent", reason="timeout")
+                text = texts.connector_server_unavailable(call.name, server_id)
+                return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
+            log.warning("connector.call.unconfirmed", timeout=timeout)
+            return self._unconfirmed(call, tool, channel, data, timeout)
+        except PeerClosed:
+            log.warning("connector.call.unconfirmed", reason="connection lost")
+            return self._unconfirmed(call, tool, channel, data, timeout)
+        except (LinkUnavailable, CapabilityNotGranted):
+            text = texts.connector_server_unavailable(call.name, server_id)
+            return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
+        except RpcError as error:
+            log.info("connector.call.refused", code=error.code)
+            text = texts.connector_failed(call.name, server_id, error.message)
+            return tool_result(text, error=True, reason=texts.REASON_SERVER_REFUSED, data={**data, "code": error.code})
+        result = dict(answer) if isinstance(answer, Mapping) else {"content": [], "isError": False}
+        if not isinstance(result.get("content"), list):
+            result["content"] = []
+        failed = result.get("isError") is True
+        notices: list[str] = []
+        if tool.is_send and not failed:
+            channel = self._result_channel(tool, result) or channel
+            notices = self._engage(call, channel, log)
+        result["content"] = [*result["content"], *({"type": "text", "text": n} for n in notices)]
+        result["isError"] = failed
+        if failed:
+            result.setdefault("reason", texts.REASON_TOOL_FAILED)
+        result["_meta"] = {**_meta(result), "mcpl-router": self._about(data, channel)}
+        log.info("connector.call.answered", error=failed, send=tool.is_send,
+                 channel=channel.channel_id if channel else None)
+        return result
+
+    # ------------------------------------------------------------------ sends
+
+    def _send_channel(self, tool: ConnectorTool, arguments: Mapping[str, Any]) -> ChannelRef | None:
+        """A send's channel, on the tool's own server only (never another server's)."""
+        value = arguments.get(tool.channel_argument)
+        if not isinstance(value, str) or not value:
+            return None
+        registry = self._daemon.router.registry
+        ref = ChannelRef(tool.server_id, value)
+        if registry.is_registered(ref):
+            return ref
+        # The qualified form of this server's own channel: "b:general" to b's tool.
+        prefix = f"{tool.server_id}:"
+        if value.startswith(prefix):
+            own = ChannelRef(tool.server_id, value[len(prefix):])
+            if registry.is_registered(own):
+                return own
+        return ref
+
+    def _result_channel(self, tool: ConnectorTool, result: Mapping[str, Any]) -> ChannelRef | None:
+        structured = result.get("structuredContent")
+        channel_id = structured.get("channelId") if isinstance(structured, Mapping) else None
+        if isinstance(channel_id, str) and channel_id:
+            return ChannelRef(tool.server_id, channel_id)
+        return None
+
+    def _engage(self, call: ToolCall, channel: ChannelRef | None, log: Any) -> list[str]:
+        """Count a send: engage its channel for the calling turn, open it if it was closed."""
+        if channel is None:
+            return []
+        registry = self._daemon.router.registry
+        entry = registry.get(channel)
+        if entry is None:
+            log.info("connector.send.unregistered_channel", channel=channel.channel_id)
+            return []
+        self._daemon.turns.record_explicit_send(call, channel)
+        if not entry.open and registry.set_open(channel, True):
+            shown = self._daemon.router.names.name_shown(channel)
+            log.info("connector.send.opened", channel=channel.channel_id)
+            return [texts.connector_send_opened(shown)]
+        return []
+
+    def _unconfirmed(
+        self, call: ToolCall, tool: ConnectorTool, channel: ChannelRef | None, data: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        # Possibly sent: a send engages its channel, as an unconfirmed publish does, so the
+        # round's plain text isn't posted beside words that may already be there.
+        if tool.is_send:
+            self._engage(call, channel, self._log)
+        text = texts.connector_unconfirmed(call.name, tool.server_id, timeout)
+        result = tool_result(text, reason=texts.REASON_UNCONFIRMED, data={**data, "outcome": "unknown"})
+        result["_meta"] = {"mcpl-router": {**self._about(data, channel), "outcome": "unknown"}}
+        return result
+
+    def _about(self, data: dict[str, Any], channel: ChannelRef | None) -> dict[str, Any]:
+        about = dict(data)
+        if channel is not None:
+            about["channel"] = {**channel.to_wire(), "shown": self._daemon.router.names.name_shown(channel)}
+        return about
+
+
+_COLLIDED: Final = ConnectorTool("", "", "", {})

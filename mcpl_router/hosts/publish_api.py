@@ -1,0 +1,134 @@
+"""A host's ``channels/publish``: post for one of its agents (the library's ``publishForAgent``).
+
+``channels/publish {agent, channel: name | {serverId, channelId}, content, threadId?}`` →
+``{delivered, messageId?, reason?, text?, serverId?, channelId?, shown?}``.
+
+- A **ref** is its exact pair; a ref with an empty or missing ``serverId`` is malformed (-32602),
+  never read as a bare id.
+- A **name** goes through the one resolver: a bare id two servers share is refused with
+  ``reason: "shared-id"`` (a ref or the qualified name settles it); a name no channel answers
+  to, or a ref its server doesn't register, with ``channel-not-registered``.
+- The publish itself is the turns' :func:`~mcpl_router.turn_runner.publish_text`: ``reason`` is
+  ``server-unavailable``, ``not-permitted`` (the grant lacks ``channels.publish``),
+  ``server-refused``, ``not-delivered``, or ``unconfirmed`` (it went out and no receipt came:
+  check the channel before resending). ``messageId`` is there when the server gives one.
+
+The connection must own the agent (-32010/-32011 otherwise). Documented in ``docs/host-api.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from mcpl_router.jsonrpc import INVALID_PARAMS, Inbound, MethodTable, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.routing import texts
+from mcpl_router.routing.names import Resolved
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.turns import MalformedChannel, ref_from_wire
+from mcpl_router.turn_runner import publish_text
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.connection import HostConnection
+
+__all__ = ["HostPublishParams", "add_publish_methods", "publish_for_agent"]
+
+
+class HostPublishParams(msgspec.Struct, rename="camel"):
+    agent: str
+    channel: str | dict[str, Any]
+    content: str | list[dict[str, Any]]
+    thread_id: str | None = None
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(block["text"] for block in content if isinstance(block.get("text"), str))
+
+
+def _refused(reason: str, text: str, **extra: Any) -> dict[str, Any]:
+    return {"delivered": False, "reason": reason, "text": text, **extra}
+
+
+async def publish_for_agent(daemon: Daemon, params: HostPublishParams) -> dict[str, Any]:
+    """Resolve the host's channel and publish ``content`` there for ``params.agent``."""
+    names = daemon.router.names
+    log = get_logger().bind(agent=params.agent)
+    text = _text_of(params.content)
+    if not text.strip():
+        raise RpcError(INVALID_PARAMS, "content: nothing to post. Nothing was sent.", {"field": "content"})
+    if isinstance(params.channel, str):
+        name = params.channel
+        if not name:
+            raise RpcError(INVALID_PARAMS, "channel: an empty name names no channel. Nothing was sent.", {"field": "channel"})
+        candidates = names.channels_named(name)
+        if len(candidates) > 1:
+            shown = [names.pick_name(ref) or names.name_shown(ref) for ref in candidates]
+            log.info("host.publish.refused", reason=texts.REASON_SHARED_ID, name=name)
+            return _refused(
+                texts.REASON_SHARED_ID,
+                texts.host_publish_shared(name, shown),
+                candidates=[ref.to_wire() for ref in candidates],
+            )
+        resolved = names.channel_named(name)
+        if not isinstance(resolved, Resolved):
+            log.info("host.publish.refused", reason=texts.REASON_NOT_REGISTERED, name=name)
+            return _refused(texts.REASON_NOT_REGISTERED, texts.host_publish_unknown(texts.quoted(name)))
+        ref = resolved.ref
+    else:
+        try:
+            ref = ref_from_wire(params.channel)
+        except MalformedChannel as exc:
+            raise RpcError(INVALID_PARAMS, f"{exc}. Nothing was sent.", {"field": "channel"}) from None
+        # Its exact pair: publish_text says whether its server is there, may publish, and
+        # registers it (server-unavailable, not-permitted, channel-not-registered, in that order).
+    return await _publish(daemon, params, ref, text)
+
+
+async def _publish(daemon: Daemon, params: HostPublishParams, ref: ChannelRef, text: str) -> dict[str, Any]:
+    shown = daemon.router.names.name_shown(ref)
+    delivery = await publish_text(
+        daemon.links.get(ref.server_id),
+        ref,
+        shown,
+        text,
+        conversation_id=params.agent,
+        round_=0,
+        registered=daemon.router.registry.is_registered(ref),
+        timeout=daemon.turns.publish_timeout,
+        thread_id=params.thread_id or None,
+    )
+    get_logger().info(
+        "host.publish.outcome",
+        agent=params.agent,
+        server=ref.server_id,
+        channel=ref.channel_id,
+        outcome=delivery.outcome,
+        reason=delivery.reason,
+        message_id=delivery.message_id,
+    )
+    answer: dict[str, Any] = {"delivered": delivery.outcome == "delivered", **ref.to_wire(), "shown": shown}
+    if delivery.message_id is not None:
+        answer["messageId"] = delivery.message_id
+    if delivery.outcome == "unknown":
+        answer["reason"] = texts.REASON_UNCONFIRMED
+        answer["detail"] = delivery.reason
+        answer["text"] = texts.publish_unconfirmed(shown)
+    elif delivery.outcome == "failed":
+        answer["reason"] = delivery.reason
+        answer["text"] = texts.publish_failed(shown, delivery.reason)
+    return answer
+
+
+def add_publish_methods(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
+    """Add ``channels/publish`` for one host connection."""
+
+    async def channels_publish(params: HostPublishParams, _inbound: Inbound) -> Any:
+        daemon.sessions.require_owner(connection, params.agent)
+        return await publish_for_agent(daemon, params)
+
+    table.add("channels/publish", channels_publish, HostPublishParams)

@@ -1,0 +1,473 @@
+"""Prose routing: where an agent's plain text goes, decided per segment and per mode.
+
+Pure: no sockets, no trio, no journal. The shell (:mod:`mcpl_router.turn_runner`) hands each
+round's text here as the round ends, with the route in force when the words were written, and
+carries out what comes back (publish, draft, count). The texts an agent reads are
+:mod:`mcpl_router.routing.texts`' (section "prose routing").
+
+The five modes (``proseRouting``):
+
+- ``locus`` (default): everything goes to the turn's locus (:func:`locus_of`); no locus → a
+  draft (``no-destination`` or ``ambiguous``). A round with an explicit send holds its text as
+  drafts (``explicit-send``).
+- ``explicit``: envelopes begun by ``>>target`` lines (:func:`split_envelopes`); the first valid
+  target sticks for the turn; text with no target and no sticky one **bounces**.
+- ``hybrid``: unprefixed text as in locus mode; ``>>> target`` lines pin a destination that
+  wins over the locus; ``>>>skip_reply`` makes later unprefixed text private; a failed ``>>>``
+  holds later unprefixed text as drafts until a new valid target.
+- ``disabled``: nothing plain is ever posted (``>>``/``>>>`` included): suppressed.
+- ``named``: nothing plain is ever posted nor handed to anyone: kept in the agent's context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Final, Literal
+
+import attrs
+
+from mcpl_router.routing import texts
+from mcpl_router.routing.names import KIND_AMBIGUOUS, KIND_UNKNOWN, ChannelNames, Refusal, Resolved
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.turns import TurnRouting, WakeFact, own_channel_named
+
+__all__ = [
+    "EXPLICIT",
+    "HYBRID",
+    "MODES",
+    "PIN",
+    "SKIP_REPLY",
+    "UNSENT",
+    "Envelope",
+    "LocusChoice",
+    "ProseState",
+    "Segment",
+    "Target",
+    "candidate_tokens",
+    "decide",
+    "locus_of",
+    "resolve_target",
+    "split_envelopes",
+    "substitute_unsent",
+]
+
+MODES: Final = ("disabled", "locus", "hybrid", "explicit", "named")
+#: The prefix of an explicit-mode envelope line, and of a hybrid-mode one.
+EXPLICIT: Final = ">>"
+PIN: Final = ">>>"
+#: The target that keeps an envelope private.
+SKIP_REPLY: Final = "skip_reply"
+#: Stands for the latest bounced draft's text in an envelope's body.
+UNSENT: Final = "{{unsent}}"
+
+# Draft reasons (stable strings, journaled).
+REASON_NO_DESTINATION: Final = "no-destination"
+REASON_AMBIGUOUS: Final = "ambiguous"
+REASON_BOUNCED: Final = "bounced"
+REASON_EXPLICIT_SEND: Final = "explicit-send"
+
+#: How many candidates a bounce lists.
+CANDIDATE_CAP: Final = 6
+#: A bounce wakes the agent again at most this many times in a row.
+BOUNCE_WAKE_CAP: Final = 2
+
+Action = Literal["deliver", "draft", "bounce", "private", "suppressed", "kept"]
+
+
+# ---------------------------------------------------------------------- the grammar
+
+
+@attrs.frozen
+class Envelope:
+    """A run of text with the target its prefix line named (None: no prefix line).
+
+    ``target`` is the token as written ("" for a ``>>>`` line that names none); ``again`` is a
+    `` !`` after the target (start the next turn right after this one).
+    """
+
+    target: str | None
+    body: str
+    again: bool = False
+
+
+def _prefix_line(line: str, prefix: str) -> tuple[str, str, bool] | None:
+    """``(target, rest, again)`` when ``line`` begins an envelope under ``prefix``, else None."""
+    stripped = line.lstrip()
+    if not stripped.startswith(prefix):
+        return None
+    rest = stripped[len(prefix):]
+    if prefix == EXPLICIT:
+        # ">>" then a non-space: ">> text" is not a prefix.
+        if not rest or rest[0].isspace():
+            return None
+    else:
+        rest = rest.lstrip()
+    token = rest.split(None, 1)[0] if rest.strip() else ""
+    rest = rest[len(token):]
+    again = False
+    if rest.startswith(" !") and (len(rest) == 2 or rest[2].isspace()):
+        again, rest = True, rest[2:]
+    return token, rest.lstrip(" \t"), again
+
+
+def split_envelopes(text: str, prefix: str) -> list[Envelope]:
+    """Split a segment into envelopes: every prefix line begins one.
+
+    Text before the first prefix line is its own envelope (target None). An envelope's body
+    is the rest of its prefix line and the lines up to the next prefix line, trimmed at the
+    ends. An envelope with no target and a blank body is dropped; one with a target is kept
+    (it still moves pins), with an empty body.
+    """
+    envelopes: list[Envelope] = []
+    target: str | None = None
+    again = False
+    lines: list[str] = []
+
+    def flush() -> None:
+        body = "\n".join(lines).strip()
+        if target is not None or body:
+            envelopes.append(Envelope(target, body, again))
+
+    for line in text.split("\n"):
+        parsed = _prefix_line(line, prefix)
+        if parsed is None:
+            lines.append(line)
+            continue
+        flush()
+        target, first, again = parsed
+        lines = [first] if first else []
+    flush()
+    return envelopes
+
+
+def substitute_unsent(body: str, unsent: str) -> str:
+    """``body`` with every ``{{unsent}}`` replaced by the latest bounced draft's text."""
+    return body.replace(UNSENT, unsent)
+
+
+# ---------------------------------------------------------------------- targets
+
+
+@attrs.frozen
+class Target:
+    """What a target token resolves to: a channel, ``skip_reply``, or a refusal.
+
+    ``why`` is the stable bounce reason for a refusal; ``text`` its sentence for the notice;
+    ``candidates`` tokens the grammar accepts (``>>a:general``).
+    """
+
+    ref: ChannelRef | None = None
+    skip: bool = False
+    why: str | None = None
+    text: str = ""
+    candidates: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.ref is not None or self.skip
+
+
+def candidate_tokens(names: ChannelNames, refs: Sequence[ChannelRef], prefix: str) -> tuple[str, ...]:
+    """Each candidate written as one token the grammar accepts, those no string picks left out."""
+    tokens = []
+    for ref in refs[:CANDIDATE_CAP]:
+        picked = names.pick_name(ref)
+        if picked is not None and not any(char.isspace() for char in picked):
+            tokens.append(prefix + picked)
+    return tuple(tokens)
+
+
+def resolve_target(
+    token: str,
+    names: ChannelNames,
+    routing: TurnRouting | None,
+    *,
+    prefix: str = EXPLICIT,
+    takes_posts: Callable[[ChannelRef], bool] = lambda _ref: True,
+) -> Target:
+    """A target token through the one resolver, the turn's own channels first.
+
+    Forms: ``skip_reply``; ``#label``; ``@person`` (a DM by its label); an id, a qualified
+    ``server:channel`` name or a bare label. ``routing`` is the turn's (None for a call made
+    outside the turn: its own channels are not read). A channel that takes no posts is refused.
+    """
+    if token == SKIP_REPLY:
+        return Target(skip=True)
+    if not token:
+        return Target(why=texts.BOUNCE_NO_TARGET, text=texts.bounce_why_no_target(prefix))
+    found: Resolved | Refusal | None = None
+    if routing is not None:
+        found = own_channel_named(routing, token, names.registry, not_done=texts.DRAFTS_NOTHING_SENT)
+    if found is None:
+        if token.startswith("#") and len(token) > 1:
+            labelled = names.channels_labelled(token[1:])
+            if len(labelled) == 1:
+                found = Resolved(labelled[0], "label")
+            elif labelled:
+                found = names.refuse_ambiguous(token, labelled, not_done=texts.DRAFTS_NOTHING_SENT)
+            else:
+                found = names.channel_named(token[1:], not_done=texts.DRAFTS_NOTHING_SENT)
+        else:
+            name = token[1:] if token.startswith("@") and len(token) > 1 else token
+            found = names.channel_named(name, not_done=texts.DRAFTS_NOTHING_SENT)
+            if isinstance(found, Refusal) and found.kind == KIND_UNKNOWN and name == token:
+                labelled = names.channels_labelled(token)
+                if len(labelled) == 1:
+                    found = Resolved(labelled[0], "label")
+                elif labelled:
+                    found = names.refuse_ambiguous(token, labelled, not_done=texts.DRAFTS_NOTHING_SENT)
+    if isinstance(found, Resolved):
+        if not takes_posts(found.ref):
+            return Target(why=texts.BOUNCE_TAKES_NO_POSTS, text=texts.bounce_why_takes_no_posts(names.name_shown(found.ref)))
+        return Target(ref=found.ref)
+    if found.kind == KIND_AMBIGUOUS:
+        return Target(
+            why=texts.BOUNCE_AMBIGUOUS_TARGET,
+            text=texts.bounce_why_ambiguous(token),
+            candidates=candidate_tokens(names, found.candidates, prefix),
+        )
+    if found.kind == KIND_UNKNOWN:
+        return Target(why=texts.BOUNCE_UNKNOWN_TARGET, text=texts.bounce_why_unknown(token))
+    return Target(why=found.kind, text=found.text, candidates=candidate_tokens(names, found.candidates, prefix))
+
+
+# ---------------------------------------------------------------------- the locus
+
+
+@attrs.frozen
+class LocusChoice:
+    """A new turn's locus: one conversation's channel, or None; ``competing`` when held."""
+
+    ref: ChannelRef | None
+    competing: tuple[ChannelRef, ...] = ()
+
+    @property
+    def held(self) -> bool:
+        return bool(self.competing)
+
+
+def locus_of(wakes: Sequence[WakeFact]) -> LocusChoice:
+    """Where a new turn's plain speech goes, from the wakes' conversations.
+
+    A conversation is a channel and thread. Addressed wakes first, else all. Exactly one
+    conversation → its channel; several → held (none, with the competing channels); none
+    (heartbeat, timer, self-wake) → None.
+    """
+    with_channel = [wake for wake in wakes if wake.channel is not None]
+    addressed = [wake for wake in with_channel if wake.addressed]
+    pool = addressed or with_channel
+    conversations = dict.fromkeys((wake.channel, wake.thread_id) for wake in pool)
+    if not conversations:
+        return LocusChoice(None)
+    if len(conversations) == 1:
+        [(ref, _thread)] = conversations
+        return LocusChoice(ref)
+    competing = tuple(dict.fromkeys(ref for ref, _thread in conversations if ref is not None))
+    return LocusChoice(None, competing)
+
+
+# ---------------------------------------------------------------------- decisions
+
+
+@attrs.define
+class ProseState:
+    """A turn's prose-routing state, beyond its :class:`TurnRouting` (a true new turn clears it).
+
+    ``pin`` is the sticky target (explicit: the first valid one; hybrid: the latest ``>>>``).
+    ``quiet`` (hybrid): later unprefixed text private until a new valid target. ``hold``
+    (hybrid): held as drafts until a new valid target. ``all_private``: ``skip_reply`` was
+    called, so every later word is private. ``held_reason`` why a locus turn has no locus.
+    """
+
+    pin: ChannelRef | None = None
+    quiet: bool = False
+    hold: bool = False
+    all_private: bool = False
+    held_reason: str = REASON_NO_DESTINATION
+
+
+@attrs.frozen
+class Segment:
+    """One decided piece of a round's text.
+
+    ``action``: ``deliver`` to ``ref``; ``draft`` (``reason``); ``bounce`` (a draft with
+    ``why``/``why_text``/``candidates``); ``private``; ``suppressed`` (disabled); ``kept``
+    (named). ``target`` is the token its envelope named; ``pinned`` whether it went along a
+    hybrid pin (a failed delivery then clears the pin and holds); ``unsent`` whether its body
+    asks for the latest bounced draft; ``again`` a `` !``.
+    """
+
+    action: Action
+    text: str
+    ref: ChannelRef | None = None
+    reason: str | None = None
+    target: str | None = None
+    why: str | None = None
+    why_text: str = ""
+    candidates: tuple[str, ...] = ()
+    pinned: bool = False
+    unsent: bool = False
+    again: bool = False
+
+
+Resolve = Callable[[str], Target]
+
+
+def _locus_route(text: str, locus: ChannelRef | None, state: ProseState, silenced: bool, **extra: object) -> Segment:
+    if silenced:
+        return Segment("draft", text, reason=REASON_EXPLICIT_SEND, **extra)  # type: ignore[arg-type]
+    if locus is None:
+        return Segment("draft", text, reason=state.held_reason, **extra)  # type: ignore[arg-type]
+    return Segment("deliver", text, ref=locus, **extra)  # type: ignore[arg-type]
+
+
+def decide(
+    mode: str,
+    text: str,
+    state: ProseState,
+    *,
+    locus: ChannelRef | None,
+    resolve: Resolve,
+    silenced: bool = False,
+) -> list[Segment]:
+    """Decide where a round's text goes, in order; updates ``state`` (pins, holds) as it reads.
+
+    Args:
+        mode: the agent's ``proseRouting``.
+        text: the round's whole text.
+        state: the turn's prose state; moved by ``>>``/``>>>`` lines as they are read.
+        locus: the turn's locus when the words were written (None: no destination).
+        resolve: a target token → :class:`Target` (the one resolver, own channels first).
+        silenced: the round made an explicit send (ignored in explicit mode).
+    """
+    if not text.strip():
+        return []
+    if mode == "disabled":
+        return [Segment("suppressed", text)]
+    if mode == "named":
+        return [Segment("kept", text)]
+    if state.all_private:
+        return [Segment("private", text)]
+    if mode == "explicit":
+        return _decide_explicit(text, state, resolve)
+    if mode == "hybrid":
+        return _decide_hybrid(text, state, locus, resolve, silenced)
+    return [_locus_route(text, locus, state, silenced)]
+
+
+def _bounce(body: str, target: str | None, found: Target, **extra: object) -> Segment:
+    return Segment(
+        "bounce", body, reason=REASON_BOUNCED, target=target, why=found.why, why_text=found.text,
+        candidates=found.candidates, **extra,  # type: ignore[arg-type]
+    )
+
+
+def _decide_explicit(text: str, state: ProseState, resolve: Resolve) -> list[Segment]:
+    segments: list[Segment] = []
+    for envelope in split_envelopes(text, EXPLICIT):
+        body, again = envelope.body, envelope.again
+        unsent = UNSENT in body
+        if envelope.target is None:
+            if state.pin is not None:
+                segments.append(Segment("deliver", body, ref=state.pin, unsent=unsent, again=again))
+            else:
+                segments.append(_bounce(body, None, Target(why=texts.BOUNCE_NO_TARGET, text=texts.bounce_why_no_target())))
+            continue
+        found = resolve(envelope.target)
+        if found.skip:
+            if body:
+                segments.append(Segment("private", body, target=SKIP_REPLY, unsent=unsent, again=again))
+            continue
+        if found.ref is not None:
+            if state.pin is None:
+                state.pin = found.ref  # the first valid target sticks for the turn
+            if body:
+                segments.append(Segment("deliver", body, ref=found.ref, target=envelope.target, unsent=unsent, again=again))
+            continue
+        if body:
+            segments.append(_bounce(body, envelope.target, found, again=again))
+    return segments
+
+
+def _decide_hybrid(
+    text: str, state: ProseState, locus: ChannelRef | None, resolve: Resolve, silenced: bool
+) -> list[Segment]:
+    segments: list[Segment] = []
+    for envelope in split_envelopes(text, PIN):
+        body = envelope.body
+        if envelope.target is None:
+            if not body:
+                continue
+            if state.pin is not None:
+                if silenced:
+                    segments.append(Segment("draft", body, reason=REASON_EXPLICIT_SEND))
+                else:
+                    segments.append(Segment("deliver", body, ref=state.pin, pinned=True))
+            elif state.quiet:
+                segments.append(Segment("private", body))
+            elif state.hold:
+                segments.append(Segment("draft", body, reason=REASON_NO_DESTINATION))
+            else:
+                segments.append(_locus_route(body, locus, state, silenced))
+            continue
+        found = resolve(envelope.target)
+        if found.skip:
+            state.pin, state.quiet, state.hold = None, True, False
+            if body:
+                segments.append(Segment("private", body, target=SKIP_REPLY))
+            continue
+        if found.ref is not None:
+            state.pin, state.quiet, state.hold = found.ref, False, False
+            if body:
+                if silenced:
+                    segments.append(Segment("draft", body, reason=REASON_EXPLICIT_SEND, target=envelope.target))
+                else:
+                    segments.append(Segment("deliver", body, ref=found.ref, target=envelope.target, pinned=True))
+            continue
+        # A failed >>>: the pin goes, and later unprefixed text is held until a new target.
+        state.pin, state.quiet, state.hold = None, False, True
+        if body:
+            segments.append(_bounce(body, envelope.target, found, pinned=True))
+    return segments
+
+
+def example_target(candidates: Sequence[str], prefix: str, fallback: str | None) -> str:
+    """The target written in a bounce's resend example: the first candidate, else ``fallback``."""
+    if candidates:
+        return candidates[0][len(prefix):]
+    return fallback or "<channel>"
+
+
+# ---------------------------------------------------------------------- the invitation
+
+
+def invitation_text(
+    mode: str,
+    names: ChannelNames,
+    ref: ChannelRef,
+    author: str | None,
+    *,
+    may_publish: bool,
+) -> str:
+    """The closed-channel invitation for an agent in ``mode`` addressed in ``ref``.
+
+    The first option reaches that channel alone in the agent's mode: a ``>>``/``>>>`` token
+    (explicit/hybrid), the turn's plain text (locus), a ``channel_publish`` call with the name
+    that picks it alone (named, disabled, when the agent may call it), or a note that no name
+    does (then: a server's send tool).
+    """
+    picked = names.pick_name(ref)
+    token_ok = picked is not None and picked != SKIP_REPLY and not any(char.isspace() for char in picked)
+    if mode == "explicit":
+        reply = texts.invitation_reply_prefix(EXPLICIT + picked) if token_ok else texts.INVITATION_REPLY_NONE  # type: ignore[operator]
+    elif mode == "hybrid":
+        reply = texts.invitation_reply_prefix(f"{PIN} {picked}") if token_ok else texts.INVITATION_REPLY_NONE
+    elif mode == "locus":
+        reply = texts.invitation_reply_locus()
+    elif may_publish and picked is not None:
+        reply = texts.invitation_reply_publish(picked)
+    elif mode == "named":
+        reply = texts.INVITATION_REPLY_SEND_TOOL
+    else:
+        reply = texts.INVITATION_REPLY_NONE
+    return texts.invitation(author, names.name_shown(ref), reply, channel_id=ref.channel_id, server_id=ref.server_id)

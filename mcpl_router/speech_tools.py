@@ -1,0 +1,252 @@
+"""The speech tools of prose routing: ``drafts``, ``prose_help``, ``skip_reply``, ``think``, ``sleep``.
+
+A :class:`~mcpl_router.tool_calls.ToolProvider`. Descriptions follow the agent's mode (a named
+or disabled agent is told nothing is announced). What a call may touch is its scope's: a call
+made outside the open turn (``call.scope.turn is None``) moves no routing, reads none of the
+turn's own channels, and its ``sleep`` announces nowhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from mcpl_router.logs import get_logger
+from mcpl_router.routing import texts
+from mcpl_router.routing.drafts import Draft, page
+from mcpl_router.tool_calls import ToolCall, tool_result
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.turn_runner import _TurnRun
+
+__all__ = ["SPEECH_TOOLS", "SpeechTools"]
+
+SPEECH_TOOLS: Final = ("drafts", "prose_help", "skip_reply", "think", "sleep")
+
+# Stable refusal reasons.
+REASON_UNKNOWN_DRAFT: Final = "unknown-draft"
+REASON_NOT_RESENDABLE: Final = "draft-not-resendable"
+REASON_NEEDS_CONFIRMATION: Final = "confirm-duplicate-needed"
+REASON_NO_DESTINATION: Final = "no-destination"
+REASON_DESTINATION_REFUSED: Final = "destination-refused"
+REASON_SENDING: Final = "draft-sending"
+REASON_BAD_ACTION: Final = "bad-action"
+
+
+def _schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def tool_specs(mode: str) -> list[dict[str, Any]]:
+    """The speech tools as an agent in ``mode`` is offered them (descriptions agree with the mode)."""
+    sleep_properties: dict[str, Any] = {}
+    if mode not in ("named", "disabled"):
+        sleep_properties["announce"] = {"type": "string", "description": "Words to post before resting."}
+    return [
+        {
+            "name": "drafts",
+            "description": texts.DRAFTS_DESCRIPTION,
+            "inputSchema": _schema(
+                {
+                    "action": {"type": "string", "enum": ["list", "read", "resend", "dismiss"]},
+                    "id": {"type": "string"},
+                    "ids": {"type": "array", "items": {"type": "string"}},
+                    "channelId": {"type": "string"},
+                    "confirmDuplicate": {"type": "boolean"},
+                    "page": {"type": "integer", "minimum": 1},
+                },
+                ["action"],
+            ),
+        },
+        {"name": "prose_help", "description": texts.PROSE_HELP_DESCRIPTION, "inputSchema": _schema({})},
+        {"name": "skip_reply", "description": texts.skip_reply_description(mode), "inputSchema": _schema({})},
+        {
+            "name": "think",
+            "description": texts.think_description(mode),
+            "inputSchema": _schema({"thought": {"type": "string"}}),
+        },
+        {"name": "sleep", "description": texts.sleep_description(mode), "inputSchema": _schema(sleep_properties)},
+    ]
+
+
+class SpeechTools:
+    """The speech tools, for every agent (its allowed tools still decide what it may call)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self._log = get_logger()
+
+    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
+        return tool_specs(run.prose_routing)
+
+    def handles(self, name: str) -> bool:
+        return name in SPEECH_TOOLS
+
+    async def call(self, call: ToolCall) -> dict[str, Any]:
+        handler = {
+            "drafts": self._drafts,
+            "prose_help": self._prose_help,
+            "skip_reply": self._skip_reply,
+            "think": self._think,
+            "sleep": self._sleep,
+        }[call.name]
+        return await handler(call)
+
+    # ------------------------------------------------------------------ small tools
+
+    async def _prose_help(self, call: ToolCall) -> dict[str, Any]:
+        mode = call.run.prose_routing
+        return tool_result(texts.PROSE_HELP.get(mode, texts.PROSE_HELP["locus"]), data={"proseRouting": mode})
+
+    async def _skip_reply(self, call: ToolCall) -> dict[str, Any]:
+        if call.scope.turn is not None:
+            call.run.prose.all_private = True
+        return tool_result(texts.SKIP_REPLY_DONE, data={"endTurn": True})
+
+    async def _think(self, call: ToolCall) -> dict[str, Any]:
+        return tool_result(texts.THINK_DONE)
+
+    async def _sleep(self, call: ToolCall) -> dict[str, Any]:
+        run = call.run
+        announce = call.arguments.get("announce")
+        turn = call.scope.turn
+        log = self._log.bind(agent=run.turn.agent, turn=run.turn.turn_id, call=call.call_id)
+        if run.prose_routing in ("named", "disabled") or turn is None or not isinstance(announce, str) or not announce.strip():
+            log.info("sleep.not_announced", mode=run.prose_routing, in_turn=turn is not None)
+            return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
+        where = turn.routing.sticky_target or turn.routing.locus
+        if where is None:
+            log.info("sleep.not_announced", why="no-destination")
+            return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
+        turns = self._daemon.turns
+        delivery = await turns._publish(run, where, announce, run.turn.round)
+        turn.routing.record(delivery)
+        log.info("sleep.announced", server=where.server_id, channel=where.channel_id, outcome=delivery.outcome)
+        if delivery.outcome == "failed":
+            return tool_result(
+                texts.delivery_failed(delivery.shown, where.server_id, delivery.reason or texts.REASON_NOT_DELIVERED),
+                data={"sleep": True},
+            )
+        return tool_result(texts.sleep_announced(delivery.shown), data={"sleep": True, "delivery": delivery.to_wire()})
+
+    # ------------------------------------------------------------------ drafts
+
+    async def _drafts(self, call: ToolCall) -> dict[str, Any]:
+        action = call.arguments.get("action")
+        if action == "list":
+            return self._list(call)
+        if action == "read":
+            return self._read(call)
+        if action == "resend":
+            return await self._resend(call)
+        if action == "dismiss":
+            return self._dismiss(call)
+        return tool_result(
+            f"Unknown action {texts.quoted(str(action))}. Nothing was done. Use list, read, resend or dismiss.",
+            error=True,
+            reason=REASON_BAD_ACTION,
+        )
+
+    def _ids(self, call: ToolCall) -> list[str]:
+        ids = call.arguments.get("ids")
+        if isinstance(ids, list):
+            return [i for i in ids if isinstance(i, str)]
+        single = call.arguments.get("id")
+        return [single] if isinstance(single, str) else []
+
+    def _list(self, call: ToolCall) -> dict[str, Any]:
+        import time
+
+        number = call.arguments.get("page", 1)
+        drafts = page(self._daemon.turns.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
+        now = time.time()
+        rows = [draft.to_wire(now) for draft in drafts]
+        if not rows:
+            return tool_result("You have no drafts on this page.", data={"drafts": []})
+        lines = [f"{r['id']} {r['state']} {r['ageSeconds']}s {r['reason']} {r['size']} chars: {r['preview']}" for r in rows]
+        return tool_result("\n".join(lines), data={"drafts": rows})
+
+    def _read(self, call: ToolCall) -> dict[str, Any]:
+        [draft_id, *_] = self._ids(call) or [""]
+        draft = self._daemon.turns.draft(call.run.turn.agent, draft_id)
+        if draft is None:
+            return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
+        attempts = [f"- {a.shown}: {a.outcome}" + (f" ({a.reason})" if a.reason else "") for a in draft.attempts]
+        text = f"{draft.draft_id} ({draft.state}, {draft.reason})\n" + ("\n".join(attempts) + "\n" if attempts else "") + draft.text
+        return tool_result(text, data={**draft.to_wire(), "text": draft.text, "attempts": [a.to_wire() for a in draft.attempts]})
+
+    def _dismiss(self, call: ToolCall) -> dict[str, Any]:
+        turns = self._daemon.turns
+        drafts: list[Draft] = []
+        for draft_id in self._ids(call):
+            draft = turns.draft(call.run.turn.agent, draft_id)
+            if draft is None:
+                return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
+            if draft.sending:
+                return tool_result(texts.draft_not_resendable(draft_id, "being sent"), error=True, reason=REASON_SENDING)
+            drafts.append(draft)
+        for draft in drafts:
+            draft.state = "dismissed"
+            turns.save_draft(draft)
+        return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
+
+    async def _resend(self, call: ToolCall) -> dict[str, Any]:
+        turns = self._daemon.turns
+        run = call.run
+        agent = run.turn.agent
+        named = run.prose_routing == "named"
+        drafts: list[Draft] = []
+        for draft_id in self._ids(call):
+            draft = turns.draft(agent, draft_id)
+            if draft is None:
+                return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
+            drafts.append(draft)
+        if not drafts:
+            return tool_result(texts.draft_unknown(""), error=True, reason=REASON_UNKNOWN_DRAFT)
+        channel = call.arguments.get("channelId")
+        routing = call.scope.turn.routing if call.scope.turn is not None else None
+        if not isinstance(channel, str) or not channel:
+            ref = None if named or routing is None else (routing.sticky_target or routing.locus)
+            if ref is None:
+                return tool_result(texts.draft_no_destination(named), error=True, reason=REASON_NO_DESTINATION)
+        else:
+            target = turns.resolve_speech_target(channel, routing)
+            if target.ref is None:
+                why = target.text if not target.skip else texts.bounce_why_unknown(channel)
+                lines = "".join(f"\n- {c}" for c in (c[2:] for c in target.candidates))
+                return tool_result(
+                    f"{texts.DRAFTS_NOTHING_SENT} The destination was refused: {why}{lines}",
+                    error=True,
+                    reason=REASON_DESTINATION_REFUSED,
+                    data={"why": target.why},
+                )
+            ref = target.ref
+        confirm = call.arguments.get("confirmDuplicate") is True
+        rows: list[str] = []
+        sent: list[dict[str, Any]] = []
+        for draft in drafts:
+            refusal = None
+            if draft.sending:
+                refusal = (texts.draft_not_resendable(draft.draft_id, "being sent"), REASON_SENDING)
+            elif draft.state in ("delivered", "dismissed"):
+                refusal = (texts.draft_not_resendable(draft.draft_id, draft.state), REASON_NOT_RESENDABLE)
+            elif draft.state == "unconfirmed" and not confirm:
+                refusal = (texts.draft_needs_confirmation(draft.draft_id), REASON_NEEDS_CONFIRMATION)
+            if refusal is not None:
+                if not sent:
+                    return tool_result(refusal[0], error=True, reason=refusal[1])
+                rows.append(refusal[0])
+                break
+            delivery = await turns.resend_draft(run, draft, ref)
+            sent.append({"id": draft.draft_id, **delivery.to_wire()})
+            rows.append(f"{draft.draft_id} → {delivery.shown}: {delivery.outcome}")
+            self._log.info("drafts.resent", agent=agent, draft=draft.draft_id, server=ref.server_id,
+                           channel=ref.channel_id, outcome=delivery.outcome)
+            if delivery.outcome != "failed":
+                turns.record_explicit_send(call, ref)
+            if delivery.outcome != "delivered":
+                break  # stop at the first not confirmed
+        return tool_result(texts.draft_resent(rows), error=not any(s["outcome"] == "delivered" for s in sent), data={"sent": sent})

@@ -1,0 +1,329 @@
+"""Tune-out and the subconscious tools: ``tune_out``, ``cancel_tuneout``, ``speak_in_channel``,
+``deliver_summary`` (a :class:`~mcpl_router.tool_calls.ToolProvider`; ``daemon.tune_outs``).
+
+The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs them:
+
+- **Diversion.** :meth:`TuneOuts.divert` is asked by the sessions for every wake as it is sent
+  (``SessionManager.accepted``): a wake from a channel its agent tuned out is *held* (it stays
+  a durable, unacked delivery in the journal) instead of sent. Wakes re-sent at a
+  ``session/hello`` are not diverted: a host that reconnects gets its backlog.
+- **Summary wakes.** :meth:`TuneOuts.run` sends, at each tune-out's cadence while anything is
+  held, one ``wake`` notification with ``reason: "tuneout-summary"``, ``seq`` = the newest held
+  seq (0 when only a delivered summary is handed over), ``held`` (the seqs, oldest first — the
+  host may open a turn on them and acks them as usual), ``dropped``, ``summary`` (from
+  ``deliver_summary``), ``final`` and ``text``.
+- **Whose tune-outs.** A tool acts on the calling agent's tune-outs; a *subconscious* agent's
+  (an agent whose spec has ``subconsciousFor: <primary>``) act on its primary's.
+  ``cancel_tuneout``, ``speak_in_channel`` and ``deliver_summary`` are offered only to a
+  subconscious agent, and refused at dispatch for any other.
+- **Names.** Every ``channelId`` is read as every tool reads one: inside the turn, the id of one
+  of the turn's own channels first (:func:`~mcpl_router.routing.turns.own_channel_named`, refused
+  once its server withdrew it), then the one resolver, which refuses a name several channels
+  answer to. Texts name channels by ``name_shown``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from mcpl_router.logs import get_logger
+from mcpl_router.routing import texts
+from mcpl_router.routing.names import Refusal, Resolved
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.tuneout import Summary, TuneOutSettings, TuneOutTable
+from mcpl_router.routing.turns import own_channel_named
+from mcpl_router.tool_calls import ToolCall, tool_result
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+
+__all__ = ["SUBCONSCIOUS_TOOLS", "TUNE_OUT_TOOLS", "TuneOuts", "tune_out_owner"]
+
+REASON_SUMMARY: Final = "tuneout-summary"
+
+_CHANNEL_ID = {"type": "string", "description": "The channel: its id, or serverId:channelId where the id is on more than one server."}
+
+TUNE_OUT_SPEC: Final = {
+    "name": "tune_out",
+    "description": (
+        "Tune a channel out: it stays open, but its messages stop waking you one by one and come"
+        " as one summary wake every `cadence` seconds, until `duration` seconds or `maxWakes`"
+        " summary wakes have passed. op \"cancel\" ends a tune-out at once."
+    ),
+    "inputSchema": {
+        "type": "object",
+        "properties": {
+            "channelId": _CHANNEL_ID,
+            "op": {"type": "string", "enum": ["enter", "cancel"], "default": "enter"},
+            "cadence": {"type": "number", "description": "Seconds between summary wakes (default 300)."},
+            "backlogCap": {"type": "integer", "description": "Held messages kept; older ones are dropped (default 50)."},
+            "maxWakes": {"type": "integer", "description": "End after this many summary wakes."},
+            "duration": {"type": "number", "description": "End after this many seconds."},
+        },
+        "required": ["channelId"],
+    },
+}
+CANCEL_SPEC: Final = {
+    "name": "cancel_tuneout",
+    "description": "End your primary agent's tune-out of a channel: its messages wake it again.",
+    "inputSchema": {"type": "object", "properties": {"channelId": _CHANNEL_ID}, "required": ["channelId"]},
+}
+SPEAK_SPEC: Final = {
+    "name": "speak_in_channel",
+    "description": "Post a message in a channel.",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"channelId": _CHANNEL_ID, "text": {"type": "string"}},
+        "required": ["channelId", "text"],
+    },
+}
+DELIVER_SPEC: Final = {
+    "name": "deliver_summary",
+    "description": "Hand your primary agent a summary of a tuned-out channel; it comes with that channel's next summary wake.",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"channelId": _CHANNEL_ID, "summary": {"type": "string"}},
+        "required": ["channelId", "summary"],
+    },
+}
+TUNE_OUT_TOOLS: Final = ("tune_out",)
+SUBCONSCIOUS_TOOLS: Final = ("cancel_tuneout", "speak_in_channel", "deliver_summary")
+
+
+def tune_out_owner(agent: Any) -> str:
+    """Whose tune-outs an agent's tools act on: its primary's for a subconscious agent, else its own."""
+    primary = getattr(agent, "subconscious_for", None)
+    return primary if isinstance(primary, str) and primary else str(agent.name)
+
+
+def is_subconscious(agent: Any) -> bool:
+    primary = getattr(agent, "subconscious_for", None)
+    return isinstance(primary, str) and bool(primary)
+
+
+class TuneOuts:
+    """The tune-out coordinator and tool provider. Run :meth:`run` in the daemon's nursery."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+        self.table = TuneOutTable()
+        self._changed = trio.Event()
+        # Final summaries of cancelled tune-outs, sent by the loop rather than inside a tool call.
+        self._finals: list[Summary] = []
+        self._log = get_logger()
+
+    # ------------------------------------------------------------------ queries (other tools)
+
+    def tuned_out(self, agent: str) -> frozenset[ChannelRef]:
+        """The channels ``agent`` has tuned out (channel_open/close/decline refuse these)."""
+        return self.table.tuned_out(agent)
+
+    def end_text(self, agent: str, ref: ChannelRef) -> str | None:
+        """How ``agent``'s tune-out of ``ref`` ends, in the daemon's words; None if not tuned out."""
+        tune_out = self.table.get(agent, ref)
+        if tune_out is None:
+            return None
+        settings = tune_out.settings
+        return texts.tuneout_ends(settings.duration, settings.max_wakes, self._shown(ref))
+
+    # ------------------------------------------------------------------ diversion
+
+    def divert(self, wake: Any) -> bool:
+        """Whether a wake is held for its channel's summary (the sessions then don't send it)."""
+        channel = getattr(wake, "channel", None)
+        held = self.table.divert(wake.agent, channel if isinstance(channel, ChannelRef) else None, int(wake.seq))
+        if held:
+            self._log.info("tuneout.held", agent=wake.agent, server=channel.server_id, channel=channel.channel_id, seq=wake.seq)
+        return held
+
+    # ------------------------------------------------------------------ summary wakes
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Send summary wakes as they fall due, until cancelled."""
+        task_status.started()
+        while True:
+            deadline = self.table.next_deadline()
+            with trio.move_on_at(deadline if deadline is not None else math.inf):
+                await self._changed.wait()
+            self._changed = trio.Event()
+            finals, self._finals = self._finals, []
+            for summary in [*finals, *self.table.due(trio.current_time())]:
+                await self._send(summary)
+
+    async def _send(self, summary: Summary) -> None:
+        if not summary.held and summary.summary is None:
+            self._log.info("tuneout.ended", agent=summary.agent, server=summary.ref.server_id, channel=summary.ref.channel_id)
+            return
+        shown = self._shown(summary.ref)
+        params = {
+            "seq": summary.held[-1] if summary.held else 0,
+            "agent": summary.agent,
+            "reason": REASON_SUMMARY,
+            "channel": {**summary.ref.to_wire(), "shown": shown},
+            "tags": [],
+            "addressed": False,
+            "held": list(summary.held),
+            "dropped": summary.dropped,
+            "summary": summary.summary,
+            "final": summary.final,
+            "text": texts.tuneout_summary_text(shown, len(summary.held), summary.dropped, summary.summary),
+        }
+        sent = await self._daemon.sessions.notify_agent(summary.agent, "wake", params)
+        self._log.info(
+            "tuneout.summary", agent=summary.agent, server=summary.ref.server_id, channel=summary.ref.channel_id,
+            held=len(summary.held), dropped=summary.dropped, final=summary.final, sent=sent,
+        )
+
+    def _poke(self) -> None:
+        self._changed.set()
+
+    # ------------------------------------------------------------------ ToolProvider
+
+    def tools_for(self, agent: Any, run: Any) -> list[dict[str, Any]]:
+        specs: list[dict[str, Any]] = [dict(TUNE_OUT_SPEC)]
+        if is_subconscious(agent):
+            specs += [dict(CANCEL_SPEC), dict(SPEAK_SPEC), dict(DELIVER_SPEC)]
+        return specs
+
+    def handles(self, name: str) -> bool:
+        return name in TUNE_OUT_TOOLS or name in SUBCONSCIOUS_TOOLS
+
+    async def call(self, call: ToolCall) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()
+        if call.name in SUBCONSCIOUS_TOOLS and not is_subconscious(call.agent):
+            not_done = _NOT_DONE[call.name]
+            return tool_result(texts.not_subconscious(call.name, not_done), error=True, reason=texts.REASON_NOT_SUBCONSCIOUS)
+        if call.name == "tune_out":
+            op = call.arguments.get("op") or "enter"
+            if op == "cancel":
+                return self._cancel(call)
+            if op != "enter":
+                text = texts.tuneout_bad_argument("op", 'must be "enter" or "cancel"', texts.NOTHING_TUNED)
+                return tool_result(text, error=True, reason=texts.REASON_BAD_ARGUMENT)
+            return self._enter(call)
+        if call.name == "cancel_tuneout":
+            return self._cancel(call)
+        if call.name == "speak_in_channel":
+            return await self._speak(call)
+        return self._deliver(call)
+
+    # ------------------------------------------------------------------ the tools
+
+    def _channel(self, call: ToolCall, not_done: str) -> ChannelRef | dict[str, Any]:
+        """The channel ``channelId`` names, read as every tool reads one; else the refusal."""
+        name = call.arguments.get("channelId")
+        name = name if isinstance(name, str) else ""
+        router = self._daemon.router
+        resolved: Resolved | Refusal | None = None
+        if call.scope.turn is not None:
+            resolved = own_channel_named(call.scope.turn.routing, name, router.registry, not_done=not_done)
+        if resolved is None:
+            resolved = router.names.channel_named(name, not_done=not_done, server_id_accepted=False)
+        if isinstance(resolved, Resolved):
+            return resolved.ref
+        data = {"kind": resolved.kind, "candidates": [ref.to_wire() for ref in resolved.candidates]}
+        if resolved.server_id:
+            data["serverId"] = resolved.server_id
+        return tool_result(resolved.text, error=True, reason=resolved.kind, data=data)
+
+    def _enter(self, call: ToolCall) -> dict[str, Any]:
+        settings = TuneOutSettings.from_arguments(call.arguments)
+        if isinstance(settings, tuple):
+            field, problem = settings
+            return tool_result(texts.tuneout_bad_argument(field, problem, texts.NOTHING_TUNED), error=True, reason=texts.REASON_BAD_ARGUMENT)
+        ref = self._channel(call, texts.NOTHING_TUNED)
+        if isinstance(ref, dict):
+            return ref
+        owner = tune_out_owner(call.agent)
+        registry = self._daemon.router.registry
+        # A tuned-out channel stays open: its traffic keeps coming, to be summarized.
+        opened = registry.set_open(ref, True)
+        self.table.enter(owner, ref, settings, trio.current_time())
+        self._poke()
+        shown = self._shown(ref)  # read after opening: what picks it now
+        ends = texts.tuneout_ends(settings.duration, settings.max_wakes, shown)
+        self._log.info(
+            "tuneout.entered", agent=owner, by=call.agent.name, server=ref.server_id, channel=ref.channel_id,
+            cadence=settings.cadence, backlog_cap=settings.backlog_cap, max_wakes=settings.max_wakes,
+            duration=settings.duration, opened=opened,
+        )
+        data = {**ref.to_wire(), "shown": shown, "agent": owner, "cadence": settings.cadence,
+                "backlogCap": settings.backlog_cap, "maxWakes": settings.max_wakes, "duration": settings.duration}
+        return tool_result(texts.tuneout_entered(shown, settings.cadence, settings.backlog_cap, ends), data=data)
+
+    def _cancel(self, call: ToolCall) -> dict[str, Any]:
+        ref = self._channel(call, texts.NOTHING_CANCELLED)
+        if isinstance(ref, dict):
+            return ref
+        owner = tune_out_owner(call.agent)
+        shown = self._shown(ref)
+        if self.table.get(owner, ref) is None:
+            text = texts.tuneout_not_tuned_out(shown, texts.NOTHING_CANCELLED)
+            return tool_result(text, error=True, reason=texts.REASON_NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
+        summary = self.table.end(owner, ref)
+        held = len(summary.held) if summary else 0
+        if summary is not None and (summary.held or summary.summary):
+            self._finals.append(summary)
+        self._poke()
+        self._log.info("tuneout.cancelled", agent=owner, by=call.agent.name, server=ref.server_id, channel=ref.channel_id, held=held)
+        return tool_result(texts.tuneout_cancelled(shown, held), data={**ref.to_wire(), "shown": shown, "agent": owner, "held": held})
+
+    async def _speak(self, call: ToolCall) -> dict[str, Any]:
+        from mcpl_router.turn_runner import publish_text
+
+        text = call.arguments.get("text")
+        if not isinstance(text, str) or not text.strip():
+            text = call.arguments.get("content") if isinstance(call.arguments.get("content"), str) else ""
+        if not text.strip():
+            return tool_result(texts.tuneout_bad_argument("text", "is empty", texts.NOTHING_POSTED), error=True, reason=texts.REASON_BAD_ARGUMENT)
+        ref = self._channel(call, texts.NOTHING_POSTED)
+        if isinstance(ref, dict):
+            return ref
+        shown = self._shown(ref)
+        delivery = await publish_text(
+            self._daemon.links.get(ref.server_id), ref, shown, text,
+            conversation_id=call.run.turn.conversation_id, round_=call.run.turn.round,
+            registered=self._daemon.router.registry.is_registered(ref),
+            timeout=self._daemon.turns.publish_timeout,
+        )
+        if delivery.outcome != "failed":
+            self._daemon.turns.record_explicit_send(call, ref)
+        self._log.info("tuneout.spoke", agent=call.agent.name, server=ref.server_id, channel=ref.channel_id, outcome=delivery.outcome)
+        data = delivery.to_wire()
+        if delivery.outcome == "delivered":
+            return tool_result(texts.spoke_in(shown), data=data)
+        if delivery.outcome == "unknown":
+            return tool_result(texts.receipt([], 0, [], [shown]), reason=texts.REASON_UNCONFIRMED, data=data)
+        return tool_result(texts.receipt([], 0, [shown], []), error=True, reason=delivery.reason, data=data)
+
+    def _deliver(self, call: ToolCall) -> dict[str, Any]:
+        summary = call.arguments.get("summary")
+        if not isinstance(summary, str) or not summary.strip():
+            return tool_result(texts.tuneout_bad_argument("summary", "is empty", texts.NOTHING_DELIVERED), error=True, reason=texts.REASON_BAD_ARGUMENT)
+        # A gone own channel or a shared name is refused here, never stored as a bare id.
+        ref = self._channel(call, texts.NOTHING_DELIVERED)
+        if isinstance(ref, dict):
+            return ref
+        owner = tune_out_owner(call.agent)
+        shown = self._shown(ref)
+        tune_out = self.table.get(owner, ref)
+        if tune_out is None:
+            text = texts.tuneout_not_tuned_out(shown, texts.NOTHING_DELIVERED)
+            return tool_result(text, error=True, reason=texts.REASON_NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
+        tune_out.summary = summary
+        self._log.info("tuneout.summary_delivered", agent=owner, by=call.agent.name, server=ref.server_id, channel=ref.channel_id)
+        return tool_result(texts.summary_delivered(shown, owner), data={**ref.to_wire(), "shown": shown, "agent": owner})
+
+    def _shown(self, ref: ChannelRef) -> str:
+        return self._daemon.router.names.name_shown(ref)
+
+
+_NOT_DONE: Final[Mapping[str, str]] = {
+    "cancel_tuneout": texts.NOTHING_CANCELLED,
+    "speak_in_channel": texts.NOTHING_POSTED,
+    "deliver_summary": texts.NOTHING_DELIVERED,
+}

@@ -1,0 +1,226 @@
+"""Connector tools end to end: real fixture processes, the daemon in-process, a host on the socket.
+
+Issue 6 item 7: each server's own tools are listed (and re-listed on ``list_changed`` and after
+a reconnect), offered under the server's prefix, filtered by ``enabledTools``/``disabledTools``
+at dispatch as well as in the listing, forwarded with a deadline to their own server only, and
+a send engages its channel on that server only. Servers ``a`` and ``b`` both register
+``general``; what each server received is read from its own recordings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from mcpl_router.client import RouterClient
+from mcpl_router.daemon import Daemon
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.testing.control import FixtureProcess, wait_until
+from mcpl_router.testing.descriptors import channel_descriptor
+
+from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+
+pytestmark = pytest.mark.integration
+
+AGENT = "ann"
+A_SEND = "mcpl--a--send_message"
+B_SEND = "mcpl--b--send_message"
+
+
+@asynccontextmanager
+async def servers_and_daemon(
+    workdir: Path, names: Sequence[str], options: Mapping[str, dict[str, Any]] | None = None
+) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
+    """Fixture processes (tcp, strict) and the daemon dialling each, tools listed."""
+    options = options or {}
+    async with AsyncExitStack() as stack:
+        fixtures: dict[str, FixtureProcess] = {}
+        for name in names:
+            fixtures[name] = await stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
+            )
+        config = {name: dialled_server(fixture, **options.get(name, {})) for name, fixture in fixtures.items()}
+        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
+        for name in names:
+            await wait_ready(daemon, name)
+            await wait_until(lambda name=name: daemon.connector_tools.tools_of(name), timeout=10)
+        yield daemon, fixtures
+
+
+@asynccontextmanager
+async def host(daemon: Daemon, agent: Mapping[str, Any] | str = AGENT) -> AsyncIterator[RouterClient]:
+    assert daemon.host_socket_path is not None
+    async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+        await client.hello("test-host", [agent])
+        yield client
+
+
+async def tool(client: RouterClient, turn_id: str, name: str, arguments: dict[str, Any], call_id: str = "c1") -> Any:
+    return await client.call("turn/tool", {"turnId": turn_id, "callId": call_id, "name": name, "arguments": arguments})
+
+
+def names_of(opened: Mapping[str, Any]) -> list[str]:
+    return [spec["name"] for spec in opened["tools"] if spec["name"].startswith("mcpl--")]
+
+
+async def tool_calls(server: FixtureProcess) -> list[dict[str, Any]]:
+    return [entry["params"] for entry in await server.recorded("tools/call")]
+
+
+async def test_prefixes_keep_two_servers_tools_apart_and_a_disabled_tool_is_refused_at_dispatch(tmp_path: Path) -> None:
+    options = {"a": {"disabledTools": ["fetch_*"]}, "b": {"enabledTools": ["*"], "disabledTools": ["send_*"]}}
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"], options) as (daemon, servers):
+            for name in ("a", "b"):
+                await servers[name].register([channel_descriptor("general")])
+                await wait_channel(daemon, name, "general")
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT, "channel": "a:general"})
+                turn_id = opened["turnId"]
+                # Deny wins: a offers no fetch_*, b no send_* though enabledTools says "*".
+                assert names_of(opened) == [A_SEND, "mcpl--b--fetch_history"]
+                spec = next(s for s in opened["tools"] if s["name"] == A_SEND)
+                assert spec["description"].startswith("[server a] ")
+                assert spec["inputSchema"]["required"] == ["channelId", "text"]
+
+                # Called by name without being listed: refused, nothing sent to either server.
+                for name, server in (("mcpl--a--fetch_history", "a"), (B_SEND, "b")):
+                    refused = await tool(client, turn_id, name, {"channelId": "general", "text": "x"})
+                    assert refused["isError"] is True and refused["reason"] == "tool-disabled"
+                    assert refused["structuredContent"]["serverId"] == server
+                    assert "Nothing was sent" in refused["content"][0]["text"]
+
+                # The offered ones reach their own server only.
+                fetched = await tool(client, turn_id, "mcpl--b--fetch_history", {"channelId": "general"})
+                assert fetched["isError"] is False
+                assert fetched["_meta"]["mcpl-router"]["serverId"] == "b"
+                sent = await tool(client, turn_id, A_SEND, {"channelId": "general", "text": "hi"})
+                assert sent["isError"] is False and sent["structuredContent"]["messageId"]
+                await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+
+            assert [(p["name"], p["arguments"]) for p in await tool_calls(servers["a"])] == [
+                ("send_message", {"channelId": "general", "text": "hi"})
+            ]
+            assert [p["name"] for p in await tool_calls(servers["b"])] == ["fetch_history"]
+
+
+async def test_the_agents_allowed_tools_hold_at_dispatch_for_connector_tools(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a"]) as (daemon, servers):
+            await servers["a"].register([channel_descriptor("general")])
+            await wait_channel(daemon, "a", "general")
+            async with host(daemon, {"name": AGENT, "allowedTools": ["mcpl--a--fetch_*"]}) as client:
+                opened = await client.call("turn/open", {"agent": AGENT, "channel": "general"})
+                assert names_of(opened) == ["mcpl--a--fetch_history"]
+                refused = await tool(client, opened["turnId"], A_SEND, {"channelId": "general", "text": "x"})
+                assert refused["isError"] is True and refused["reason"] == "not-permitted"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(servers["a"]) == []
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_a_send_engages_its_channel_on_its_own_server_only(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            for name in (first, "b" if first == "a" else "a"):
+                # Registered closed (no initiallyOpen) on both servers.
+                await servers[name].register([channel_descriptor("general")])
+                await wait_channel(daemon, name, "general")
+            a_ref, b_ref = ChannelRef("a", "general"), ChannelRef("b", "general")
+            registry = daemon.router.registry
+            assert not registry.get(b_ref).open and not registry.get(a_ref).open
+            async with host(daemon) as client:
+                # The turn is in a's general; the send goes through b's own tool.
+                opened = await client.call("turn/open", {"agent": AGENT, "channel": "a:general"})
+                turn_id = opened["turnId"]
+                sent = await tool(client, turn_id, B_SEND, {"channelId": "general", "text": "to b"})
+                assert sent["isError"] is False
+                about = sent["_meta"]["mcpl-router"]
+                assert about["serverId"] == "b"
+                assert about["channel"] == {"serverId": "b", "channelId": "general", "shown": "b:general"}
+                assert sent["content"][-1]["text"].startswith("[channels] b:general was closed")
+                routing = daemon.turns.run_of(turn_id).turn.routing
+                assert routing.engaged == (b_ref,)
+                assert registry.get(b_ref).open and not registry.get(a_ref).open
+                # The qualified form reaches b's own id; a's channel is still untouched.
+                again = await tool(client, turn_id, B_SEND, {"channelId": "b:general", "text": "again"}, "c2")
+                assert again["isError"] is False and len(again["content"]) == 1
+                assert routing.engaged == (b_ref,)
+                await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+
+            assert [p["arguments"] for p in await tool_calls(servers["b"])] == [
+                {"channelId": "general", "text": "to b"},
+                {"channelId": "general", "text": "again"},
+            ]
+            a_methods = {entry["method"] for entry in await servers["a"].recorded()}
+            assert "tools/call" not in a_methods and "channels/publish" not in a_methods
+
+
+async def test_a_send_outside_the_turn_engages_nothing(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a"]) as (daemon, servers):
+            await servers["a"].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+            await wait_channel(daemon, "a", "general")
+            async with host(daemon) as client:
+                first = await client.call("turn/open", {"agent": AGENT, "channel": "general"})
+                second = await client.call("turn/open", {"agent": AGENT})
+                # A script the first turn started sends during the second turn.
+                sent = await client.call("turn/tool", {
+                    "turnId": second["turnId"], "callId": "s1", "name": A_SEND,
+                    "arguments": {"channelId": "general", "text": "late"}, "callerTurnId": first["turnId"],
+                })
+                assert sent["isError"] is False
+                run = daemon.turns.run_of(second["turnId"])
+                assert run.turn.routing.engaged == () and run.explicit_send_rounds == set()
+                await client.call("turn/close", {"turnId": second["turnId"], "outcome": "completed"})
+            assert len(await tool_calls(servers["a"])) == 1
+
+
+async def test_a_call_that_times_out_after_sending_has_an_unknown_outcome(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            for name in ("a", "b"):
+                await servers[name].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+                await wait_channel(daemon, name, "general")
+            daemon.connector_tools.call_timeout = 0.3
+            await servers["b"].configure(tool_call={"delayMs": 1500})
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT, "channel": "b:general"})
+                result = await tool(client, opened["turnId"], B_SEND, {"channelId": "general", "text": "slow"})
+                assert result["isError"] is False
+                assert result["reason"] == "unconfirmed"
+                assert result["structuredContent"] == {"serverId": "b", "tool": "send_message", "outcome": "unknown"}
+                assert "Check" in result["content"][0]["text"]
+                # Possibly sent: counted as a send on b's general, as an unconfirmed publish is.
+                assert daemon.turns.run_of(opened["turnId"]).turn.routing.engaged == (ChannelRef("b", "general"),)
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert len(await tool_calls(servers["b"])) == 1
+            assert await tool_calls(servers["a"]) == []
+
+
+async def test_the_tool_list_is_fetched_again_on_list_changed_and_after_a_reconnect(tmp_path: Path) -> None:
+    extra = {"name": "react", "description": "React to a message.", "inputSchema": {"type": "object"}}
+    renamed = {"name": "send.later", "description": "Send later.", "inputSchema": {"type": "object"}}
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a"]) as (daemon, servers):
+            tools = daemon.connector_tools
+            assert [t.name for t in tools.tools_of("a")] == ["send_message", "fetch_history"]
+            await servers["a"].configure(tools=[extra])
+            await servers["a"].host_call("notifications/tools/list_changed", form="notification")
+            await wait_until(lambda: [t.name for t in tools.tools_of("a")] == ["react"], timeout=10)
+            assert tools.handles("mcpl--a--react") and not tools.handles(A_SEND)
+
+            # A reconnect (a new epoch) lists again, unprompted.
+            await servers["a"].configure(tools=[renamed])
+            await servers["a"].disconnect()
+            await wait_ready(daemon, "a", epoch=2)
+            await wait_until(lambda: [t.name for t in tools.tools_of("a")] == ["send.later"], timeout=10)
+            [later] = tools.tools_of("a")
+            assert later.exposed.startswith("mcpl--a--send_later-") and tools.tool_named(later.exposed) is later
+            lists = await servers["a"].recorded("tools/list")
+            assert [entry["epoch"] for entry in lists] == [1, 1, 2]

@@ -1,0 +1,188 @@
+"""Tune-out and the subconscious tools end to end: real fixture processes, a host on the socket.
+
+Issue 6 item 5: a tuned-out channel stays open, its wakes are held and come as one summary wake
+at the cadence; ``tune_out`` and ``cancel_tuneout`` read names as every tool does (the turn's
+own channel first, one resolver) and refuse a name several channels answer to; a subconscious
+agent cancels its primary's tune-out, speaks, and delivers summaries, refusing a gone or shared
+name. Servers ``a`` and ``b`` both register ``general``, in both registration orders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from mcpl_router.client import RouterClient
+from mcpl_router.daemon import Daemon
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.testing.control import FixtureProcess, wait_until
+from mcpl_router.testing.descriptors import channel_descriptor
+
+from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+
+pytestmark = pytest.mark.integration
+
+AGENT = "ann"
+SUB = {"name": "sub", "subconsciousFor": AGENT, "wake": {"tags": []}}
+A_GENERAL, B_GENERAL = ChannelRef("a", "general"), ChannelRef("b", "general")
+
+
+@asynccontextmanager
+async def two_servers(workdir: Path, first: str) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
+    """Servers a and b (tcp, strict), both registering an open ``general``, ``first`` first."""
+    async with AsyncExitStack() as stack:
+        servers: dict[str, FixtureProcess] = {}
+        for name in ("a", "b"):
+            servers[name] = await stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
+            )
+        config = {name: dialled_server(fixture) for name, fixture in servers.items()}
+        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
+        for name in (first, "b" if first == "a" else "a"):
+            await wait_ready(daemon, name)
+            await servers[name].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+            await wait_channel(daemon, name, "general")
+        yield daemon, servers
+
+
+@asynccontextmanager
+async def host(daemon: Daemon, *agents: Mapping[str, Any] | str) -> AsyncIterator[RouterClient]:
+    assert daemon.host_socket_path is not None
+    async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+        await client.hello("test-host", list(agents) or [AGENT])
+        yield client
+
+
+async def mention(server: FixtureProcess, text: str = "hi ann") -> None:
+    await server.incoming([{"channelId": "general", "text": text, "tags": ["chat:mention"]}])
+
+
+async def next_wake(client: RouterClient) -> dict[str, Any]:
+    return dict((await client.next_notification("wake")).params)
+
+
+async def tool(client: RouterClient, turn_id: str, name: str, arguments: dict[str, Any]) -> Any:
+    return await client.call("turn/tool", {"turnId": turn_id, "callId": name, "name": name, "arguments": arguments})
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_tune_out_reads_the_turns_own_channel_holds_its_wakes_and_summarizes_them(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with two_servers(tmp_path, first) as (daemon, servers), host(daemon) as client:
+            await mention(servers["b"])
+            wake = await next_wake(client)
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake["seq"]]})
+            # "general" is the turn's own channel: b's, though a registers the id too.
+            entered = await tool(client, opened["turnId"], "tune_out", {"channelId": "general", "cadence": 0.3})
+            assert entered["isError"] is False
+            assert entered["structuredContent"]["serverId"] == "b"
+            assert entered["content"][0]["text"].startswith("[tune-out] b:general is tuned out")
+            assert daemon.tune_outs.tuned_out(AGENT) == {B_GENERAL}
+            await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+
+            # b's traffic is held; a's general (same id) still wakes at once.
+            await mention(servers["b"], "one")
+            await mention(servers["b"], "two")
+            await wait_until(lambda: len(daemon.tune_outs.table.get(AGENT, B_GENERAL).held) == 2, timeout=10)
+            await mention(servers["a"], "on a")
+            direct = await next_wake(client)
+            assert direct["reason"] == "message" and direct["channel"]["serverId"] == "a"
+            summary = await next_wake(client)
+            assert summary["reason"] == "tuneout-summary"
+            assert summary["channel"] == {"serverId": "b", "channelId": "general", "shown": "b:general"}
+            assert len(summary["held"]) == 2 and summary["seq"] == summary["held"][-1]
+            assert summary["final"] is False and "2 message(s) held" in summary["text"]
+            # The held wakes are the agent's durable wakes: a turn opens on them.
+            turn = await client.call("turn/open", {"agent": AGENT, "wakes": summary["held"]})
+            assert turn["channel"]["serverId"] == "b"
+
+            # Outside b's turn the shared name is refused, naming both; the qualified one cancels.
+            second = await client.call("turn/open", {"agent": AGENT})
+            refused = await tool(client, second["turnId"], "tune_out", {"channelId": "general", "op": "cancel"})
+            assert refused["isError"] is True and refused["reason"] == "ambiguous"
+            assert "a:general" in refused["content"][0]["text"] and "b:general" in refused["content"][0]["text"]
+            assert daemon.tune_outs.tuned_out(AGENT) == {B_GENERAL}
+            cancelled = await tool(client, second["turnId"], "tune_out", {"channelId": "b:general", "op": "cancel"})
+            assert cancelled["isError"] is False and cancelled["structuredContent"]["serverId"] == "b"
+            assert daemon.tune_outs.tuned_out(AGENT) == frozenset()
+            await client.call("turn/close", {"turnId": second["turnId"], "outcome": "completed"})
+            await mention(servers["b"], "back")
+            again = await next_wake(client)
+            assert again["reason"] == "message" and again["channel"]["serverId"] == "b"
+
+
+async def test_tune_out_of_the_turns_own_channel_after_its_server_withdrew_it_is_refused(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with two_servers(tmp_path, "a") as (daemon, servers), host(daemon) as client:
+            await mention(servers["b"])
+            wake = await next_wake(client)
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake["seq"]]})
+            await servers["b"].withdraw(["general"])
+            await wait_until(lambda: not daemon.router.registry.is_registered(B_GENERAL), timeout=10)
+            refused = await tool(client, opened["turnId"], "tune_out", {"channelId": "general"})
+            assert refused["isError"] is True and refused["reason"] == "own-channel-withdrawn"
+            assert "Nothing was tuned out." in refused["content"][0]["text"]
+            # Never re-read as a's general, though a registers that id.
+            assert daemon.tune_outs.tuned_out(AGENT) == frozenset()
+            bad = await tool(client, opened["turnId"], "tune_out", {"channelId": "a:general", "cadence": -1})
+            assert bad["isError"] is True and bad["reason"] == "bad-argument"
+            await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+
+
+async def test_a_tune_out_ends_after_its_max_wakes(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with two_servers(tmp_path, "a") as (daemon, servers), host(daemon) as client:
+            opened = await client.call("turn/open", {"agent": AGENT, "channel": "a:general"})
+            await tool(client, opened["turnId"], "tune_out", {"channelId": "general", "cadence": 0.2, "maxWakes": 1, "backlogCap": 1})
+            await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            await mention(servers["a"], "one")
+            await mention(servers["a"], "two")
+            summary = await next_wake(client)
+            assert summary["reason"] == "tuneout-summary" and summary["final"] is True
+            assert len(summary["held"]) == 1 and summary["dropped"] == 1
+            assert daemon.tune_outs.tuned_out(AGENT) == frozenset()
+
+
+async def test_the_subconscious_cancels_speaks_and_delivers_summaries_by_refs_only(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with two_servers(tmp_path, "b") as (daemon, servers), host(daemon, AGENT, SUB) as client:
+            primary = await client.call("turn/open", {"agent": AGENT, "channel": "b:general"})
+            tool_names = {spec["name"] for spec in primary["tools"]}
+            assert "tune_out" in tool_names and "cancel_tuneout" not in tool_names
+            await tool(client, primary["turnId"], "tune_out", {"channelId": "general", "cadence": 600})
+            not_sub = await tool(client, primary["turnId"], "cancel_tuneout", {"channelId": "general"})
+            assert not_sub["isError"] is True and not_sub["reason"] == "not-subconscious"
+            await client.call("turn/close", {"turnId": primary["turnId"], "outcome": "completed"})
+            await mention(servers["b"], "held")
+            await wait_until(lambda: daemon.tune_outs.table.get(AGENT, B_GENERAL).held, timeout=10)
+
+            sub = await client.call("turn/open", {"agent": "sub"})
+            assert {"cancel_tuneout", "speak_in_channel", "deliver_summary"} <= {s["name"] for s in sub["tools"]}
+            # A name two channels answer to is refused, never stored bare.
+            for name, arguments in (
+                ("deliver_summary", {"channelId": "general", "summary": "quiet"}),
+                ("cancel_tuneout", {"channelId": "general"}),
+                ("speak_in_channel", {"channelId": "general", "text": "hello"}),
+            ):
+                refused = await tool(client, sub["turnId"], name, arguments)
+                assert refused["isError"] is True and refused["reason"] == "ambiguous", name
+            assert daemon.tune_outs.table.get(AGENT, B_GENERAL).summary is None
+            delivered = await tool(client, sub["turnId"], "deliver_summary", {"channelId": "b:general", "summary": "all quiet"})
+            assert delivered["isError"] is False and delivered["structuredContent"]["agent"] == AGENT
+            spoke = await tool(client, sub["turnId"], "speak_in_channel", {"channelId": "b:general", "text": "brb"})
+            assert spoke["isError"] is False and spoke["structuredContent"]["serverId"] == "b"
+            cancelled = await tool(client, sub["turnId"], "cancel_tuneout", {"channelId": "b:general"})
+            assert cancelled["isError"] is False and cancelled["structuredContent"]["held"] == 1
+            final = await next_wake(client)
+            assert final["agent"] == AGENT and final["reason"] == "tuneout-summary"
+            assert final["final"] is True and final["summary"] == "all quiet"
+            assert daemon.tune_outs.tuned_out(AGENT) == frozenset()
+            await client.call("turn/close", {"turnId": sub["turnId"], "outcome": "completed"})
+            b_publishes = [e["params"] for e in await servers["b"].recorded("channels/publish")]
+            assert [p["content"][0]["text"] for p in b_publishes] == ["brb"]
+            assert await servers["a"].recorded("channels/publish") == []

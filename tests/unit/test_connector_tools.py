@@ -1,0 +1,48 @@
+"""Connector tool names: model-safe, unique per (server, tool), and never parsed back."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mcpl_router.connector_tools import SEND_TOOLS, exposed_name, is_send_tool
+
+MODEL_SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def test_a_safe_name_is_the_prefix_and_the_tool_as_they_are() -> None:
+    assert exposed_name("mcpl--a--", "send_message", "a") == "mcpl--a--send_message"
+
+
+def test_an_unsafe_name_is_sanitized_with_a_suffix_from_its_exact_pair() -> None:
+    dotted = exposed_name("mcpl--discord.main--", "send.later", "discord.main")
+    assert MODEL_SAFE.fullmatch(dotted)
+    assert dotted.startswith("mcpl--discord_main--send_later-")
+    # Two tools that sanitize alike keep different names, whatever else is listed.
+    assert exposed_name("p--", "a.b", "s") != exposed_name("p--", "a/b", "s")
+    # The same tool on two servers sharing a prefix: different names too.
+    assert exposed_name("p--", "a.b", "s1") != exposed_name("p--", "a.b", "s2")
+    # Stable: the same pair always gets the same name.
+    assert exposed_name("p--", "a.b", "s") == exposed_name("p--", "a.b", "s")
+
+
+def test_a_long_name_is_cut_to_what_model_apis_take() -> None:
+    name = exposed_name("mcpl--a--", "x" * 100, "a")
+    assert MODEL_SAFE.fullmatch(name) and len(name) == 64
+
+
+@given(prefix=st.text(max_size=30), tool=st.text(min_size=1, max_size=80), other=st.text(min_size=1, max_size=80))
+def test_every_exposed_name_is_model_safe_and_distinct_tools_get_distinct_names(prefix: str, tool: str, other: str) -> None:
+    first = exposed_name(prefix, tool, "s")
+    assert MODEL_SAFE.fullmatch(first) or not (prefix + tool)
+    if tool != other:
+        assert first != exposed_name(prefix, other, "s")
+
+
+def test_send_tools_are_the_known_names_or_marked_by_the_server() -> None:
+    assert all(is_send_tool({"name": name}) for name in SEND_TOOLS)
+    assert not is_send_tool({"name": "fetch_history"})
+    assert is_send_tool({"name": "post", "_meta": {"mcpl/send": True}})
+    assert not is_send_tool({"name": "post", "_meta": {"mcpl/send": "yes"}})

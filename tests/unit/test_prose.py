@@ -1,0 +1,198 @@
+"""Prose routing's pure core: the envelope grammar, targets, the locus, per-mode decisions.
+
+Servers ``a`` and ``b`` both register ``general`` (in both registration orders): a decision
+never takes "the first registered".
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mcpl_router.routing import prose, texts
+from mcpl_router.routing.drafts import Draft, new_draft_id, page
+from mcpl_router.routing.names import ChannelNames
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
+from mcpl_router.routing.turns import TurnRouting, WakeFact
+from mcpl_router.testing.descriptors import channel_descriptor
+
+FULL = RegistrationPolicy.permissive()
+A_GENERAL = ChannelRef("a", "general")
+B_GENERAL = ChannelRef("b", "general")
+B_RANDOM = ChannelRef("b", "random")
+
+
+@pytest.fixture(params=[("a", "b"), ("b", "a")], ids=["a-first", "b-first"])
+def names(request: pytest.FixtureRequest) -> ChannelNames:
+    registry = ChannelRegistry()
+    for server in request.param:
+        ids = ["general", "random"] if server == "b" else ["general"]
+        for channel_id in ids:
+            assert registry.register(server, [channel_descriptor(channel_id)], FULL)[0].accepted
+    return ChannelNames(registry)
+
+
+# ---------------------------------------------------------------------- grammar
+
+
+def test_explicit_envelopes_split_on_prefix_lines_and_keep_text_before_the_first() -> None:
+    text = "preface\n>>general hello\nmore\n  >>b:general ! again\n>> not a prefix\n>>skip_reply"
+    assert prose.split_envelopes(text, prose.EXPLICIT) == [
+        prose.Envelope(None, "preface"),
+        prose.Envelope("general", "hello\nmore"),
+        prose.Envelope("b:general", "again\n>> not a prefix", again=True),
+        prose.Envelope("skip_reply", ""),
+    ]
+
+
+def test_a_target_followed_by_bang_without_space_is_not_again() -> None:
+    [envelope] = prose.split_envelopes(">>general !x", prose.EXPLICIT)
+    assert envelope == prose.Envelope("general", "!x")
+
+
+def test_hybrid_envelopes_allow_space_after_the_prefix_and_a_missing_target() -> None:
+    assert prose.split_envelopes("hi\n>>> b:general there\n>>>\nlost", prose.PIN) == [
+        prose.Envelope(None, "hi"),
+        prose.Envelope("b:general", "there"),
+        prose.Envelope("", "lost"),
+    ]
+    # ">>" lines are plain text in hybrid mode.
+    assert prose.split_envelopes(">>general hi", prose.PIN) == [prose.Envelope(None, ">>general hi")]
+
+
+def test_unsent_substitution() -> None:
+    assert prose.substitute_unsent("say: {{unsent}}", "hello") == "say: hello"
+
+
+# ---------------------------------------------------------------------- targets
+
+
+def test_a_shared_id_is_ambiguous_with_one_token_per_candidate(names: ChannelNames) -> None:
+    target = prose.resolve_target("general", names, None)
+    assert target.why == texts.BOUNCE_AMBIGUOUS_TARGET
+    assert sorted(target.candidates) == [">>a:general", ">>b:general"]
+    assert prose.resolve_target("b:general", names, None).ref == B_GENERAL
+    assert prose.resolve_target("random", names, None).ref == B_RANDOM
+    assert prose.resolve_target("nowhere", names, None).why == texts.BOUNCE_UNKNOWN_TARGET
+    assert prose.resolve_target("skip_reply", names, None).skip
+
+
+def test_the_turns_own_channel_comes_first(names: ChannelNames) -> None:
+    routing = TurnRouting.starting_at(B_GENERAL)
+    assert prose.resolve_target("general", names, routing).ref == B_GENERAL
+    routing = TurnRouting.starting_at(A_GENERAL)
+    assert prose.resolve_target("general", names, routing).ref == A_GENERAL
+
+
+def test_a_channel_that_takes_no_posts_is_refused(names: ChannelNames) -> None:
+    target = prose.resolve_target("random", names, None, takes_posts=lambda ref: ref != B_RANDOM)
+    assert target.ref is None and target.why == texts.BOUNCE_TAKES_NO_POSTS
+
+
+# ---------------------------------------------------------------------- locus
+
+
+def test_locus_prefers_addressed_and_holds_competing_conversations() -> None:
+    assert prose.locus_of([]) == prose.LocusChoice(None)
+    one = [WakeFact(1, A_GENERAL), WakeFact(2, B_GENERAL, addressed=True)]
+    assert prose.locus_of(one) == prose.LocusChoice(B_GENERAL)
+    two = [WakeFact(1, A_GENERAL, addressed=True), WakeFact(2, B_GENERAL, addressed=True)]
+    choice = prose.locus_of(two)
+    assert choice.ref is None and choice.held and set(choice.competing) == {A_GENERAL, B_GENERAL}
+    assert prose.locus_of([WakeFact(1, None)]) == prose.LocusChoice(None)
+
+
+# ---------------------------------------------------------------------- decisions
+
+
+def decide(mode: str, text: str, state: prose.ProseState, names: ChannelNames, *, locus: ChannelRef | None = B_GENERAL,
+           silenced: bool = False) -> list[prose.Segment]:
+    routing = TurnRouting.starting_at(locus)
+    return prose.decide(mode, text, state, locus=locus, silenced=silenced,
+                        resolve=lambda token: prose.resolve_target(token, names, routing))
+
+
+@pytest.mark.parametrize("mode, action", [("disabled", "suppressed"), ("named", "kept")])
+def test_disabled_and_named_never_deliver_prefixes_included(mode: str, action: str, names: ChannelNames) -> None:
+    for text in ("hello", ">>b:general hi", ">>> b:general hi"):
+        [segment] = decide(mode, text, prose.ProseState(), names)
+        assert segment.action == action and segment.ref is None
+
+
+def test_locus_delivers_to_the_locus_drafts_without_one_and_when_silenced(names: ChannelNames) -> None:
+    [seg] = decide("locus", "hi", prose.ProseState(), names)
+    assert (seg.action, seg.ref) == ("deliver", B_GENERAL)
+    [seg] = decide("locus", "hi", prose.ProseState(), names, locus=None)
+    assert (seg.action, seg.reason) == ("draft", prose.REASON_NO_DESTINATION)
+    [seg] = decide("locus", "hi", prose.ProseState(held_reason=prose.REASON_AMBIGUOUS), names, locus=None)
+    assert seg.reason == prose.REASON_AMBIGUOUS
+    [seg] = decide("locus", "hi", prose.ProseState(), names, silenced=True)
+    assert (seg.action, seg.reason) == ("draft", prose.REASON_EXPLICIT_SEND)
+
+
+def test_explicit_first_valid_target_sticks_and_untargeted_text_bounces(names: ChannelNames) -> None:
+    state = prose.ProseState()
+    [bounced] = decide("explicit", "no target", state, names, locus=None)
+    assert bounced.action == "bounce" and bounced.why == texts.BOUNCE_NO_TARGET
+    segments = decide("explicit", ">>a:general one\n>>random two\nstill two", state, names, locus=None)
+    assert [(s.action, s.ref, s.text) for s in segments] == [("deliver", A_GENERAL, "one"), ("deliver", B_RANDOM, "two\nstill two")]
+    assert state.pin == A_GENERAL
+    [seg] = decide("explicit", "three", state, names, locus=None)
+    assert (seg.action, seg.ref) == ("deliver", A_GENERAL)
+    # Explicit mode ignores send-silencing.
+    [seg] = decide("explicit", "four", state, names, locus=None, silenced=True)
+    assert seg.action == "deliver"
+
+
+def test_explicit_ambiguous_target_bounces_with_candidates_and_skip_reply_is_private(names: ChannelNames) -> None:
+    segments = decide("explicit", ">>general hi\n>>skip_reply secret\n>>b:general ! {{unsent}}", prose.ProseState(), names, locus=None)
+    assert [s.action for s in segments] == ["bounce", "private", "deliver"]
+    assert sorted(segments[0].candidates) == [">>a:general", ">>b:general"]
+    assert segments[2].unsent and segments[2].again
+
+
+def test_hybrid_pin_beats_locus_skip_makes_private_and_failure_holds(names: ChannelNames) -> None:
+    state = prose.ProseState()
+    segments = decide("hybrid", "to locus\n>>> a:general pinned\nstill pinned envelope", state, names)
+    assert [(s.action, s.ref) for s in segments] == [("deliver", B_GENERAL), ("deliver", A_GENERAL)]
+    [seg] = decide("hybrid", "follows pin", state, names)
+    assert (seg.action, seg.ref) == ("deliver", A_GENERAL)
+    assert [s.action for s in decide("hybrid", ">>>skip_reply", state, names)] == [] and state.pin is None
+    assert [s.action for s in decide("hybrid", "quiet", state, names)] == ["private"]
+    assert [(s.action, s.reason) for s in decide("hybrid", ">>> nowhere lost", state, names)] == [("bounce", prose.REASON_BOUNCED)]
+    assert [(s.action, s.reason) for s in decide("hybrid", "held", state, names)] == [("draft", prose.REASON_NO_DESTINATION)]
+    assert [(s.action, s.ref) for s in decide("hybrid", ">>> random back", state, names)] == [("deliver", B_RANDOM)]
+    assert [(s.action, s.ref) for s in decide("hybrid", "again", state, names)] == [("deliver", B_RANDOM)]
+
+
+def test_hybrid_silenced_round_drafts_but_still_moves_the_pin(names: ChannelNames) -> None:
+    state = prose.ProseState()
+    [seg] = decide("hybrid", ">>> random words", state, names, silenced=True)
+    assert (seg.action, seg.reason, seg.target) == ("draft", prose.REASON_EXPLICIT_SEND, "random")
+    assert state.pin == B_RANDOM
+
+
+def test_skip_reply_makes_everything_private(names: ChannelNames) -> None:
+    state = prose.ProseState(all_private=True)
+    for mode in ("locus", "hybrid", "explicit"):
+        assert [s.action for s in decide(mode, ">>b:general hi", state, names)] == ["private"]
+
+
+# ---------------------------------------------------------------------- drafts
+
+
+def test_draft_ids_and_rows_round_trip() -> None:
+    draft_id = new_draft_id(lambda candidate: False, random.Random(1))
+    assert draft_id.startswith("d-") and len(draft_id) == 7
+    draft = Draft(draft_id, "ann", "words " * 30, prose.REASON_BOUNCED, 10.0, target="general")
+    assert Draft.from_row(draft.row()) == draft
+    assert draft.preview().endswith("…") and len(draft.preview()) == 60
+    drafts = [Draft(f"d-{i:05d}", "ann", "x", "bounced", float(i)) for i in range(12)]
+    assert [d.draft_id for d in page(drafts, 2)] == ["d-00001", "d-00000"]
+
+
+def test_receipt_wording() -> None:
+    assert texts.prose_receipt(["b:general", "b:general", "a:general"], []) == "[delivered] plain speech → b:general · a:general"
+    assert texts.prose_receipt([], [texts.note_named(2)]).startswith("[delivered] nothing — 2 plain-speech segment(s) kept in your context, sent to no one")

@@ -1,0 +1,51 @@
+"""The tune-out table (pure): holding, the cap, cadence, max wakes and duration."""
+
+from __future__ import annotations
+
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.tuneout import TuneOutSettings, TuneOutTable
+
+A, B = ChannelRef("a", "general"), ChannelRef("b", "general")
+
+
+def test_only_the_tuned_out_ref_is_held_and_the_cap_drops_the_oldest() -> None:
+    table = TuneOutTable()
+    table.enter("ann", B, TuneOutSettings(cadence=10, backlog_cap=2), now=0)
+    assert not table.divert("ann", A, 1)  # a's general: same id, other channel
+    assert not table.divert("bob", B, 2)  # another agent
+    assert all(table.divert("ann", B, seq) for seq in (3, 4, 5))
+    assert table.due(5) == []
+    [summary] = table.due(10)
+    assert (summary.held, summary.dropped, summary.final) == ((4, 5), 1, False)
+    assert table.due(20) == []  # nothing held: no wake
+    assert table.tuned_out("ann") == {B}
+
+
+def test_max_wakes_and_duration_end_a_tune_out_with_a_final_summary() -> None:
+    table = TuneOutTable()
+    table.enter("ann", A, TuneOutSettings(cadence=1, max_wakes=1), now=0)
+    table.enter("ann", B, TuneOutSettings(cadence=100, duration=5), now=0)
+    table.divert("ann", A, 1)
+    table.divert("ann", B, 2)
+    [first] = table.due(1)
+    assert first.ref == A and first.final and table.tuned_out("ann") == {B}
+    [last] = table.due(5)
+    assert last.ref == B and last.final and last.held == (2,)
+    assert table.next_deadline() is None
+
+
+def test_settings_refuse_what_cant_be_used() -> None:
+    assert TuneOutSettings.from_arguments({"cadence": -1}) == ("cadence", "must be at least 0.05")
+    assert TuneOutSettings.from_arguments({"backlogCap": 1.5})[0] == "backlogCap"  # type: ignore[index]
+    assert TuneOutSettings.from_arguments({"maxWakes": True})[0] == "maxWakes"  # type: ignore[index]
+    assert TuneOutSettings.from_arguments({"duration": 30, "cadence": 5}) == TuneOutSettings(cadence=5.0, duration=30.0)
+
+
+def test_entering_again_keeps_what_is_held() -> None:
+    table = TuneOutTable()
+    table.enter("ann", B, TuneOutSettings(cadence=10), now=0)
+    table.divert("ann", B, 7)
+    table.enter("ann", B, TuneOutSettings(cadence=1), now=3)
+    [summary] = table.due(4)
+    assert summary.held == (7,)
+    assert table.end("ann", A) is None
