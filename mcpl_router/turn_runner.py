@@ -25,6 +25,7 @@ are trio system tasks: each ends with its turn, and every exception in one is ca
 
 from __future__ import annotations
 
+import functools
 import itertools
 import secrets
 import time
@@ -79,6 +80,9 @@ LEASE: Final = 60.0
 PUBLISH_TIMEOUT: Final = 10.0
 #: How often a keeper checks that its host connection is still there.
 CONNECTION_POLL: Final = 0.5
+#: A host's own ``channels/typing start`` holds this long unless renewed by another start;
+#: then the daemon sends the stop itself, so a crashed host can't leave a channel typing.
+HOST_TYPING_LEASE: Final = 30.0
 #: The most an ending turn waits on its stop and lifecycle sends (shielded from cancellation).
 FINISH_GRACE: Final = 5.0
 
@@ -231,6 +235,7 @@ class TurnManager:
     context_timeout: float = BEFORE_INFERENCE_TIMEOUT
     publish_timeout: float = PUBLISH_TIMEOUT
     connection_poll: float = CONNECTION_POLL
+    host_typing_lease: float = HOST_TYPING_LEASE
 
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
@@ -241,6 +246,8 @@ class TurnManager:
         self._nursery: trio.Nursery | None = None
         #: Who offers and executes tools (see :mod:`mcpl_router.tool_calls`); the daemon wires them.
         self.tool_providers: list[ToolProvider] = []
+        #: A host's typing in progress: the channel → (the connection that started it, lease end).
+        self._host_typing: dict[ChannelRef, tuple[Any, float]] = {}
         #: Bounces in a row per agent (a bounce wakes the agent again at most twice in a row).
         self._bounce_streak: dict[str, int] = {}
         #: The reaction a provider-refused turn's latest inbound message gets (not for named).
@@ -270,9 +277,24 @@ class TurnManager:
             self._nursery = nursery
             task_status.started()
             try:
-                await trio.sleep_forever()
+                while True:
+                    await trio.sleep(min(self.host_typing_lease / 3, 5.0))
+                    await self._expire_host_typing()
             finally:
                 self._nursery = None
+
+    async def _expire_host_typing(self, connection: Any = None) -> None:
+        """Stop host typing whose lease ran out (or, given ``connection``, all of that host's)."""
+        now = trio.current_time()
+        ending = [
+            ref
+            for ref, (owner, expires) in self._host_typing.items()
+            if (connection is not None and owner is connection) or (connection is None and expires <= now)
+        ]
+        for ref in ending:
+            self._host_typing.pop(ref, None)
+            reason = await self._send_typing(ref, "stop")
+            self._log.info("typing.host.expired", server=ref.server_id, channel=ref.channel_id, host_gone=connection is not None, sent=reason is None)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -944,30 +966,45 @@ class TurnManager:
         # Shielded: the stop and the terminal must go out even when the caller is being
         # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
         with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
-            await self._stop_typing(run)
-            await self._complete_streams(run)
-            if run.started is not None:
-                await run.started_done.wait()
-                params: dict[str, Any] = {
-                    "inferenceId": turn.inference_id,
-                    "conversationId": turn.conversation_id,
-                    "turnIndex": turn.turn_index,
-                    "phase": outcome,
-                }
-                if usage is not None:
-                    params["usage"] = usage
-                await send_lifecycle(self._links(), params, only=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+            # Concurrently: a typing stop stuck on one server must not cost another server
+            # its lifecycle terminal.
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._stop_typing, run)
+                nursery.start_soon(self._end_streams_and_inference, run, outcome, usage)
         log.info("turn.ended", outcome=outcome, why=why)
 
+    async def _end_streams_and_inference(self, run: _TurnRun, outcome: str, usage: Any) -> None:
+        await self._complete_streams(run)
+        if run.started is None:
+            return
+        await run.started_done.wait()
+        turn = run.turn
+        params: dict[str, Any] = {
+            "inferenceId": turn.inference_id,
+            "conversationId": turn.conversation_id,
+            "turnIndex": turn.turn_index,
+            "phase": outcome,
+        }
+        if usage is not None:
+            params["usage"] = usage
+        await send_lifecycle(self._links(), params, only=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+
     async def drain(self) -> None:
-        """Abort every open turn (daemon shutdown): typing stopped, lifecycle terminals sent."""
-        for turn in self.table.all():
-            run = self._runs.get(turn.turn_id)
-            if run is not None:
-                await self._finish(run, "aborted", why="shutdown")
+        """Abort every open turn (daemon shutdown): typing stopped, lifecycle terminals sent.
+
+        All at once, so the whole drain takes one turn's bound, not one per turn.
+        """
+        async with trio.open_nursery() as nursery:
+            for turn in self.table.all():
+                run = self._runs.get(turn.turn_id)
+                if run is not None:
+                    nursery.start_soon(functools.partial(self._finish, run, "aborted", why="shutdown"))
 
     def connection_closed(self, connection: Any) -> None:
-        """A host connection is gone: its turns end at their keeper's next check (soon)."""
+        """A host connection is gone: its turns end at their keeper's next check (soon), and
+        the typing it started by itself is stopped now."""
+        if self._nursery is not None and any(owner is connection for owner, _ in self._host_typing.values()):
+            self._nursery.start_soon(self._expire_host_typing, connection)
         for run in list(self._runs.values()):
             if run.connection is connection:
                 run.lease_deadline = min(run.lease_deadline, trio.current_time())
@@ -986,7 +1023,10 @@ class TurnManager:
                 "turnIndex": turn.turn_index,
                 "phase": "started",
             }
-            run.started = await send_lifecycle(self._links(), params, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+            # Shielded and recorded server by server: a host dropping mid-call must not leave
+            # a server told "started" that the turn then forgets to end.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
+                await send_lifecycle(self._links(), params, told=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
         finally:
             run.started_done.set()
         where = turn.routing.locus or turn.routing.trigger
@@ -1060,6 +1100,8 @@ class TurnManager:
         server withdrew the channel, so a stop for it would name an unknown channel.
         """
         refs = list(refs)
+        for ref in refs:
+            self._host_typing.pop(ref, None)
         for run in self._runs.values():
             stopped = run.turn.routing.withdrawn(refs)
             if stopped is not None:
@@ -1067,9 +1109,13 @@ class TurnManager:
                     run.typing_sent = None
                 self._log.info("typing.withdrawn", agent=run.turn.agent, turn=run.turn.turn_id, server=stopped.server_id, channel=stopped.channel_id)
 
-    async def host_typing(self, channel: str | Mapping[str, Any], op: str) -> dict[str, Any]:
+    async def host_typing(self, channel: str | Mapping[str, Any], op: str, connection: Any = None) -> dict[str, Any]:
         """A host's ``channels/typing``: a bare id in each server's channel with it (the
-        deliberate fan-out); a ref or qualified name there alone."""
+        deliberate fan-out); a ref or qualified name there alone.
+
+        A ``start`` holds for :attr:`host_typing_lease` (renewed by the next start); the
+        daemon stops it when the lease runs out or the host's connection closes.
+        """
         try:
             targets = host_typing_targets(self._daemon.router.names, channel)
         except MalformedChannel as exc:
@@ -1078,6 +1124,10 @@ class TurnManager:
             raise RpcError(CHANNEL_REFUSED, targets.text, targets.to_dict())
         rows = []
         for ref in targets:
+            if op == "stop":
+                self._host_typing.pop(ref, None)
+            else:
+                self._host_typing[ref] = (connection, trio.current_time() + self.host_typing_lease)
             reason = await self._send_typing(ref, op)
             row: dict[str, Any] = {**ref.to_wire(), "shown": self._shown(ref), "sent": reason is None}
             if reason is not None:

@@ -100,7 +100,7 @@ def add_turn_methods(table: MethodTable, daemon: Daemon, connection: HostConnect
         return await turns.close(connection, params.turn_id, params.outcome, params.usage)
 
     async def channels_typing(params: TypingParams, _inbound: Inbound) -> Any:
-        return await turns.host_typing(params.channel, params.op)
+        return await turns.host_typing(params.channel, params.op, connection)
 
     table.add("turn/open", turn_open, TurnOpenParams)
     # Up to the hook timeout per call: its own task, so the host's other calls don't queue
@@ -108,6 +108,9 @@ def add_turn_methods(table: MethodTable, daemon: Daemon, connection: HostConnect
     table.add("turn/context", turn_context, TurnContextParams, concurrent=True)
     table.add("turn/text", turn_text, TurnTextParams)
     table.add("turn/round", turn_round, TurnRoundParams)
-    table.add("turn/tool", turn_tool, TurnToolParams)
+    # A forwarded connector tool may wait up to its deadline: its own task, so the host's other
+    # calls (other agents' text, acks) don't queue behind it. The host awaits each tool result
+    # before the round's next text, so order within a turn holds.
+    table.add("turn/tool", turn_tool, TurnToolParams, concurrent=True)
     table.add("turn/close", turn_close, TurnCloseParams)
     table.add("channels/typing", channels_typing, TypingParams)

@@ -38,6 +38,8 @@ __all__ = [
 
 #: How long one server may take to answer ``context/beforeInference`` before we go on without it.
 BEFORE_INFERENCE_TIMEOUT: Final = 5.0
+#: One lifecycle notification to one server; past it that server is logged and skipped.
+LIFECYCLE_SEND_TIMEOUT: Final = 2.0
 HOOK_PREFIX: Final = "contextHooks.beforeInference"
 OBSERVE: Final = "contextHooks.beforeInference.observe"
 POSITIONS: Final = ("system", "beforeUser", "afterUser")
@@ -194,30 +196,48 @@ async def send_lifecycle(
     params: dict[str, Any],
     *,
     only: dict[str, int] | None = None,
+    told: dict[str, int] | None = None,
     log_fields: dict[str, Any] | None = None,
+    per_link_timeout: float = LIFECYCLE_SEND_TIMEOUT,
 ) -> dict[str, int]:
     """Send ``inference/lifecycle`` to every ready server granted ``inferenceLifecycle``.
+
+    Sent to every server at once, each with its own deadline, so one stuck server can't keep
+    the others from hearing (a terminal, above all).
 
     Args:
         params: ``{inferenceId, conversationId, turnIndex, phase}`` (no content, ever).
         only: for a terminal phase, the servers (and their transport epochs) that were told
             ``started``: exactly those get the terminal, and only in that same epoch (a server
             that reconnected since never saw ``started`` on this connection).
+        told: filled in as each server is told — *before* its write, so a send interrupted
+            halfway still counts: a server that may have seen ``started`` must get a terminal.
 
     Returns:
-        The servers told, with their epochs.
+        ``told``: the servers told, with their epochs.
     """
     log = get_logger(**(log_fields or {}))
-    told: dict[str, int] = {}
-    for link in links:
-        if only is not None and only.get(link.server_id) != link.epoch:
-            continue
-        if link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
-            continue
-        try:
-            await link.send_notification("inference/lifecycle", params, capability=LIFECYCLE)
-        except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
-            log.info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
-            continue
+    told = {} if told is None else told
+    eligible = [
+        link
+        for link in links
+        if (only is None or only.get(link.server_id) == link.epoch)
+        and link.state is LinkState.READY
+        and link.grant.allows(LIFECYCLE)
+    ]
+
+    async def send_one(link: ServerLink) -> None:
         told[link.server_id] = link.epoch
+        try:
+            with trio.move_on_after(per_link_timeout) as waited:
+                await link.send_notification("inference/lifecycle", params, capability=LIFECYCLE)
+            if waited.cancelled_caught:
+                log.warning("lifecycle.timeout", server=link.server_id, phase=params.get("phase"), timeout=per_link_timeout)
+        except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
+            told.pop(link.server_id, None)  # it never left: nothing to end on that server
+            log.info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
+
+    async with trio.open_nursery() as nursery:
+        for link in eligible:
+            nursery.start_soon(send_one, link)
     return told

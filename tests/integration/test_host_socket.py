@@ -29,3 +29,26 @@ async def test_a_hosts_non_json_line_is_answered_and_the_connection_stays(short_
                 assert json.loads(await framed.receive_message())["result"]["version"]
             finally:
                 await stream.aclose()
+
+
+async def test_a_hosts_typing_is_stopped_when_the_host_goes_away(short_tmp: Path) -> None:
+    from mcpl_router.client import RouterClient
+    from mcpl_router.testing.control import FixtureProcess, wait_until
+
+    from .conftest import dialled_server, wait_channel, wait_ready
+
+    with trio.fail_after(30):
+        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as server:
+            async with running_daemon(short_tmp, {"b": dialled_server(server)}, unix_socket=True) as daemon:
+                await wait_ready(daemon, "b")
+                await wait_channel(daemon, "b", "general")
+                async with RouterClient.connect_unix(daemon.host_socket_path) as host:
+                    await host.hello("crashy-host", [])
+                    await host.call("channels/typing", {"channel": "b:general", "op": "start"})
+                # The host is gone without a stop: the daemon sends it.
+
+                async def typing_ops() -> list[str] | None:
+                    ops = [entry["params"].get("op", "start") for entry in await server.recorded("channels/typing")]
+                    return ops if ops[-1:] == ["stop"] else None
+
+                assert await wait_until(typing_ops, timeout=10) == ["start", "stop"]

@@ -78,7 +78,7 @@ async def test_tune_out_reads_the_turns_own_channel_holds_its_wakes_and_summariz
             wake = await next_wake(client)
             opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake["seq"]]})
             # "general" is the turn's own channel: b's, though a registers the id too.
-            entered = await tool(client, opened["turnId"], "tune_out", {"channelId": "general", "cadence": 0.3})
+            entered = await tool(client, opened["turnId"], "tune_out", {"channelId": "general", "cadence": 600})
             assert entered["isError"] is False
             assert entered["structuredContent"]["serverId"] == "b"
             assert entered["content"][0]["text"].startswith("[tune-out] b:general is tuned out")
@@ -92,6 +92,11 @@ async def test_tune_out_reads_the_turns_own_channel_holds_its_wakes_and_summariz
             await mention(servers["a"], "on a")
             direct = await next_wake(client)
             assert direct["reason"] == "message" and direct["channel"]["serverId"] == "a"
+            # Entering again restarts the cadence and keeps what is held.
+            quick = await client.call("turn/open", {"agent": AGENT})
+            again = await tool(client, quick["turnId"], "tune_out", {"channelId": "b:general", "cadence": 0.2})
+            assert again["isError"] is False
+            await client.call("turn/close", {"turnId": quick["turnId"], "outcome": "completed"})
             summary = await next_wake(client)
             assert summary["reason"] == "tuneout-summary"
             assert summary["channel"] == {"serverId": "b", "channelId": "general", "shown": "b:general"}
@@ -138,10 +143,13 @@ async def test_a_tune_out_ends_after_its_max_wakes(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with two_servers(tmp_path, "a") as (daemon, servers), host(daemon) as client:
             opened = await client.call("turn/open", {"agent": AGENT, "channel": "a:general"})
-            await tool(client, opened["turnId"], "tune_out", {"channelId": "general", "cadence": 0.2, "maxWakes": 1, "backlogCap": 1})
-            await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            settings = {"channelId": "general", "maxWakes": 1, "backlogCap": 1}
+            await tool(client, opened["turnId"], "tune_out", {**settings, "cadence": 600})
             await mention(servers["a"], "one")
             await mention(servers["a"], "two")
+            await wait_until(lambda: daemon.tune_outs.table.get(AGENT, A_GENERAL).dropped == 1, timeout=10)
+            await tool(client, opened["turnId"], "tune_out", {**settings, "cadence": 0.2})
+            await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
             summary = await next_wake(client)
             assert summary["reason"] == "tuneout-summary" and summary["final"] is True
             assert len(summary["held"]) == 1 and summary["dropped"] == 1

@@ -1,0 +1,80 @@
+"""Every ``started`` gets exactly one terminal, whatever is stuck and however a turn ends.
+
+Stand-in links (no sockets) on trio's autojump clock: a stuck server is one whose send never
+returns. Timing is virtual; nothing here measures wall-clock time.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import trio
+
+from mcpl_router.mcpl.context import send_lifecycle
+from mcpl_router.mcpl.link import LinkState
+from mcpl_router.routing.turns import Turn, TurnRouting
+from mcpl_router.turn_runner import FINISH_GRACE, TurnManager, _TurnRun
+
+
+class _AllGranted:
+    def allows(self, _capability: str) -> bool:
+        return True
+
+
+class StandInLink:
+    def __init__(self, server_id: str, *, send_delay: float = 0.0) -> None:
+        self.server_id = server_id
+        self.send_delay = send_delay
+        self.state = LinkState.READY
+        self.grant = _AllGranted()
+        self.epoch = 1
+        self.phases: list[str] = []
+
+    async def send_notification(self, method: str, params: dict[str, Any], capability: str | None = None) -> None:
+        await trio.sleep(self.send_delay)
+        self.phases.append(params["phase"])
+
+
+class _Sessions:
+    async def notify_agent(self, *_: Any) -> bool:
+        return True
+
+
+def _open_run(manager: TurnManager, index: int = 1) -> _TurnRun:
+    turn = Turn(turn_id=f"t{index}", inference_id=f"i{index}", agent=f"agent{index}", routing=TurnRouting.starting_at(None))
+    manager.table.add(turn)
+    run = _TurnRun(turn=turn, connection=None, prose_routing="locus", lease_deadline=1e9)
+    manager._runs[turn.turn_id] = run
+    return run
+
+
+async def test_a_stuck_server_does_not_cost_another_its_terminal(autojump_clock: trio.abc.Clock) -> None:
+    stuck, healthy = StandInLink("a", send_delay=60), StandInLink("b")
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + 5):
+        await send_lifecycle([stuck, healthy], {"phase": "completed"}, only={"a": 1, "b": 1})
+    assert healthy.phases == ["completed"]
+
+
+async def test_started_is_remembered_even_when_the_host_call_is_cancelled(autojump_clock: trio.abc.Clock) -> None:
+    fast, slow = StandInLink("a"), StandInLink("b", send_delay=0.5)
+    manager = TurnManager(types.SimpleNamespace(links={"a": fast, "b": slow}, sessions=_Sessions()))
+    run = _open_run(manager)
+    with trio.move_on_after(0.1):  # the host drops while turn/context is still sending "started"
+        await manager._start_inference(run)
+    await manager._finish(run, "aborted", why="host-gone")
+    assert fast.phases == ["started", "aborted"]
+    assert slow.phases == ["started", "aborted"]
+
+
+async def test_shutdown_drain_takes_one_bound_not_one_per_turn(autojump_clock: trio.abc.Clock) -> None:
+    stuck = StandInLink("a", send_delay=60)
+    manager = TurnManager(types.SimpleNamespace(links={"a": stuck}, sessions=_Sessions()))
+    for index in range(4):
+        run = _open_run(manager, index)
+        run.started = {"a": 1}
+        run.started_done.set()
+    began = trio.current_time()
+    await manager.drain()
+    assert trio.current_time() - began < 2 * FINISH_GRACE  # one bound (virtual time), not four
+    assert manager.table.all() == []
