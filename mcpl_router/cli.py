@@ -94,17 +94,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def _startup_refusal(exc: BaseException) -> BaseException | None:
     """A refusal to start (unsafe socket directory, token problems), found even inside a group."""
+    from mcpl_router.errors import first_leaf
     from mcpl_router.hosts.auth import HostAuthError
     from mcpl_router.hosts.listener import SocketSetupError
 
-    if isinstance(exc, (SocketSetupError, HostAuthError)):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _startup_refusal(inner)
-            if found is not None:
-                return found
-    return None
+    return first_leaf(exc, lambda leaf: isinstance(leaf, (SocketSetupError, HostAuthError)))
 
 
 def _socket_path(args: argparse.Namespace) -> str:

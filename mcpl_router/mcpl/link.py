@@ -33,6 +33,7 @@ import attrs
 import msgspec
 import trio
 
+from mcpl_router.errors import first_leaf
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.envelope import Envelope
 from mcpl_router.jsonrpc.peer import PeerStatistics
@@ -591,18 +592,11 @@ _EXPECTED_FAILURES = (TransportError, PeerClosed, RequestTimeout, RpcError, Mani
 
 def _expected_failure(exc: BaseException) -> BaseException | None:
     """The first connection-level failure in ``exc`` (or in its group), or None for a bug."""
-    if isinstance(exc, _EXPECTED_FAILURES):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _expected_failure(inner)
-            if found is not None:
-                return found
-        return None
-    if type(exc).__module__.startswith("trio_websocket"):
-        # trio-websocket's reader raises its own errors (ConnectionRejected, …) in the nursery.
-        return exc
-    return None
+    # trio-websocket's reader raises its own errors (ConnectionRejected, …) in the nursery.
+    return first_leaf(
+        exc,
+        lambda leaf: isinstance(leaf, _EXPECTED_FAILURES) or type(leaf).__module__.startswith("trio_websocket"),
+    )
 
 
 def _describe_failure(exc: BaseException) -> str:

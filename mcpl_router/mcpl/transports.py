@@ -17,6 +17,7 @@ import attrs
 import trio
 import trio_websocket
 
+from mcpl_router.errors import leaf_exceptions
 from mcpl_router.jsonrpc.framing import DEFAULT_MAX_MESSAGE_BYTES, MessageStream, NdjsonStream, WebSocketMessageStream
 from mcpl_router.logs import get_logger
 
@@ -202,7 +203,7 @@ async def _dial_websocket(config: ServerConfig, nursery: trio.Nursery, max_messa
 
 def _websocket_failure(exc: BaseException, shown: str) -> BaseException:
     """A safe TransportError for a failed dial (no URL credentials), or ``exc`` if unrelated."""
-    leaves = list(_leaf_exceptions(exc))
+    leaves = list(leaf_exceptions(exc))
     for leaf in leaves:
         if isinstance(leaf, trio.TooSlowError):
             return TransportError(f"websocket handshake with {shown} timed out after {WEBSOCKET_CONNECT_TIMEOUT:g}s")
@@ -214,11 +215,3 @@ def _websocket_failure(exc: BaseException, shown: str) -> BaseException:
         if isinstance(leaf, (OSError, trio.BrokenResourceError)):
             return TransportError(f"could not connect to {shown}: {getattr(leaf, 'strerror', None) or leaf}")
     return exc
-
-
-def _leaf_exceptions(exc: BaseException):  # type: ignore[no-untyped-def]
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            yield from _leaf_exceptions(inner)
-    else:
-        yield exc

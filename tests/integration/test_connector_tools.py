@@ -224,3 +224,21 @@ async def test_the_tool_list_is_fetched_again_on_list_changed_and_after_a_reconn
             assert later.exposed.startswith("mcpl--a--send_later-") and tools.tool_named(later.exposed) is later
             lists = await servers["a"].recorded("tools/list")
             assert [entry["epoch"] for entry in lists] == [1, 1, 2]
+
+
+async def test_two_servers_given_one_prefix_offer_neither_tool_under_the_shared_name(tmp_path: Path) -> None:
+    options = {"a": {"toolPrefix": "chat--"}, "b": {"toolPrefix": "chat--", "disabledTools": ["fetch_history"]}}
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"], options) as (daemon, servers):
+            await servers["b"].configure(tools=[{"name": "send_message"}, {"name": "react"}])
+            await servers["b"].host_call("notifications/tools/list_changed", form="notification")
+            await wait_until(lambda: [t.name for t in daemon.connector_tools.tools_of("b")] == ["send_message", "react"], timeout=10)
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                offered = [spec["name"] for spec in opened["tools"] if spec["name"].startswith("chat--")]
+                # send_message is on both: the name means neither, and a call by it is unknown.
+                assert offered == ["chat--fetch_history", "chat--react"]
+                refused = await tool(client, opened["turnId"], "chat--send_message", {"channelId": "general", "text": "x"})
+                assert refused["isError"] is True and refused["reason"] == "unknown-tool"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(servers["a"]) == [] and await tool_calls(servers["b"]) == []

@@ -485,3 +485,79 @@ async def test_a_failed_delivery_is_told_and_a_failed_pin_holds_later_words(tmp_
             closed = await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
             assert closed["notices"] == [texts.delivery_failed("b:general", "b", texts.REASON_NOT_DELIVERED)]
             assert closed["drafts"] == [] and daemon.turns.open_turns() == []
+
+
+# ---------------------------------------------------------------------- speech tools
+
+
+async def test_sleep_announces_in_the_pin_and_nowhere_for_a_call_outside_the_turn(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "hybrid") as (_daemon, servers, client):
+            seq = await message(servers, client, "b")
+            first = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            await client.call("turn/text", {"turnId": first["turnId"], "round": 1, "delta": ">>> a:general pinned"})
+            await client.call("turn/round", {"turnId": first["turnId"], "round": 1})
+            slept = await tool(client, first["turnId"], "sleep", announce="back soon")
+            assert slept["content"][0]["text"] == texts.sleep_announced("a:general")
+            # A new turn; a script of the first turn calls sleep: it announces nowhere.
+            second = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            late = await client.call("turn/tool", {"turnId": second["turnId"], "callId": "c9", "name": "sleep",
+                                                   "arguments": {"announce": "late"}, "callerTurnId": first["turnId"]})
+            assert late["content"][0]["text"] == texts.SLEEP_NOT_ANNOUNCED
+            await client.call("turn/close", {"turnId": second["turnId"], "outcome": "completed"})
+            assert await posts(servers["a"]) == [("general", "pinned"), ("general", "back soon")]
+            assert await posts(servers["b"]) == []
+
+
+async def test_skip_reply_keeps_the_rest_private_and_prose_help_gives_the_grammar(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "explicit") as (_daemon, servers, client):
+            seq = await message(servers, client, "b")
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            turn_id = opened["turnId"]
+            helped = await tool(client, turn_id, "prose_help")
+            grammar = helped["content"][0]["text"]
+            assert ">>a:general" in grammar and "the turn has been in" in grammar and "{{unsent}}" in grammar
+            await client.call("turn/text", {"turnId": turn_id, "round": 1, "delta": ">>general never sent"})
+            skipped = await tool(client, turn_id, "skip_reply")
+            assert skipped["structuredContent"] == {"endTurn": True}
+            await client.call("turn/round", {"turnId": turn_id, "round": 1})
+            await client.call("turn/text", {"turnId": turn_id, "round": 2, "delta": "nor this"})
+            closed = await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+            assert closed["receipt"]["private"] == 2 and closed["drafts"] == []
+            for name in ("a", "b"):
+                assert await posts(servers[name]) == []
+
+
+async def test_an_unconfirmed_draft_needs_confirm_duplicate_and_dismiss_sets_aside(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "locus") as (daemon, servers, client):
+            _, _, closed = await run_turn(client, ["first words", "second words"])
+            first, second = (d["id"] for d in closed["drafts"])
+            daemon.turns.publish_timeout = 0.3
+            await servers["b"].configure(publish={"delayMs": 1500})
+            turn = await client.call("turn/open", {"agent": AGENT})
+            unknown = await tool(client, turn["turnId"], "drafts", action="resend", ids=[first, second], channelId="b:general")
+            # The first went out and its outcome is unknown: the resend stops there.
+            assert [s["outcome"] for s in unknown["structuredContent"]["sent"]] == ["unknown"]
+            assert daemon.journal.draft(first)["state"] == "unconfirmed"
+            assert daemon.journal.draft(second)["state"] == "held"
+            await servers["b"].configure(publish={})
+            refused = await tool(client, turn["turnId"], "drafts", action="resend", id=first, channelId="b:general")
+            assert refused["isError"] and refused["reason"] == "confirm-duplicate-needed"
+            daemon.turns.publish_timeout = 10
+            confirmed = await tool(client, turn["turnId"], "drafts", action="resend", id=first, channelId="b:general",
+                                   confirmDuplicate=True)
+            assert confirmed["structuredContent"]["sent"][0]["outcome"] == "delivered"
+            dismissed = await tool(client, turn["turnId"], "drafts", action="dismiss", id=second)
+            assert not dismissed["isError"] and daemon.journal.draft(second)["state"] == "dismissed"
+            gone = await tool(client, turn["turnId"], "drafts", action="resend", id=second, channelId="b:general")
+            assert gone["reason"] == "draft-not-resendable"
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+
+            async def both_arrived() -> bool:
+                return len(await posts(servers["b"])) == 2
+
+            await wait_until(both_arrived, timeout=10)
+            assert await posts(servers["b"]) == [("general", "first words"), ("general", "first words")]
+            assert await posts(servers["a"]) == []

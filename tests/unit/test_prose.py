@@ -196,3 +196,16 @@ def test_draft_ids_and_rows_round_trip() -> None:
 def test_receipt_wording() -> None:
     assert texts.prose_receipt(["b:general", "b:general", "a:general"], []) == "[delivered] plain speech → b:general · a:general"
     assert texts.prose_receipt([], [texts.note_named(2)]).startswith("[delivered] nothing — 2 plain-speech segment(s) kept in your context, sent to no one")
+
+
+def test_drafts_survive_reopening_the_journal(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from mcpl_router.store.journal import Journal
+
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    draft = Draft("d-abcde", "ann", "kept", prose.REASON_NO_DESTINATION, 1.0)
+    journal.save_draft(draft.row())
+    journal.close()
+    reopened = Journal(path)
+    assert [Draft.from_row(row) for row in reopened.drafts_of("ann")] == [draft]
+    reopened.close()
