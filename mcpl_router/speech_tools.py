@@ -8,6 +8,7 @@ turn's own channels, and its ``sleep`` announces nowhere.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.logs import get_logger
@@ -122,7 +123,7 @@ class SpeechTools:
             log.info("sleep.not_announced", why="no-destination")
             return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
         turns = self._daemon.turns
-        delivery = await turns._publish(run, where, announce, run.turn.round)
+        delivery = await turns.publish_for(run, where, announce)
         turn.routing.record(delivery)
         log.info("sleep.announced", server=where.server_id, channel=where.channel_id, outcome=delivery.outcome)
         if delivery.outcome == "failed":
@@ -158,8 +159,6 @@ class SpeechTools:
         return [single] if isinstance(single, str) else []
 
     def _list(self, call: ToolCall) -> dict[str, Any]:
-        import time
-
         number = call.arguments.get("page", 1)
         drafts = page(self._daemon.turns.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
         now = time.time()

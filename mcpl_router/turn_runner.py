@@ -132,6 +132,8 @@ class _TurnRun:
     # Outgoing streams: per destination ref, the epoch its chunks went in and the words sent.
     streams: dict[ChannelRef, tuple[int, list[str]]] = attrs.field(factory=dict)
     stream_index: int = 0
+    # The journal's last inbound seq this turn has looked at (mid-turn arrivals come after it).
+    seen_seq: int = 0
 
 
 def _message_ids(payload: Any) -> tuple[str | None, str | None]:
@@ -422,6 +424,7 @@ class TurnManager:
             lease_deadline=trio.current_time() + self.lease,
             prose=state,
             subagent=bool(subagent or getattr(spec, "subagent", False)),
+            seen_seq=max([self._daemon.journal.last_seq(), *(fact.seq for fact in facts)]),
         )
         superseded = self.table.add(turn)
         self._runs[turn_id] = run
@@ -539,14 +542,17 @@ class TurnManager:
         text = turn.take_text(round_)
         routing = turn.routing
         locus_then, pin_then = run.round_routes.pop(round_, (routing.locus, routing.sticky_target))
-        if not text.strip():
-            return []
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id, round=round_)
         mode = run.prose_routing
         prefix = prose.PIN if mode == "hybrid" else prose.EXPLICIT
+        silenced = round_ in run.explicit_send_rounds
         # Pins live in the routing (a channel_open with setSpeechTarget clears them); the words
         # go along the pin in force when they were written.
         locus_now, pin_now = routing.locus, routing.sticky_target
+        # A tool boundary: messages that arrived meanwhile may hold later words.
+        await self._arrivals(run, log)
+        if not text.strip():
+            return []
         run.prose.pin = pin_then if mode in ("hybrid", "explicit") else None
         quiet_before, hold_before = run.prose.quiet, run.prose.hold
         segments = prose.decide(
@@ -555,7 +561,7 @@ class TurnManager:
             run.prose,
             locus=locus_then,
             resolve=lambda token: self.resolve_speech_target(token, routing, prefix),
-            silenced=round_ in run.explicit_send_rounds,
+            silenced=silenced,
         )
         if mode in ("hybrid", "explicit"):
             moved = (locus_now, pin_now) != (locus_then, pin_then)
@@ -575,6 +581,44 @@ class TurnManager:
             if run.prose.hold and not hold_before:
                 run.notices.append(texts.SPEECH_HELD_UNTIL_TARGET)
         return deliveries
+
+    async def _arrivals(self, run: _TurnRun, log: Any) -> None:
+        """Messages that arrived for the agent since the turn last looked (a tool boundary).
+
+        A conversational message clears send-silencing for rounds not routed yet; one from
+        another conversation that addresses the agent (or continues one it sent into) holds an
+        inferred locus for the rest of the turn, with a notice, and its typing stops.
+        """
+        turn = run.turn
+        stored = self._daemon.journal.unacked_deliveries(turn.agent, after_seq=run.seen_seq)
+        if not stored:
+            return
+        run.seen_seq = max(item.event.seq for item in stored)
+        arrivals = []
+        for item in stored:
+            event = item.event
+            ref = ChannelRef(event.server_id, event.channel_id) if event.channel_id else None
+            payload = event.payload if isinstance(event.payload, Mapping) else {}
+            thread = payload.get("threadId")
+            arrivals.append(prose.Arrival(ref, thread if isinstance(thread, str) else None, item.delivery.addressed,
+                                          conversational=event.kind == "message"))
+        if any(arrival.conversational for arrival in arrivals):
+            run.explicit_send_rounds.clear()
+        routing = turn.routing
+        deliberate = routing.locus is not None and routing.locus != routing.trigger
+        competing = prose.hold_for_arrivals(run.prose_routing, routing, run.prose, arrivals, deliberate=deliberate)
+        if not competing:
+            return
+        routing.locus = None
+        run.prose.held_reason = prose.REASON_AMBIGUOUS
+        # Later rounds' words are held; this round's were written before the arrival.
+        for pending, (_locus, pin) in list(run.round_routes.items()):
+            run.round_routes[pending] = (None, pin)
+        if routing.typing_channel is not None:
+            routing.typing_channel = None
+            await self._stop_typing(run)
+        run.notices.append(texts.speech_held([self._shown(ref) for ref in competing]))
+        log.info("speech.held.mid_turn", competing=[ref.qualified_name for ref in competing])
 
     async def _carry_out(self, run: _TurnRun, round_: int, segment: prose.Segment, prefix: str, log: Any) -> Delivery | None:
         turn = run.turn
@@ -693,6 +737,10 @@ class TurnManager:
             except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
                 self._log.info("stream.complete.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id)
 
+    async def publish_for(self, run: _TurnRun, ref: ChannelRef, text: str) -> Delivery:
+        """Publish ``text`` for ``run``'s turn to ``ref`` on its own server (a speech tool's send)."""
+        return await self._publish(run, ref, text, run.turn.round)
+
     async def _publish(self, run: _TurnRun, ref: ChannelRef, text: str, round_: int) -> Delivery:
         return await publish_text(
             self._daemon.links.get(ref.server_id),
@@ -805,10 +853,9 @@ class TurnManager:
         """Send ``draft`` to ``ref``: the attempt is journaled before the publish goes out."""
         draft.attempts.append(Attempt(ref.server_id, ref.channel_id, self._shown(ref), time.time(), "sending"))
         self.save_draft(draft)
-        delivery = await self._publish(run, ref, draft.text, run.turn.round)
+        delivery = await self.publish_for(run, ref, draft.text)
+        # A failed attempt leaves the draft held (nothing arrived); see _attempted.
         self._attempted(draft, delivery)
-        if draft.state == "held" and delivery.outcome == "failed":
-            pass  # stays held: nothing arrived
         return delivery
 
     # ------------------------------------------------------------------ turn/tool
@@ -879,7 +926,13 @@ class TurnManager:
                 # An aborted, failed or refused turn's unfinished words are not posted.
                 for round_ in turn.unrouted_rounds():
                     text = turn.take_text(round_)
-                    if text.strip():
+                    if not text.strip():
+                        continue
+                    if run.prose_routing == "named":
+                        run.kept += 1
+                    elif run.prose_routing == "disabled":
+                        run.suppressed += 1
+                    else:
                         self._new_draft(run, text, prose.REASON_NO_DESTINATION, detail=f"turn-{outcome}")
         if outcome == "refused":
             await self._react_to_refusal(run)

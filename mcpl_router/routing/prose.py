@@ -471,3 +471,44 @@ def invitation_text(
     else:
         reply = texts.INVITATION_REPLY_NONE
     return texts.invitation(author, names.name_shown(ref), reply, channel_id=ref.channel_id, server_id=ref.server_id)
+
+
+# ---------------------------------------------------------------------- mid-turn arrivals
+
+
+@attrs.frozen
+class Arrival:
+    """A message that arrived for the agent while its turn was open."""
+
+    ref: ChannelRef | None
+    thread_id: str | None
+    addressed: bool
+    conversational: bool = True
+
+
+def hold_for_arrivals(
+    mode: str, routing: TurnRouting, state: ProseState, arrivals: Sequence[Arrival], *, deliberate: bool
+) -> tuple[ChannelRef, ...]:
+    """Whether mid-turn arrivals hold an inferred route (PROSE: mid-turn hold).
+
+    A message from a *different* conversation that addresses the agent, or continues one the
+    agent sent into this turn, holds an inferred locus for the rest of the turn. Deliberate
+    routes (a ``channel_open``, a ``>>>`` pin) and same-conversation arrivals change nothing.
+
+    Returns:
+        The competing channels (the old locus first) when the route becomes held, else ``()``.
+    """
+    locus = routing.locus
+    if mode not in ("locus", "hybrid") or locus is None or deliberate or state.pin is not None:
+        return ()
+    others = [
+        arrival.ref
+        for arrival in arrivals
+        if arrival.ref is not None
+        and arrival.conversational
+        and arrival.ref != locus
+        and (arrival.addressed or arrival.ref in routing.engaged)
+    ]
+    if not others:
+        return ()
+    return tuple(dict.fromkeys([locus, *others]))

@@ -704,7 +704,10 @@ class _HostSession:
             await self._send_eager()
         personality = self.options.personality
         if personality in ("legacy", "notify-publish"):
-            self.spawn(partial(self._announce, "initialized"))
+            # Inline, like --eager: these servers register *before* the policy, and a spawned
+            # task could lose that race to the host's featureSets/update under load. Answers
+            # are resolved by the read loop, so awaiting the host's answer here is safe.
+            await self._announce("initialized")
         elif personality == "discord":
             self.spawn(self._grace_then_announce)
 

@@ -217,6 +217,9 @@ async def test_a_script_of_an_earlier_turn_takes_moves_and_engages_nothing(tmp_p
                 moved = await tool(client, later["turnId"], "channel_open", {"channelId": "b:general"})
                 assert moved["structuredContent"]["speechTarget"] is True
                 assert routing.was_in == (A_GENERAL, B_GENERAL) and routing.locus == B_GENERAL
+                # The turn's channels with that id are now on two servers: "general" means neither.
+                neither = await tool(client, later["turnId"], "channel_publish", {"channelId": "general", "content": "?"})
+                assert neither["reason"] == "ambiguous"
                 await client.call("turn/close", {"turnId": later["turnId"], "outcome": "completed"})
             assert await published(servers["b"]) == [("general", "from script")]
             assert await published(servers["a"]) == [("general", "inside")]

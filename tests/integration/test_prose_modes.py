@@ -561,3 +561,30 @@ async def test_an_unconfirmed_draft_needs_confirm_duplicate_and_dismiss_sets_asi
             await wait_until(both_arrived, timeout=10)
             assert await posts(servers["b"]) == [("general", "first words"), ("general", "first words")]
             assert await posts(servers["a"]) == []
+
+
+# ---------------------------------------------------------------------- mid-turn hold
+
+
+@ORDERS
+async def test_an_addressed_message_from_another_conversation_holds_the_locus_mid_turn(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "locus", first=first) as (_daemon, servers, client):
+            seq = await message(servers, client, "b")
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            turn_id = opened["turnId"]
+            await client.call("turn/text", {"turnId": turn_id, "round": 1, "delta": "written before"})
+            # Ambient chatter in the same conversation changes nothing.
+            await servers["b"].incoming([{"channelId": "general", "text": "chatter"}])
+            await client.call("turn/round", {"turnId": turn_id, "round": 1})
+            await client.call("turn/text", {"turnId": turn_id, "round": 2, "delta": "still b"})
+            # Someone on a's general addresses ann: later words are held.
+            await message(servers, client, "a")
+            routed = await client.call("turn/round", {"turnId": turn_id, "round": 2})
+            assert routed["notices"] == [texts.speech_held(["b:general", "a:general"])]
+            await client.call("turn/text", {"turnId": turn_id, "round": 3, "delta": "held now"})
+            closed = await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+            assert [(d["reason"], d["preview"]) for d in closed["drafts"]] == [("ambiguous", "held now")]
+            assert await posts(servers["b"]) == [("general", "written before"), ("general", "still b")]
+            assert await posts(servers["a"]) == []
+            assert typing_ops(await servers["a"].recorded()) == []
