@@ -118,6 +118,7 @@ _AGENT_KEYS: Final = (
     "wakeChannels",
     "wakeServers",
     "wakeTags",
+    "subconsciousFor",
 )
 _CHANNEL_REF_KEYS: Final = ("serverId", "channelId")
 
@@ -438,6 +439,8 @@ class AgentConfig:
     wake_channels: tuple[str, ...] = ()
     wake_servers: tuple[str, ...] = ()
     wake_tags: tuple[str, ...] = ()
+    #: The primary agent this one is the subconscious of (tune-out summaries, speak_in_channel).
+    subconscious_for: str | None = None
 
 
 @attrs.frozen
@@ -1725,6 +1728,7 @@ def _parse_agents(section: _Section, server_ids: Sequence[str]) -> dict[str, Age
             wake_channels=a.strings("wakeChannels", (), item="channel name") or (),
             wake_servers=wake_servers,
             wake_tags=wake_tags,
+            subconscious_for=a.string("subconsciousFor"),
         )
     return agents
 

@@ -458,12 +458,18 @@ class TurnManager:
             routing_line = texts.speech_held(competing)
         else:
             routing_line = texts.SPEECH_NO_DESTINATION_HELD
+        # Drafts no receipt or notice named yet (their turn ended without closing).
+        untold = [draft for draft in self.drafts_of(agent) if not draft.told and draft.state == "held"]
+        for draft in untold:
+            draft.told = True
+            self.save_draft(draft)
         return {
             "turnId": turn_id,
             "inferenceId": inference_id,
             "channel": self._ref_wire(trigger),
             "tools": self.tools_for(spec, run),
             "system": system,
+            "notices": [texts.untold_drafts([draft.draft_id for draft in untold])] if untold else [],
             "proseRouting": mode,
             "shown": {
                 "channel": self._shown(trigger) if trigger else None,
@@ -947,7 +953,12 @@ class TurnManager:
             "suppressed": run.suppressed,
             "kept": run.kept,
         }
-        drafts = [d.to_wire(time.time()) for d in self.drafts_of(turn.agent) if d.draft_id in run.drafts]
+        made = [d for d in self.drafts_of(turn.agent) if d.draft_id in run.drafts]
+        for draft in made:
+            if not draft.told:
+                draft.told = True  # the receipt (or a bounce notice) names it
+                self.save_draft(draft)
+        drafts = [d.to_wire(time.time()) for d in made]
         again = run.again and outcome == "completed"
         return {
             "receipt": receipt,

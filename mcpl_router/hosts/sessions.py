@@ -130,6 +130,7 @@ class AgentSpec:
             wake_servers=config.wake_servers,
             # The config can't tell "no tags" from "not given": empty means the default.
             wake_tags=config.wake_tags or None,
+            subconscious_for=config.subconscious_for,
             configured=True,
         )
 

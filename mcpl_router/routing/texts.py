@@ -1006,3 +1006,11 @@ INVITATION_REPLY_SEND_TOOL: Final = (
     "check whether its server offers a send tool that can address it (your plain text is never"
     " posted)."
 )
+
+
+def untold_drafts(ids: Sequence[str]) -> str:
+    """Drafts made where no receipt named them (a turn that ended without closing)."""
+    return (
+        f"{ROUTING} {len(ids)} draft(s) of yours were held and not yet mentioned: {', '.join(ids)}."
+        " The drafts tool lists, sends or dismisses them."
+    )

@@ -321,9 +321,10 @@ async def test_named_system_line_wordings_tools_sleep_and_resend(tmp_path: Path)
                 assert await posts(servers[name]) == []
 
 
-async def test_a_refusal_reacts_on_the_messages_own_server_except_for_named(tmp_path: Path) -> None:
+@ORDERS
+async def test_a_refusal_reacts_on_the_messages_own_server_except_for_named(tmp_path: Path, first: str) -> None:
     with trio.fail_after(60):
-        async with scene(tmp_path, "locus", first="b") as (_daemon, servers, client):
+        async with scene(tmp_path, "locus", first=first) as (_daemon, servers, client):
             seq = await message(servers, client, "b")
             _, _, closed = await run_turn(client, ["unsaid"], wakes=[seq], outcome="refused")
             assert closed["deliveries"] == []
@@ -588,3 +589,22 @@ async def test_an_addressed_message_from_another_conversation_holds_the_locus_mi
             assert await posts(servers["b"]) == [("general", "written before"), ("general", "still b")]
             assert await posts(servers["a"]) == []
             assert typing_ops(await servers["a"].recorded()) == []
+
+
+async def test_a_draft_no_receipt_named_is_named_at_the_next_turn(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "locus") as (_daemon, servers, client):
+            first = await client.call("turn/open", {"agent": AGENT})
+            assert first["notices"] == []
+            await client.call("turn/text", {"turnId": first["turnId"], "round": 1, "delta": "unheard"})
+            await client.call("turn/round", {"turnId": first["turnId"], "round": 1})
+            # Superseded: the first turn never closes, so no receipt named its draft.
+            second = await client.call("turn/open", {"agent": AGENT})
+            [notice] = second["notices"]
+            assert notice.startswith("[routing] 1 draft(s) of yours were held and not yet mentioned: d-")
+            await client.call("turn/close", {"turnId": second["turnId"], "outcome": "completed"})
+            third = await client.call("turn/open", {"agent": AGENT})
+            assert third["notices"] == []
+            await client.call("turn/close", {"turnId": third["turnId"], "outcome": "completed"})
+            for name in ("a", "b"):
+                assert await posts(servers[name]) == []

@@ -874,3 +874,13 @@ def test_check_config_never_prints_a_secret(tmp_path) -> None:
     for secret in ("xoxb-ENVSECRET", "ghp_USERTOKEN", "QUERYSECRET", "PASSWORD"):
         assert secret not in text
     assert "discord-mcpl (+2 args)" in text
+
+
+def test_an_agent_can_be_declared_the_subconscious_of_another(tmp_path) -> None:
+    from mcpl_router.config import parse_config
+
+    config = parse_config(
+        {"agents": {"kai": {}, "kai-sub": {"subconsciousFor": "kai"}}}, source="<t>", base_dir=tmp_path, environ={}
+    )
+    assert config.agents["kai-sub"].subconscious_for == "kai"
+    assert config.agents["kai"].subconscious_for is None
