@@ -134,6 +134,8 @@ class _TurnRun:
     stream_index: int = 0
     # The journal's last inbound seq this turn has looked at (mid-turn arrivals come after it).
     seen_seq: int = 0
+    # The locus the last routed round went by: a different one since means a deliberate move.
+    last_locus: ChannelRef | None = None
 
 
 def _message_ids(payload: Any) -> tuple[str | None, str | None]:
@@ -560,6 +562,11 @@ class TurnManager:
         if not text.strip():
             return []
         run.prose.pin = pin_then if mode in ("hybrid", "explicit") else None
+        if locus_then is not None and locus_then != run.last_locus and pin_then is None:
+            # A channel_open that set the speech target supersedes a >>>skip_reply or a failed >>>.
+            if run.last_locus is not None or turn.routing.trigger != locus_then:
+                run.prose.quiet = run.prose.hold = False
+        run.last_locus = locus_then
         quiet_before, hold_before = run.prose.quiet, run.prose.hold
         segments = prose.decide(
             mode,

@@ -608,3 +608,21 @@ async def test_a_draft_no_receipt_named_is_named_at_the_next_turn(tmp_path: Path
             await client.call("turn/close", {"turnId": third["turnId"], "outcome": "completed"})
             for name in ("a", "b"):
                 assert await posts(servers[name]) == []
+
+
+async def test_a_channel_open_that_sets_the_speech_target_supersedes_the_pin(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "hybrid") as (_daemon, servers, client):
+            seq = await message(servers, client, "b")
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            turn_id = opened["turnId"]
+            await client.call("turn/text", {"turnId": turn_id, "round": 1, "delta": ">>> a:general pinned\n"})
+            await client.call("turn/round", {"turnId": turn_id, "round": 1})
+            await client.call("turn/text", {"turnId": turn_id, "round": 2, "delta": ">>>skip_reply\nquiet"})
+            await client.call("turn/round", {"turnId": turn_id, "round": 2})
+            moved = await tool(client, turn_id, "channel_open", channelId="random")
+            assert not moved["isError"], moved
+            await client.call("turn/text", {"turnId": turn_id, "round": 3, "delta": "in random"})
+            await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+            assert await posts(servers["a"]) == [("general", "pinned")]
+            assert await posts(servers["b"]) == [("random", "in random")]
