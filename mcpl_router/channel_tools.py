@@ -152,6 +152,10 @@ class ChannelTools:
     def handles(self, name: str) -> bool:
         return name in CHANNEL_TOOLS
 
+    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+        """``channel_publish`` posts: its round's plain text is held (send-silencing)."""
+        return name == "channel_publish"
+
     def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
         named = getattr(agent, "prose_routing", None) == "named"
         publish_props = {

@@ -310,6 +310,11 @@ class ConnectorTools:
     def handles(self, name: str) -> bool:
         return name in self._by_exposed
 
+    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether calling ``name`` posts somewhere (send-silencing of its round's text)."""
+        tool = self._by_exposed.get(name)
+        return tool is not None and tool.is_send
+
     async def call(self, call: ToolCall) -> dict[str, Any]:
         """Forward one call to the tool's own server; refusals and outcomes as results."""
         tool = self._by_exposed.get(call.name)

@@ -9,6 +9,7 @@ turn's own channels, and its ``sleep`` announces nowhere.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.logs import get_logger
@@ -85,6 +86,10 @@ class SpeechTools:
 
     def handles(self, name: str) -> bool:
         return name in SPEECH_TOOLS
+
+    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+        """A drafts ``resend`` posts: its round's plain text is held (send-silencing)."""
+        return name == "drafts" and arguments.get("action") == "resend"
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         handler = {

@@ -13,6 +13,7 @@ prose routing (:mod:`mcpl_router.speech_tools`), and the servers' own MCP tools
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -64,6 +65,10 @@ class ToolProvider(Protocol):
         ...
 
     def handles(self, name: str) -> bool: ...
+
+    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+        """Whether this call posts somewhere: its round's plain text is then held."""
+        ...
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         """Execute; return :func:`tool_result`. Refusals are results, not exceptions."""

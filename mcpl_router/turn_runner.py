@@ -522,9 +522,29 @@ class TurnManager:
         routing = run.turn.routing
         run.round_routes.setdefault(round_, (routing.locus, routing.sticky_target))
 
-    async def round(self, connection: Any, turn_id: str, round_: int) -> dict[str, Any]:
-        """A round ended: route its text now; its deliveries and the notices it raised."""
+    def round_sends(self, tool_calls: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether any of a round's tool calls (not yet run) is a send tool."""
+        for tool_call in tool_calls:
+            name = tool_call.get("name")
+            arguments = tool_call.get("arguments")
+            arguments = arguments if isinstance(arguments, Mapping) else {}
+            provider = next((p for p in self.tool_providers if isinstance(name, str) and p.handles(name)), None)
+            if provider is not None and provider.is_send(name, arguments):
+                return True
+        return False
+
+    async def round(
+        self, connection: Any, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, Any]:
+        """A round ended: route its text now; its deliveries and the notices it raised.
+
+        ``tool_calls`` are the calls the model made in this round, which the host runs after
+        this: a send among them holds the round's plain text (send-silencing), since the agent
+        is already saying what it means to say.
+        """
         run = self._run_for(connection, turn_id)
+        if self.round_sends(tool_calls):
+            run.explicit_send_rounds.add(round_)
         await self._start_inference(run)
         async with run.lock:
             seen = len(run.notices)

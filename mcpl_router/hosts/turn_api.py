@@ -43,9 +43,16 @@ class TurnTextParams(msgspec.Struct, rename="camel"):
     delta: str
 
 
+class RoundToolCall(msgspec.Struct):
+    name: str
+    arguments: dict[str, Any] = {}
+
+
 class TurnRoundParams(msgspec.Struct, rename="camel"):
     turn_id: str
     round: int
+    #: The tool calls the model made in this round (the host runs them after turn/round).
+    tool_calls: list[RoundToolCall] = []
 
 
 class TurnToolParams(msgspec.Struct, rename="camel"):
@@ -84,7 +91,8 @@ def add_turn_methods(table: MethodTable, daemon: Daemon, connection: HostConnect
         return {}
 
     async def turn_round(params: TurnRoundParams, _inbound: Inbound) -> Any:
-        return await turns.round(connection, params.turn_id, params.round)
+        calls = [{"name": call.name, "arguments": call.arguments} for call in params.tool_calls]
+        return await turns.round(connection, params.turn_id, params.round, calls)
 
     async def turn_tool(params: TurnToolParams, _inbound: Inbound) -> Any:
         return await turns.tool(

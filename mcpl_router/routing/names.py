@@ -60,6 +60,10 @@ KIND_NO_NAME: Final = "no-name"
 UNKNOWN_LISTING_CAP: Final = 10
 
 
+#: Where a DM descriptor's ``address`` names its recipient (``<@id>`` targets).
+RECIPIENT_KEYS: tuple[str, ...] = ("userId", "recipientId", "user")
+
+
 @attrs.frozen
 class Resolved:
     """A name that picks exactly one channel; ``rule`` says how (``exact-pair``, ``one-match``)."""
@@ -248,6 +252,24 @@ class ChannelNames:
         )
 
     # ------------------------------------------------------------------ shown names
+
+    def dms_of_recipient(self, user_id: str) -> list[ChannelRef]:
+        """The DMs with the person whose id is ``user_id`` (a ``<@id>`` target), on any server.
+
+        A DM's recipient is read from its descriptor's ``address`` under one of
+        :data:`RECIPIENT_KEYS`; the lookup is per server through the registry's native-id index,
+        so it costs O(servers), not a scan of channels. One person may have a DM on each server:
+        the caller refuses several as it refuses any name several channels answer to.
+        """
+        registry = self.registry
+        found: dict[ChannelRef, None] = {}
+        for server_id in registry.servers():
+            for key in RECIPIENT_KEYS:
+                for ref in registry.refs_with_native_id(server_id, user_id, key):
+                    entry = registry.get(ref)
+                    if entry is not None and entry.descriptor.is_dm:
+                        found[ref] = None
+        return sorted(found, key=registry.order_of)
 
     def pick_name(self, ref: ChannelRef) -> str | None:
         """The name that picks ``ref`` alone: its id, else its qualified name, else None.

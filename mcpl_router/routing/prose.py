@@ -187,7 +187,8 @@ def resolve_target(
 ) -> Target:
     """A target token through the one resolver, the turn's own channels first.
 
-    Forms: ``skip_reply``; ``#label``; ``@person`` (a DM by its label); an id, a qualified
+    Forms: ``skip_reply``; ``#label``; ``@person`` (a DM by its label); ``<@id>`` (a DM by its
+    recipient's id, see :meth:`ChannelNames.dms_of_recipient`); an id, a qualified
     ``server:channel`` name or a bare label. ``routing`` is the turn's (None for a call made
     outside the turn: its own channels are not read). A channel that takes no posts is refused.
     """
@@ -199,7 +200,16 @@ def resolve_target(
     if routing is not None:
         found = own_channel_named(routing, token, names.registry, not_done=texts.DRAFTS_NOTHING_SENT)
     if found is None:
-        if token.startswith("#") and len(token) > 1:
+        if token.startswith("<@") and token.endswith(">") and len(token) > 3:
+            # A DM by its recipient's id: one person may have a DM on each server.
+            dms = names.dms_of_recipient(token[2:-1])
+            if len(dms) == 1:
+                found = Resolved(dms[0], "dm-recipient")
+            elif dms:
+                found = names.refuse_ambiguous(token, dms, not_done=texts.DRAFTS_NOTHING_SENT)
+            else:
+                found = names.channel_named(token, not_done=texts.DRAFTS_NOTHING_SENT)
+        elif token.startswith("#") and len(token) > 1:
             labelled = names.channels_labelled(token[1:])
             if len(labelled) == 1:
                 found = Resolved(labelled[0], "label")

@@ -164,6 +164,28 @@ async def test_send_silencing_holds_the_rounds_text_as_drafts(tmp_path: Path) ->
             assert await posts(servers["a"]) == []
 
 
+async def test_send_silencing_when_turn_round_names_the_rounds_tool_calls_first(tmp_path: Path) -> None:
+    # DESIGN §4's order: turn/round ends the round *before* its tool calls run, naming them.
+    with trio.fail_after(60):
+        async with scene(tmp_path, "locus") as (_daemon, servers, client):
+            seq = await message(servers, client, "b")
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            turn_id = opened["turnId"]
+            await client.call("turn/text", {"turnId": turn_id, "round": 1, "delta": "I'll say it there"})
+            publish_call = {"name": "channel_publish", "arguments": {"channelId": "random", "content": "explicit words"}}
+            ended = await client.call("turn/round", {"turnId": turn_id, "round": 1, "toolCalls": [publish_call]})
+            assert ended["deliveries"] == []
+            published = await tool(client, turn_id, "channel_publish", channelId="random", content="explicit words")
+            assert not published["isError"]
+            await client.call("turn/text", {"turnId": turn_id, "round": 2, "delta": "later words"})
+            await client.call("turn/round", {"turnId": turn_id, "round": 2, "toolCalls": [{"name": "think", "arguments": {}}]})
+            closed = await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+            [draft] = closed["drafts"]
+            assert (draft["reason"], draft["preview"]) == ("explicit-send", "I'll say it there")
+            assert await posts(servers["b"]) == [("random", "explicit words"), ("general", "later words")]
+            assert await posts(servers["a"]) == []
+
+
 # ---------------------------------------------------------------------- explicit
 
 

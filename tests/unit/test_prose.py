@@ -236,3 +236,24 @@ def test_mid_turn_hold_only_for_an_inferred_route_and_another_addressed_conversa
     routing.engage(A_GENERAL)
     ambient = prose.Arrival(A_GENERAL, None, addressed=False)
     assert prose.hold_for_arrivals("locus", routing, state, [ambient], deliberate=False) == (B_GENERAL, A_GENERAL)
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_an_at_id_target_two_servers_dms_answer_to_is_refused_with_both(first: str) -> None:
+    # Seed 000: "a <@id> mention that one person's DMs on both servers answer to is refused as
+    # matching no DM". It is refused as ambiguous, naming each DM by a token that picks it.
+    registry = ChannelRegistry()
+    second = "b" if first == "a" else "a"
+    for server_id in (first, second):
+        registry.register(
+            server_id,
+            [{"id": f"dm:{server_id}-robin", "type": "dm", "label": "Robin", "address": {"userId": "123"}}],
+            RegistrationPolicy.permissive(),
+        )
+    names = ChannelNames(registry)
+    target = prose.resolve_target("<@123>", names, None)
+    assert target.ref is None and target.why == texts.BOUNCE_AMBIGUOUS_TARGET
+    assert sorted(target.candidates) == [">>dm:a-robin", ">>dm:b-robin"]
+    registry.withdraw(first, [f"dm:{first}-robin"])
+    assert prose.resolve_target("<@123>", names, None).ref == ChannelRef(second, f"dm:{second}-robin")
+    assert prose.resolve_target("<@999>", names, None).why == texts.BOUNCE_UNKNOWN_TARGET
