@@ -153,6 +153,9 @@ def _print_answer(command: str, answer: Any) -> None:
         for server in answer["servers"]:
             error = f"  last error: {server['lastError']}" if server.get("lastError") else ""
             print(f"  {server['serverId']:<16} {server['state']:<10} {server['transport']:<10} {server['endpoint']}{error}")
+        for agent in answer.get("agents", []):
+            owner = f"owned by {agent['host']}" if agent["host"] else "not claimed"
+            print(f"  agent {agent['name']:<12} {agent['proseRouting']:<9} {owner}, {agent['unackedWakes']} unacked wakes")
     elif command == "channels":
         for row in answer["channels"]:
             print(f"  {row['shown']:<32} server={row['serverId']} id={row['channelId']} open={row.get('open')}")

@@ -155,6 +155,8 @@ class Daemon:
             "ready": sum(1 for s in servers if s["state"] == "ready"),
             "channels": len(self.router.registry.all_entries()),
             "lastSeq": self.journal.last_seq(),
+            "agents": self.sessions.statistics(),
+            "openTurns": len(self.turns.table.all()),
         }
 
     def servers_list(self) -> list[dict[str, Any]]:

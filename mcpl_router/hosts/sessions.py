@@ -231,6 +231,23 @@ class SessionManager:
         """Every known agent, configured ones first."""
         return sorted(self._agents.values(), key=lambda spec: (not spec.configured, spec.name))
 
+    def statistics(self) -> list[dict[str, Any]]:
+        """Every known agent, who owns it now (host name, connection) and its unacked wakes."""
+        rows = []
+        for spec in self.agents():
+            owner = self._owners.get(spec.name)
+            session = owner.session if owner is not None else None
+            rows.append(
+                {
+                    "name": spec.name,
+                    "proseRouting": spec.prose_routing,
+                    "host": session.host if session is not None else None,
+                    "connection": owner.id if owner is not None else None,
+                    "unackedWakes": self._daemon.journal.unacked_count(spec.name),
+                }
+            )
+        return rows
+
     def owner_of(self, name: str) -> HostConnection | None:
         """The connection owning agent ``name`` now, if any."""
         return self._owners.get(name)

@@ -218,6 +218,11 @@ class Journal:
             [(d.agent, seq, d.reason, self._encoder.encode(list(d.tags)), int(d.addressed)) for d in deliveries],
         )
 
+    def unacked_count(self, agent: str) -> int:
+        """How many of ``agent``'s wakes are not acked yet (for ``status``)."""
+        row = self._db.execute("SELECT COUNT(*) FROM deliveries WHERE agent = ? AND acked = 0", (agent,)).fetchone()
+        return int(row[0])
+
     def unacked_deliveries(self, agent: str, *, after_seq: int = 0, limit: int = 10000) -> list[StoredDelivery]:
         """``agent``'s unacked deliveries with their events, in seq order."""
         rows = self._db.execute(

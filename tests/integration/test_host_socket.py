@@ -52,3 +52,22 @@ async def test_a_hosts_typing_is_stopped_when_the_host_goes_away(short_tmp: Path
                     return ops if ops[-1:] == ["stop"] else None
 
                 assert await wait_until(typing_ops, timeout=10) == ["start", "stop"]
+
+
+async def test_status_reports_agents_their_owner_and_unacked_wakes(short_tmp: Path) -> None:
+    from mcpl_router.client import RouterClient
+    from mcpl_router.testing.control import FixtureProcess
+
+    from .conftest import dialled_server, wait_channel, wait_ready
+
+    with trio.fail_after(30):
+        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as server:
+            async with running_daemon(short_tmp, {"b": dialled_server(server)}, unix_socket=True) as daemon:
+                await wait_ready(daemon, "b")
+                await wait_channel(daemon, "b", "general")
+                async with RouterClient.connect_unix(daemon.host_socket_path) as host:
+                    await host.hello("status-host", [{"name": "kai"}])
+                    await server.incoming([{"channelId": "general", "text": "hi", "tags": ["chat:mention"]}])
+                    await host.next_wake()
+                    [kai] = (await host.call("status"))["agents"]
+                    assert (kai["name"], kai["host"], kai["unackedWakes"]) == ("kai", "status-host", 1)
