@@ -17,8 +17,10 @@ How every tool reads a channel name (issue 6, seed ``000_…``):
 Every result carries ``serverId`` in ``structuredContent``; every refusal says what was not done
 and what would work, with a stable ``reason`` (the resolver's refusal kind, or a delivery reason).
 
-Declines are durable (the journal's ``declines`` table). What the agent last decided for each
-channel (``open``/``closed``/``declined``, its *desired state*) is shown by ``channel_list``.
+Declines are durable (the journal's ``declines`` table, per agent). What each agent last decided
+for each channel (``open``/``closed``/``declined``, its *desired state*) is its own: keyed by
+agent and channel, ``channel_list`` shows the calling agent's, and one agent's decline never
+shows for, nor is forgotten by, another.
 """
 
 from __future__ import annotations
@@ -110,10 +112,10 @@ class ChannelTools:
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
         self.defaults = DefaultChannels()
-        #: What the agents last decided for each channel: "open", "closed" or "declined".
-        self._desired: dict[ChannelRef, str] = {}
-        for _agent, server_id, channel_id in daemon.journal.declines():
-            self._desired[ChannelRef(server_id, channel_id)] = "declined"
+        #: What each agent last decided for each channel: "open", "closed" or "declined".
+        self._desired: dict[tuple[str, ChannelRef], str] = {}
+        for agent, server_id, channel_id in daemon.journal.declines():
+            self._desired[(agent, ChannelRef(server_id, channel_id))] = "declined"
         self._log = get_logger()
 
     # ------------------------------------------------------------------ daemon events
@@ -287,8 +289,9 @@ class ChannelTools:
     async def _list(self, call: ToolCall) -> dict[str, Any]:
         rows = []
         lines = []
+        agent = call.run.turn.agent
         for row in self._daemon.router.names.channel_list():
-            desired = self._desired.get(row.ref)
+            desired = self._desired.get((agent, row.ref))
             rows.append({**row.to_dict(), "desired": desired})
             lines.append(texts.channel_row(row.shown, row.server_id, row.label, row.direction, row.open, desired))
         return tool_result(texts.channel_listing(lines), data={"channels": rows})
@@ -336,9 +339,11 @@ class ChannelTools:
             return tool_result(texts.lifecycle_failed("open", shown, reason, not_done), error=True, reason=reason,
                                data=self._data(ref))
         registry.set_open(ref, True)
-        if self._desired.get(ref) == "declined":
-            self._daemon.journal.forget_decline(call.run.turn.agent, ref.server_id, ref.channel_id)
-        self._desired[ref] = "open"
+        agent = call.run.turn.agent
+        # This agent opened it after all: its own journaled decline goes (whatever it decided
+        # since, e.g. a close after the decline); another agent's stays.
+        self._daemon.journal.forget_decline(agent, ref.server_id, ref.channel_id)
+        self._desired[(agent, ref)] = "open"
         set_target = args.get("setSpeechTarget", True) is not False
         turn = call.scope.turn
         speech_here = False
@@ -379,7 +384,7 @@ class ChannelTools:
             return tool_result(texts.lifecycle_failed("close", shown, reason, not_done), error=True, reason=reason,
                                data=self._data(ref))
         self._daemon.router.registry.set_open(ref, False)
-        self._desired[ref] = "closed"
+        self._desired[(call.run.turn.agent, ref)] = "closed"
         # Typing stops in exactly this channel; another server's with the id keeps its own.
         await self._daemon.turns.stop_typing_in(ref)
         self._log_call(call, "channel_close.closed", ref)
@@ -400,7 +405,7 @@ class ChannelTools:
             return tuned_out
         agent = call.run.turn.agent
         self._daemon.journal.record_decline(agent, ref.server_id, ref.channel_id)
-        self._desired[ref] = "declined"
+        self._desired[(agent, ref)] = "declined"
         emoji = _text_arg(args, "acknowledge")
         acknowledged: bool | None = None
         note = None

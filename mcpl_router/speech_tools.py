@@ -202,13 +202,12 @@ class SpeechTools:
         run = call.run
         agent = run.turn.agent
         named = run.prose_routing == "named"
-        drafts: list[Draft] = []
-        for draft_id in self._ids(call):
-            draft = turns.draft(agent, draft_id)
-            if draft is None:
+        # Each id once, in the order given: the same draft named twice is sent once.
+        ids = list(dict.fromkeys(self._ids(call)))
+        for draft_id in ids:
+            if turns.draft(agent, draft_id) is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
-            drafts.append(draft)
-        if not drafts:
+        if not ids:
             return tool_result(texts.draft_unknown(""), error=True, reason=REASON_UNKNOWN_DRAFT)
         channel = call.arguments.get("channelId")
         routing = call.scope.turn.routing if call.scope.turn is not None else None
@@ -231,9 +230,15 @@ class SpeechTools:
         confirm = call.arguments.get("confirmDuplicate") is True
         rows: list[str] = []
         sent: list[dict[str, Any]] = []
-        for draft in drafts:
+        for draft_id in ids:
+            # Read fresh right before sending: an earlier send (this call's, a concurrent
+            # resend's or an {{unsent}}'s) may have moved it. The checks below and the
+            # "sending" mark resend_draft journals happen with no await between them.
+            draft = turns.draft(agent, draft_id)
             refusal = None
-            if draft.sending:
+            if draft is None:
+                refusal = (texts.draft_unknown(draft_id), REASON_UNKNOWN_DRAFT)
+            elif draft.sending:
                 refusal = (texts.draft_not_resendable(draft.draft_id, "being sent"), REASON_SENDING)
             elif draft.state in ("delivered", "dismissed"):
                 refusal = (texts.draft_not_resendable(draft.draft_id, draft.state), REASON_NOT_RESENDABLE)

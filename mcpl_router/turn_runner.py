@@ -667,6 +667,13 @@ class TurnManager:
             log.info("speech.not_routed", why="named", chars=len(segment.text))
             return None
         text = segment.text
+        if run.finished and action == "deliver":
+            # The turn ended (lease, host gone, superseded) while this round was being routed:
+            # nothing more goes out; the words are kept as a draft (a {{unsent}} draft stays held).
+            if not segment.unsent:
+                draft = self._new_draft(run, text, prose.REASON_NO_DESTINATION, target=segment.target, detail=f"turn-{turn.outcome}")
+                log.info("speech.drafted", draft=draft.draft_id, reason=draft.reason, why="turn-ended", chars=len(text))
+            return None
         unsent: Draft | None = None
         if segment.unsent:
             unsent = self._latest_bounced(turn.agent)
@@ -686,18 +693,38 @@ class TurnManager:
             return None
         if action == "draft":
             draft = self._new_draft(run, text, segment.reason or prose.REASON_NO_DESTINATION, target=segment.target)
+            if unsent is not None:
+                # The new draft holds the bounced draft's words: it replaces it (no duplicate).
+                self._dismiss(unsent)
             log.info("speech.drafted", draft=draft.draft_id, reason=draft.reason, chars=len(text))
             return None
         if action == "bounce":
             self._bounce(run, text, segment.target, segment.why or texts.BOUNCE_NO_TARGET, segment.why_text,
-                         segment.candidates, prefix, log)
+                         segment.candidates, prefix, log, replaces=unsent)
             return None
         assert segment.ref is not None
         ref = segment.ref
-        # Decided words only: a stream chunk goes out just before the publish that delivers it.
-        await self._stream_chunk(run, ref, text)
-        delivery = await self._publish(run, ref, text, round_)
+        if unsent is not None:
+            # Journaled before the publish, checked and set with no await between: a concurrent
+            # resend of the same draft sees it being sent and is refused.
+            fresh = self.draft(turn.agent, unsent.draft_id)
+            if fresh is None or fresh.state != "held" or fresh.sending:
+                run.notices.append(texts.unsent_unavailable(None if fresh is None else ("being sent" if fresh.sending else fresh.state)))
+                log.info("speech.unsent.refused", state=None if fresh is None else fresh.state)
+                return None
+            unsent = fresh
+            self._mark_sending(unsent, ref)
+        try:
+            delivery = await self._publish(run, ref, text, round_)
+        except BaseException:
+            if unsent is not None:
+                self._attempted(unsent, Delivery(ref, self._shown(ref), "unknown", round_, reason=texts.REASON_INTERRUPTED))
+            raise
         turn.routing.record(delivery)
+        if delivery.outcome != "failed" and not run.finished:
+            # Decided words only: a chunk goes out once its delivery is known not to have
+            # failed, so a stream (and its complete) carries only words that went out.
+            await self._stream_chunk(run, ref, text)
         log.info(
             "speech.published",
             server=ref.server_id,
@@ -722,9 +749,25 @@ class TurnManager:
             why = texts.bounce_why_not_delivered(delivery.shown, delivery.reason or texts.REASON_NOT_DELIVERED)
             if unsent is None:
                 self._bounce(run, text, segment.target, texts.BOUNCE_NOT_DELIVERED, why, (), prefix, log)
+            else:
+                self._unsent_failed(run, delivery, unsent, prefix, log)
+        elif unsent is not None:
+            self._unsent_failed(run, delivery, unsent, prefix, log)
         else:
             run.notices.append(texts.delivery_failed(delivery.shown, ref.server_id, delivery.reason or texts.REASON_NOT_DELIVERED))
         return delivery
+
+    def _unsent_failed(self, run: _TurnRun, delivery: Delivery, draft: Draft, prefix: str, log: Any) -> None:
+        """A failed delivery of a bounced draft ({{unsent}}): say where and that it is still held."""
+        turn = run.turn
+        run.notices.append(texts.unsent_delivery_failed(
+            delivery.shown, delivery.ref.server_id, delivery.reason or texts.REASON_NOT_DELIVERED, draft.draft_id, prefix))
+        streak = self._bounce_streak.get(turn.agent, 0) + 1
+        self._bounce_streak[turn.agent] = streak
+        if streak <= prose.BOUNCE_WAKE_CAP:
+            run.again = True
+        log.info("speech.unsent.failed", draft=draft.draft_id, server=delivery.ref.server_id,
+                 channel=delivery.ref.channel_id, reason=delivery.reason, streak=streak)
 
     async def _stream_chunk(self, run: _TurnRun, ref: ChannelRef, text: str) -> None:
         """Send decided words to ``ref``'s own server as a chunk, if it is granted streaming.
@@ -746,14 +789,18 @@ class TurnManager:
         delta = text if stream is None else "\n\n" + text
         params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
                   "index": index, "delta": delta}
+        # Recorded before the send: whoever completes the streams meanwhile completes this one.
+        if stream is None:
+            run.streams[ref] = stream = (link.epoch, [])
+        stream[1].append(delta)
         try:
             await link.send_notification("channels/outgoing/chunk", params, capability=STREAMING)
         except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
             self._log.info("stream.chunk.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id, channel=ref.channel_id)
-            return
-        if stream is None:
-            run.streams[ref] = stream = (link.epoch, [])
-        stream[1].append(delta)
+            if delta in stream[1]:
+                stream[1].remove(delta)
+            if not stream[1] and run.streams.get(ref) is stream:
+                del run.streams[ref]
 
     async def _complete_streams(self, run: _TurnRun) -> None:
         """``complete`` once per channel that got chunks, with its full text (every exit path)."""
@@ -788,10 +835,22 @@ class TurnManager:
 
     def _bounce(
         self, run: _TurnRun, text: str, target: str | None, why: str, why_text: str,
-        candidates: Sequence[str], prefix: str, log: Any,
+        candidates: Sequence[str], prefix: str, log: Any, *, replaces: Draft | None = None,
     ) -> None:
+        """Hold ``text`` as a bounced draft, with the notice. ``replaces``: the bounced draft
+        ``{{unsent}}`` stood for; the new bounce takes its place instead of adding a copy (the
+        same draft when the words are exactly its own, else a new one and the old dismissed)."""
         turn = run.turn
-        draft = self._new_draft(run, text, prose.REASON_BOUNCED, target=target, detail=why)
+        if replaces is not None and replaces.text == text:
+            draft = replaces
+            draft.target, draft.detail = target, why
+            self.save_draft(draft)
+            if draft.draft_id not in run.drafts:
+                run.drafts.append(draft.draft_id)
+        else:
+            draft = self._new_draft(run, text, prose.REASON_BOUNCED, target=target, detail=why)
+            if replaces is not None:
+                self._dismiss(replaces)
         fallback = self._daemon.router.names.pick_name(turn.routing.trigger) if turn.routing.trigger else None
         example = prose.example_target(candidates, prefix, fallback)
         run.notices.append(texts.bounce(len(text), why_text, draft.draft_id, candidates, prefix=prefix, example_target=example))
@@ -882,11 +941,24 @@ class TurnManager:
         draft.state = {"delivered": "delivered", "unknown": "unconfirmed"}.get(delivery.outcome, draft.state)  # type: ignore[assignment]
         self.save_draft(draft)
 
-    async def resend_draft(self, run: _TurnRun, draft: Draft, ref: ChannelRef) -> Delivery:
-        """Send ``draft`` to ``ref``: the attempt is journaled before the publish goes out."""
+    def _mark_sending(self, draft: Draft, ref: ChannelRef) -> None:
+        """Journal a ``sending`` attempt of ``draft`` to ``ref`` (before its publish goes out)."""
         draft.attempts.append(Attempt(ref.server_id, ref.channel_id, self._shown(ref), time.time(), "sending"))
         self.save_draft(draft)
-        delivery = await self.publish_for(run, ref, draft.text)
+
+    async def resend_draft(self, run: _TurnRun, draft: Draft, ref: ChannelRef) -> Delivery:
+        """Send ``draft`` to ``ref``: the attempt is journaled before the publish goes out.
+
+        The caller checked ``draft`` (fresh from the journal) in the same task with no await
+        since, so the check and the ``sending`` mark are one step. A send interrupted (the
+        call cancelled) is recorded ``unknown``: the draft becomes unconfirmed, never stuck.
+        """
+        self._mark_sending(draft, ref)
+        try:
+            delivery = await self.publish_for(run, ref, draft.text)
+        except BaseException:
+            self._attempted(draft, Delivery(ref, self._shown(ref), "unknown", run.turn.round, reason=texts.REASON_INTERRUPTED))
+            raise
         # A failed attempt leaves the draft held (nothing arrived); see _attempted.
         self._attempted(draft, delivery)
         return delivery
@@ -1001,7 +1073,14 @@ class TurnManager:
         if mode == "explicit":
             return None
         deliveries = run.turn.routing.deliveries
-        places = [d.shown for d in deliveries if d.outcome == "delivered"]
+
+        def shown(outcome: str) -> list[str]:
+            # Each place once (server + channel + thread), in delivery order, by the name the
+            # agent is shown now: a name taken at delivery may no longer mean that place alone.
+            refs = dict.fromkeys((d.ref, getattr(d, "thread_id", None)) for d in deliveries if d.outcome == outcome)
+            return list(dict.fromkeys(self._shown(ref) for ref, _thread in refs))
+
+        places = shown("delivered")
         notes: list[str] = []
         if mode == "named":
             if run.kept:
@@ -1009,8 +1088,8 @@ class TurnManager:
             return texts.prose_receipt([], notes)
         if run.drafts:
             notes.append(texts.note_drafts(run.drafts))
-        unknown = [d.shown for d in deliveries if d.outcome == "unknown"]
-        failed = [d.shown for d in deliveries if d.outcome == "failed"]
+        unknown = shown("unknown")
+        failed = shown("failed")
         if unknown:
             notes.append(texts.note_unconfirmed(unknown))
         if failed:
@@ -1044,7 +1123,13 @@ class TurnManager:
     # ------------------------------------------------------------------ ending a turn
 
     async def _finish(self, run: _TurnRun, outcome: str, *, why: str, usage: Any = None) -> None:
-        """End a turn once, whichever way: stop its typing and send its lifecycle terminal."""
+        """End a turn once, whichever way: stop its typing and send its lifecycle terminal.
+
+        Exclusive with round routing: ``finished`` is set first (a round being routed re-checks
+        it before each publish and chunk, so it stops after the publish in flight), then the
+        end waits for the turn's lock, so the streams complete after the round's last chunk.
+        The wait is bounded by one publish (and shielded, like the sends after it).
+        """
         if run.finished:
             return
         run.finished = True
@@ -1054,14 +1139,24 @@ class TurnManager:
         self._runs.pop(turn.turn_id, None)
         run.cancel.cancel()
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
-        # Shielded: the stop and the terminal must go out even when the caller is being
-        # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
-            # Concurrently: a typing stop stuck on one server must not cost another server
-            # its lifecycle terminal.
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._stop_typing, run)
-                nursery.start_soon(self._end_streams_and_inference, run, outcome, usage)
+        acquired = False
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.publish_timeout + FINISH_GRACE):
+            await run.lock.acquire()
+            acquired = True
+        if not acquired:
+            log.warning("turn.finish.lock_timeout", why=why)
+        try:
+            # Shielded: the stop and the terminal must go out even when the caller is being
+            # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
+                # Concurrently: a typing stop stuck on one server must not cost another server
+                # its lifecycle terminal.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._stop_typing, run)
+                    nursery.start_soon(self._end_streams_and_inference, run, outcome, usage)
+        finally:
+            if acquired:
+                run.lock.release()
         log.info("turn.ended", outcome=outcome, why=why)
 
     async def _end_streams_and_inference(self, run: _TurnRun, outcome: str, usage: Any) -> None:
@@ -1153,6 +1248,10 @@ class TurnManager:
 
     async def _refresh_typing(self, run: _TurnRun) -> None:
         ref = run.turn.routing.typing_channel
+        if run.typing_sent is not None and run.typing_sent[0] != ref:
+            # The typing channel moved (a channel_open that set the speech target): the old
+            # channel stops, on its own server, before the new one starts.
+            await self._stop_typing(run)
         if ref is None:
             return
         link = self._daemon.links.get(ref.server_id)
@@ -1244,7 +1343,8 @@ class TurnManager:
                         self._log.warning("turn.lease.expired", agent=turn.agent, turn=turn.turn_id, lease=self.lease)
                         await self._finish(run, "aborted", why="lease-expired")
                         return
-                    if turn.routing.typing_channel is not None and now >= run.next_typing:
+                    moved = run.typing_sent is not None and run.typing_sent[0] != turn.routing.typing_channel
+                    if moved or (turn.routing.typing_channel is not None and now >= run.next_typing):
                         await self._refresh_typing(run)
                         run.next_typing = trio.current_time() + self.typing_interval
                     wake_at = min(run.lease_deadline, now + self.connection_poll)

@@ -381,7 +381,8 @@ def _decide_explicit(text: str, state: ProseState, resolve: Resolve) -> list[Seg
             if state.pin is not None:
                 segments.append(Segment("deliver", body, ref=state.pin, unsent=unsent, again=again))
             else:
-                segments.append(_bounce(body, None, Target(why=texts.BOUNCE_NO_TARGET, text=texts.bounce_why_no_target())))
+                segments.append(_bounce(body, None, Target(why=texts.BOUNCE_NO_TARGET, text=texts.bounce_why_no_target()),
+                                        unsent=unsent))
             continue
         found = resolve(envelope.target)
         if found.skip:
@@ -395,49 +396,67 @@ def _decide_explicit(text: str, state: ProseState, resolve: Resolve) -> list[Seg
                 segments.append(Segment("deliver", body, ref=found.ref, target=envelope.target, unsent=unsent, again=again))
             continue
         if body:
-            segments.append(_bounce(body, envelope.target, found, again=again))
+            # A bounced {{unsent}} body stands for the bounced draft (the shell substitutes it).
+            segments.append(_bounce(body, envelope.target, found, again=again, unsent=unsent))
     return segments
 
 
 def _decide_hybrid(
     text: str, state: ProseState, locus: ChannelRef | None, resolve: Resolve, silenced: bool
 ) -> list[Segment]:
+    """Hybrid: unprefixed text along the pin, quiet, hold or locus; ``>>>`` lines move the pin.
+
+    ``{{unsent}}`` in a ``>>>`` envelope's body (and in text that follows its pin) stands for the
+    latest bounced draft, as in explicit mode (the shell substitutes it; a delivery is recorded
+    on that draft, ``>>>skip_reply {{unsent}}`` dismisses it). A body that is exactly
+    ``{{unsent}}`` *is* that draft: where a send-silenced round would hold it again it stays the
+    draft it is, nothing new. Unprefixed text with no ``>>>`` in force is read as in locus mode.
+    """
     segments: list[Segment] = []
+
+    def held(body: str, reason: str, **extra: object) -> None:
+        if body.strip() == UNSENT:
+            return  # the bounced draft is already held: holding it again would duplicate it
+        segments.append(Segment("draft", body, reason=reason, unsent=UNSENT in body, **extra))  # type: ignore[arg-type]
+
     for envelope in split_envelopes(text, PIN):
         body = envelope.body
+        unsent = UNSENT in body
         if envelope.target is None:
             if not body:
                 continue
             if state.pin is not None:
                 if silenced:
-                    segments.append(Segment("draft", body, reason=REASON_EXPLICIT_SEND))
+                    held(body, REASON_EXPLICIT_SEND)
                 else:
-                    segments.append(Segment("deliver", body, ref=state.pin, pinned=True))
+                    segments.append(Segment("deliver", body, ref=state.pin, pinned=True, unsent=unsent))
             elif state.quiet:
                 segments.append(Segment("private", body))
             elif state.hold:
                 segments.append(Segment("draft", body, reason=REASON_NO_DESTINATION))
             else:
+                # No >>> in force: as in locus mode, the words are read as written.
                 segments.append(_locus_route(body, locus, state, silenced))
             continue
         found = resolve(envelope.target)
         if found.skip:
             state.pin, state.quiet, state.hold = None, True, False
             if body:
-                segments.append(Segment("private", body, target=SKIP_REPLY))
+                # ">>>skip_reply {{unsent}}" sets the latest bounced draft aside (dismissed).
+                segments.append(Segment("private", body, target=SKIP_REPLY, unsent=unsent))
             continue
         if found.ref is not None:
             state.pin, state.quiet, state.hold = found.ref, False, False
             if body:
                 if silenced:
-                    segments.append(Segment("draft", body, reason=REASON_EXPLICIT_SEND, target=envelope.target))
+                    held(body, REASON_EXPLICIT_SEND, target=envelope.target)
                 else:
-                    segments.append(Segment("deliver", body, ref=found.ref, target=envelope.target, pinned=True))
+                    segments.append(Segment("deliver", body, ref=found.ref, target=envelope.target, pinned=True, unsent=unsent))
             continue
         # A failed >>>: the pin goes, and later unprefixed text is held until a new target.
         state.pin, state.quiet, state.hold = None, False, True
         if body:
-            segments.append(_bounce(body, envelope.target, found, pinned=True))
+            segments.append(_bounce(body, envelope.target, found, pinned=True, unsent=unsent))
     return segments
 
 

@@ -280,6 +280,8 @@ REASON_NOT_DELIVERED: Final = "not-delivered"
 REASON_TIMEOUT: Final = "timeout"
 REASON_NO_RECEIPT: Final = "no-receipt"
 REASON_MALFORMED_RECEIPT: Final = "malformed-receipt"
+#: A send interrupted before its outcome was known (cancelled, or the daemon stopped).
+REASON_INTERRUPTED: Final = "interrupted"
 
 
 def tool_not_permitted(name: str) -> str:
@@ -349,8 +351,11 @@ def bounce(
     text += (
         f"\nTo send them, write a line {prefix}{target} {{{{unsent}}}} (the draft's words go where"
         f" {{{{unsent}}}} stands), or use the drafts tool: drafts resend {draft_id}."
-        f" To set them aside, write >>skip_reply {{{{unsent}}}}."
+        f" To set them aside, write {prefix}skip_reply {{{{unsent}}}}."
     )
+    if prefix == ">>>":
+        # Hybrid: >>>skip_reply also makes later unprefixed text private.
+        text += " That also keeps your later unprefixed text private until a line names a destination."
     return text
 
 
@@ -398,6 +403,15 @@ def unsent_unavailable(state: str | None) -> str:
 def delivery_failed(shown: str, server_id: str, reason: str) -> str:
     """A plain-speech delivery that failed: nothing was drafted, the agent is told."""
     return f"{ROUTING} Your words to {shown} (server {quoted(server_id)}) were not delivered: {reason}. They were not kept as a draft."
+
+
+def unsent_delivery_failed(shown: str, server_id: str, reason: str, draft_id: str, prefix: str = ">>") -> str:
+    """A failed delivery of a bounced draft (``{{unsent}}``): where, why, and that it is still held."""
+    return (
+        f"{ROUTING} Your words to {shown} (server {quoted(server_id)}) were not delivered: {reason}."
+        f" They are still held as draft {draft_id}: send it elsewhere with a line {prefix}<channel> {{{{unsent}}}}"
+        f" or drafts resend {draft_id}, or set it aside with {prefix}skip_reply {{{{unsent}}}}."
+    )
 
 
 def delivery_unknown(shown: str, server_id: str, reason: str) -> str:
@@ -603,7 +617,9 @@ PROSE_HELP: Final = {
         " >>> line or a channel_open that sets the speech target.\n"
         "- Within a turn, the id of a channel the turn has been in means that channel, on its server.\n"
         "- >>>skip_reply makes later unprefixed text private until a new destination.\n"
-        "- A >>> destination that fails holds later unprefixed text as drafts until a new one works.\n"
+        "- A >>> destination that fails holds later unprefixed text as drafts until a new one works;"
+        " those words are kept as a draft and you are told why. A line >>> target {{unsent}} sends the"
+        " latest bounced draft there; >>>skip_reply {{unsent}} sets it aside.\n"
         "- Send tools work as always."
     ),
     "locus": (

@@ -116,13 +116,16 @@ class TurnRouting:
         """A mid-turn message or ``channel_open`` moved the turn to ``ref``: add it to ``was_in``.
 
         Drops nothing: the channels the turn was in stay its own. ``set_locus`` (an open with
-        ``setSpeechTarget``) also makes it where later plain speech goes.
+        ``setSpeechTarget``, locus and hybrid modes only) also makes it where later plain speech
+        goes, and typing follows the speech there (the shell stops it on the old channel).
+        Explicit mode never sets the locus, so its typing stays on the trigger.
         """
         if ref not in self.was_in:
             self.was_in = (*self.was_in, ref)
         if set_locus:
             self.locus = ref
             self.sticky_target = None
+            self.typing_channel = ref
 
     def engage(self, ref: ChannelRef) -> None:
         """The turn sent into ``ref`` (each channel recorded once, in order)."""

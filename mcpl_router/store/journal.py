@@ -134,6 +134,7 @@ class Journal:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._encoder = msgspec.json.Encoder()
+        self.settle_interrupted_drafts()
         #: Set by the daemon (see :meth:`set_router`); None records events without deliveries.
         self._router: DeliveryRouter | None = None
 
@@ -295,6 +296,24 @@ class Journal:
             " ON CONFLICT (id) DO UPDATE SET row = excluded.row",
             (row["id"], row["agent"], float(row["createdAt"]), self._encoder.encode(row)),
         )
+
+    def settle_interrupted_drafts(self) -> list[str]:
+        """At open (daemon start): a draft whose last attempt is still ``sending`` was cut off
+        by a stop or crash mid-publish; its outcome is unknown, so it becomes ``unconfirmed``
+        (never stuck "being sent"; resending needs confirmDuplicate). The ids settled."""
+        settled: list[str] = []
+        for (raw,) in self._db.execute("SELECT row FROM drafts").fetchall():
+            row = msgspec.json.decode(raw)
+            attempts = row.get("attempts") or []
+            if not attempts or attempts[-1].get("outcome") != "sending":
+                continue
+            attempts[-1] = {**attempts[-1], "outcome": "unknown", "reason": "interrupted"}
+            row["attempts"] = attempts
+            if row.get("state") == "held":
+                row["state"] = "unconfirmed"
+            self.save_draft(row)
+            settled.append(row["id"])
+        return settled
 
     def drafts_of(self, agent: str) -> list[dict[str, Any]]:
         """Every draft row of ``agent``, oldest first."""

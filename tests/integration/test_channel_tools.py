@@ -324,7 +324,49 @@ async def test_channel_decline_is_durable_acknowledges_and_shows_in_channel_list
                 await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
             assert daemon.journal.declines() == [(AGENT, "b", "general")]
             # Durable: a fresh provider over the same journal reads it back.
-            assert ChannelTools(daemon)._desired == {B_GENERAL: "declined"}
+            assert ChannelTools(daemon)._desired == {(AGENT, B_GENERAL): "declined"}
+
+
+@ORDERS
+async def test_desired_state_and_declines_are_each_agents_own(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, _servers):
+            async with host(daemon) as client:
+                await client.hello("test-host", [AGENT, "bob"])
+
+                async def in_turn(agent: str, *calls: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+                    turn = await client.call("turn/open", {"agent": agent})
+                    results = [await tool(client, turn["turnId"], name, arguments) for name, arguments in calls]
+                    await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+                    assert all(result["isError"] is False for result in results), results
+                    return results
+
+                async def desired(agent: str) -> dict[tuple[str, str], str | None]:
+                    [listed] = await in_turn(agent, ("channel_list", {}))
+                    return {(r["serverId"], r["channelId"]): r["desired"] for r in listed["structuredContent"]["channels"]}
+
+                await in_turn(AGENT, ("channel_decline", {"channelId": "b:general"}))
+                # ann's decline is ann's: bob sees nothing decided for b:general.
+                assert (await desired("bob"))[("b", "general")] is None
+                assert (await desired(AGENT))[("b", "general")] == "declined"
+                # bob opening it is bob's decision: ann's decline stands, in the list and the journal.
+                await in_turn("bob", ("channel_open", {"channelId": "b:general", "setSpeechTarget": False}))
+                assert (await desired("bob"))[("b", "general")] == "open"
+                assert (await desired(AGENT))[("b", "general")] == "declined"
+                assert daemon.journal.declines() == [(AGENT, "b", "general")]
+                # ann closes it (still declined in the journal), then opens it: her decline goes.
+                await in_turn(AGENT, ("channel_close", {"channelId": "b:general"}))
+                assert (await desired(AGENT))[("b", "general")] == "closed"
+                assert daemon.journal.declines() == [(AGENT, "b", "general")]
+                await in_turn(AGENT, ("channel_open", {"channelId": "b:general", "setSpeechTarget": False}))
+                assert daemon.journal.declines() == []
+                assert (await desired(AGENT))[("b", "general")] == "open"
+                # bob's decline of a:general is durable and his alone.
+                await in_turn("bob", ("channel_decline", {"channelId": "a:general"}))
+                assert (await desired(AGENT))[("a", "general")] is None
+            assert daemon.journal.declines() == [("bob", "a", "general")]
+            fresh = ChannelTools(daemon)._desired
+            assert fresh == {("bob", A_GENERAL): "declined"}
 
 
 async def test_refusals_say_what_was_not_done_and_empty_strings_are_not_given(tmp_path: Path) -> None:

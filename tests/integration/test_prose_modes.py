@@ -18,6 +18,7 @@ import trio
 from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
 from mcpl_router.routing import texts
+from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
 from .conftest import wait_channel
@@ -274,6 +275,34 @@ async def test_hybrid_pin_beats_the_locus_skip_reply_quiets_and_a_failed_target_
             receipt = closed["receipt"]["text"]
             assert receipt.startswith("[delivered] plain speech → b:general · a:general — 2 draft(s) held")
             assert "1 segment(s) private" in receipt
+
+
+async def test_hybrid_bounce_advice_resends_the_draft_and_skip_reply_unsent_sets_it_aside(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "hybrid") as (daemon, servers, client):
+            seq = await message(servers, client, "b")
+            _, routed, closed = await run_turn(client, [">>> nowhere hello there", ">>> b:general {{unsent}}"], wakes=[seq])
+            [bounce] = [n for n in routed[0]["notices"] if "were not delivered" in n]
+            # The advice is written in the mode's own grammar.
+            assert ">>>b:general {{unsent}}" in bounce and ">>>skip_reply {{unsent}}" in bounce
+            assert ">>skip_reply" not in bounce.replace(">>>skip_reply", "")
+            # Following it posts the bounced words (never the placeholder); the draft IS what went.
+            assert await posts(servers["b"]) == [("general", "hello there")]
+            [draft] = daemon.turns.drafts_of(AGENT)
+            assert (draft.state, draft.text) == ("delivered", "hello there")
+            # >>>skip_reply {{unsent}} sets the latest bounce aside: dismissed, nothing posted.
+            seq = await message(servers, client, "b")
+            _, routed, closed = await run_turn(client, [">>> nowhere second words", ">>>skip_reply {{unsent}}"], wakes=[seq])
+            states = {d.text: d.state for d in daemon.turns.drafts_of(AGENT)}
+            assert states == {"hello there": "delivered", "second words": "dismissed"}
+            # Text that follows a >>> pin is read as explicit mode reads it: it is the draft.
+            seq = await message(servers, client, "b")
+            await run_turn(client, [">>> nowhere third words", ">>> b:general\n{{unsent}}"], wakes=[seq])
+            assert (await posts(servers["b"]))[-1] == ("general", "third words")
+            assert [d.state for d in daemon.turns.drafts_of(AGENT)] == ["delivered", "dismissed", "delivered"]
+            for name in ("a", "b"):
+                assert all("unsent" not in text for _channel, text in await posts(servers[name]))
+            assert await posts(servers["a"]) == []
 
 
 # ---------------------------------------------------------------------- disabled
@@ -648,3 +677,170 @@ async def test_a_channel_open_that_sets_the_speech_target_supersedes_the_pin(tmp
             await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
             assert await posts(servers["a"]) == [("general", "pinned")]
             assert await posts(servers["b"]) == [("random", "in random")]
+
+
+# ---------------------------------------------------------------------- review regressions
+
+
+def stream_rows(entries: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [
+        (e["method"].rsplit("/", 1)[1], e["params"]["channelId"], e["params"].get("delta") or e["params"].get("content"))
+        for e in stream_entries(entries)
+    ]
+
+
+async def test_a_turn_whose_lease_expires_mid_round_posts_nothing_more_and_completes_every_stream(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "explicit") as (daemon, servers, client):
+            daemon.turns.lease = 0.6
+            await servers["a"].configure(publish={"delayMs": 1500})
+            opened = await client.call("turn/open", {"agent": AGENT})
+            turn_id = opened["turnId"]
+            await client.call("turn/text", {"turnId": turn_id, "round": 1, "delta": ">>b:general one\n>>a:general two\n>>b:general three"})
+            # The lease runs out while a's publish is in flight: that publish ends, nothing after it goes out.
+            await client.call("turn/round", {"turnId": turn_id, "round": 1})
+            await completed_stream(servers["b"])
+            await trio.sleep(0.5)
+            assert daemon.turns.open_turns() == []
+            assert await posts(servers["b"]) == [("general", "one")]
+            assert await posts(servers["a"]) == [("general", "two")]
+            # Every channel that got chunks got exactly one complete, carrying what it was sent.
+            assert stream_rows(await servers["b"].recorded()) == [("chunk", "general", "one"), ("complete", "general", "one")]
+            a_rows = stream_rows(await servers["a"].recorded())
+            assert a_rows == [] or [kind for kind, _, _ in a_rows] == ["chunk", "complete"]
+            # The words the ended turn never sent are kept as a draft.
+            assert [d.text for d in daemon.turns.drafts_of(AGENT)] == ["three"]
+
+
+async def test_words_whose_delivery_failed_are_never_streamed(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "explicit") as (_daemon, servers, client):
+            await servers["a"].configure(publish={"delivered": False})
+            _, routed, closed = await run_turn(client, [">>a:general bounced words\n>>b:general fine", "x"])
+            assert [d["outcome"] for d in routed[0]["deliveries"]] == ["failed", "delivered"]
+            assert [d["preview"] for d in closed["drafts"]][0] == "bounced words"
+            assert stream_rows(await completed_stream(servers["b"])) == [("chunk", "general", "fine"), ("complete", "general", "fine")]
+            await trio.sleep(0.3)
+            assert stream_entries(await servers["a"].recorded()) == []
+
+
+async def test_a_resend_naming_one_draft_twice_posts_it_once(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "locus") as (daemon, servers, client):
+            _, _, closed = await run_turn(client, ["heartbeat words"])
+            [draft] = closed["drafts"]
+            turn = await client.call("turn/open", {"agent": AGENT})
+            sent = await tool(client, turn["turnId"], "drafts", action="resend", ids=[draft["id"], draft["id"]], channelId="a:general")
+            assert [s["outcome"] for s in sent["structuredContent"]["sent"]] == ["delivered"]
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+            assert await posts(servers["a"]) == [("general", "heartbeat words")]
+            assert daemon.journal.draft(draft["id"])["state"] == "delivered"
+
+
+async def test_a_resend_interrupted_mid_publish_leaves_the_draft_unconfirmed_not_sending(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "locus") as (daemon, servers, client):
+            _, _, closed = await run_turn(client, ["heartbeat words"])
+            [draft] = closed["drafts"]
+            await servers["a"].configure(publish={"delayMs": 3000})
+            turn = await client.call("turn/open", {"agent": AGENT})
+            run = daemon.turns.run_of(turn["turnId"])
+            held = daemon.turns.draft(AGENT, draft["id"])
+            assert run is not None and held is not None
+            # The send is cancelled while its publish is in flight (as when the daemon stops).
+            with trio.move_on_after(0.5) as interrupted:
+                await daemon.turns.resend_draft(run, held, ChannelRef("a", "general"))
+            assert interrupted.cancelled_caught
+            await servers["a"].configure(publish={})
+            row = daemon.journal.draft(draft["id"])
+            assert row is not None and row["state"] == "unconfirmed"
+            assert [(a["outcome"], a.get("reason")) for a in row["attempts"]] == [("unknown", texts.REASON_INTERRUPTED)]
+            # Not "being sent" forever: a resend is refused only until the duplicate is confirmed.
+            again = await tool(client, turn["turnId"], "drafts", action="resend", id=draft["id"], channelId="a:general")
+            assert again["isError"] and again["reason"] == "confirm-duplicate-needed"
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+
+
+async def test_a_bounced_unsent_envelope_holds_the_draft_text_once(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "explicit") as (daemon, servers, client):
+            _, _, first = await run_turn(client, ["orphan words"])
+            [orphan] = first["drafts"]
+            _, _, second = await run_turn(client, [">>nowhere {{unsent}}"])
+            # The same draft bounced again (its words exactly): no copy, no placeholder stored.
+            assert [d["id"] for d in second["drafts"]] == [orphan["id"]]
+            _, _, third = await run_turn(client, [">>nowhere again: {{unsent}}"])
+            [replacement] = third["drafts"]
+            rows = {d.draft_id: (d.state, d.text) for d in daemon.turns.drafts_of(AGENT)}
+            assert rows == {orphan["id"]: ("dismissed", "orphan words"), replacement["id"]: ("held", "again: orphan words")}
+            turn = await client.call("turn/open", {"agent": AGENT})
+            await tool(client, turn["turnId"], "drafts", action="resend", ids=list(rows), channelId="b:general")
+            await tool(client, turn["turnId"], "drafts", action="resend", id=replacement["id"], channelId="b:general")
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+            assert await posts(servers["b"]) == [("general", "again: orphan words")]
+
+
+async def test_the_receipt_names_each_place_once_by_the_name_shown_at_close(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            await servers["a"].register([open_channel("general")])
+            await wait_channel(daemon, "a", "general")
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                await client.hello("test-host", [{"name": AGENT, "proseRouting": "locus"}])
+                seq = await message(servers, client, "a")
+                opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+                turn_id = opened["turnId"]
+                await client.call("turn/text", {"turnId": turn_id, "round": 1, "delta": "one"})
+                await client.call("turn/round", {"turnId": turn_id, "round": 1})
+                # b takes "general" too: the bare name no longer means a's channel alone.
+                await servers["b"].register([open_channel("general")])
+                await wait_channel(daemon, "b", "general")
+                await client.call("turn/text", {"turnId": turn_id, "round": 2, "delta": "two"})
+                closed = await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+                assert closed["receipt"]["text"] == "[delivered] plain speech → a:general"
+                assert await posts(servers["a"]) == [("general", "one"), ("general", "two")]
+                assert await posts(servers["b"]) == []
+
+
+async def test_a_failed_unsent_delivery_names_the_place_and_the_draft_still_held(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, "explicit") as (daemon, servers, client):
+            _, _, first = await run_turn(client, ["orphan words"])
+            [orphan] = first["drafts"]
+            await servers["a"].configure(publish={"delivered": False})
+            _, routed, _ = await run_turn(client, [">>a:general {{unsent}}", "x"])
+            assert [d["outcome"] for d in routed[0]["deliveries"]] == ["failed"]
+            assert routed[0]["notices"] == [
+                texts.unsent_delivery_failed("a:general", "a", texts.REASON_NOT_DELIVERED, orphan["id"])
+            ]
+            assert daemon.journal.draft(orphan["id"])["state"] == "held"
+            assert await posts(servers["b"]) == []
+
+
+@pytest.mark.parametrize("mode", ["locus", "explicit"])
+async def test_typing_follows_a_channel_open_that_moves_speech_and_stays_on_the_trigger_in_explicit(tmp_path: Path, mode: str) -> None:
+    with trio.fail_after(60):
+        async with scene(tmp_path, mode) as (_daemon, servers, client):
+            seq = await message(servers, client, "b")
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            turn_id = opened["turnId"]
+
+            async def b_typing() -> bool:
+                return bool(typing_ops(await servers["b"].recorded()))
+
+            await wait_until(b_typing, timeout=10)
+            await tool(client, turn_id, "channel_open", channelId="a:general")
+            before = len(typing_ops(await servers["b"].recorded()))
+            await trio.sleep(0.8)
+            b_after = typing_ops(await servers["b"].recorded())[before:]
+            a_ops = typing_ops(await servers["a"].recorded())
+            if mode == "locus":
+                # Speech moved to a:general: b's typing stops at once, a's starts (each on its own server).
+                assert b_after == [("general", "stop")]
+                assert a_ops and set(a_ops) == {("general", "start")}
+            else:
+                # Explicit: typing stays on the trigger, a gets none.
+                assert b_after and set(b_after) == {("general", "start")}
+                assert a_ops == []
+            await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})

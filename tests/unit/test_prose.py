@@ -174,6 +174,34 @@ def test_hybrid_silenced_round_drafts_but_still_moves_the_pin(names: ChannelName
     assert state.pin == B_RANDOM
 
 
+def test_hybrid_unsent_stands_for_the_bounced_draft_and_the_advice_uses_the_hybrid_prefix(names: ChannelNames) -> None:
+    state = prose.ProseState()
+    [seg] = decide("hybrid", ">>> b:general {{unsent}}", state, names)
+    assert (seg.action, seg.ref, seg.unsent) == ("deliver", B_GENERAL, True)
+    [seg] = decide("hybrid", "after {{unsent}}", state, names)  # along the pin
+    assert (seg.action, seg.unsent) == ("deliver", True)
+    [seg] = decide("hybrid", ">>>skip_reply {{unsent}}", state, names)
+    assert (seg.action, seg.unsent) == ("private", True)  # the shell dismisses the draft
+    state = prose.ProseState()
+    [seg] = decide("hybrid", ">>> nowhere {{unsent}}", state, names)
+    assert (seg.action, seg.unsent) == ("bounce", True)
+    # With no >>> in force, unprefixed text is read as in locus mode.
+    [seg] = decide("hybrid", "{{unsent}}", state, names)
+    assert (seg.action, seg.reason, seg.unsent) == ("draft", prose.REASON_NO_DESTINATION, False)
+    [seg] = decide("hybrid", "{{unsent}}", prose.ProseState(), names)
+    assert (seg.action, seg.ref, seg.unsent) == ("deliver", B_GENERAL, False)
+    # Exactly {{unsent}} held again by a send is that draft, already held: nothing new.
+    state = prose.ProseState()
+    assert decide("hybrid", ">>> random {{unsent}}", state, names, silenced=True) == [] and state.pin == B_RANDOM
+    assert decide("hybrid", "{{unsent}}", state, names, silenced=True) == []
+    [seg] = decide("hybrid", "more {{unsent}}", state, names, silenced=True)
+    assert (seg.action, seg.reason, seg.unsent) == ("draft", prose.REASON_EXPLICIT_SEND, True)
+    advice = texts.bounce(5, "why.", "d-abcde", (), prefix=prose.PIN, example_target="b:general")
+    assert ">>>b:general {{unsent}}" in advice and ">>>skip_reply {{unsent}}" in advice
+    assert ">>skip_reply" not in advice.replace(">>>skip_reply", "")
+    assert "To set them aside, write >>skip_reply {{unsent}}." in texts.bounce(5, "why.", "d-abcde", ())
+
+
 def test_skip_reply_makes_everything_private(names: ChannelNames) -> None:
     state = prose.ProseState(all_private=True)
     for mode in ("locus", "hybrid", "explicit"):
@@ -257,3 +285,23 @@ def test_an_at_id_target_two_servers_dms_answer_to_is_refused_with_both(first: s
     registry.withdraw(first, [f"dm:{first}-robin"])
     assert prose.resolve_target("<@123>", names, None).ref == ChannelRef(second, f"dm:{second}-robin")
     assert prose.resolve_target("<@999>", names, None).why == texts.BOUNCE_UNKNOWN_TARGET
+
+
+def test_a_draft_left_sending_by_a_stopped_daemon_is_unconfirmed_at_the_next_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from mcpl_router.routing.drafts import Attempt
+    from mcpl_router.store.journal import Journal
+
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    cut_off = Draft("d-abcde", "ann", "cut off", prose.REASON_NO_DESTINATION, 1.0,
+                    attempts=[Attempt("b", "general", "b:general", 2.0, "sending")])
+    untouched = Draft("d-fghjk", "ann", "untouched", prose.REASON_NO_DESTINATION, 3.0)
+    journal.save_draft(cut_off.row())
+    journal.save_draft(untouched.row())
+    journal.close()
+    reopened = Journal(path)
+    settled, kept = (Draft.from_row(row) for row in reopened.drafts_of("ann"))
+    assert not settled.sending and settled.state == "unconfirmed"
+    assert [(a.outcome, a.reason) for a in settled.attempts] == [("unknown", texts.REASON_INTERRUPTED)]
+    assert kept == untouched
+    reopened.close()

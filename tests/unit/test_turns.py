@@ -78,6 +78,14 @@ def test_was_in_adds_one_per_move_and_drops_none() -> None:
     assert routing.trigger == B_GENERAL
 
 
+def test_a_move_that_sets_the_locus_moves_typing_and_one_that_does_not_keeps_it() -> None:
+    routing = TurnRouting.starting_at(B_GENERAL)
+    routing.moved_to(B_RANDOM)  # an open that set no speech target (explicit mode): typing stays
+    assert routing.typing_channel == B_GENERAL
+    routing.moved_to(A_GENERAL, set_locus=True)  # speech moves (locus, hybrid): typing follows
+    assert routing.typing_channel == A_GENERAL and routing.locus == A_GENERAL
+
+
 def test_withdrawal_stops_only_that_refs_typing_and_keeps_was_in() -> None:
     routing = TurnRouting.starting_at(B_GENERAL)
     assert routing.withdrawn([A_GENERAL]) is None  # another server's general: untouched
