@@ -298,17 +298,23 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ channel_open
 
+    def _lifecycle_target(self, call: ToolCall, verb: str, not_done: str) -> ChannelRef | dict[str, Any]:
+        """The channel an open/close/decline names, or the refusal to return (a name that
+        picks no channel alone, or a tuned-out channel)."""
+        args = call.arguments
+        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
+        if isinstance(resolved, Refusal):
+            self._log_call(call, f"channel_{verb}.refused", kind=resolved.kind)
+            return _refused(resolved)
+        tuned_out = self._tuned_out(call, resolved.ref, verb, not_done)
+        return tuned_out if tuned_out is not None else resolved.ref
+
     async def _open(self, call: ToolCall) -> dict[str, Any]:
         args = call.arguments
         not_done = texts.OPEN_NOT_DONE
-        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
-        if isinstance(resolved, Refusal):
-            self._log_call(call, "channel_open.refused", kind=resolved.kind)
-            return _refused(resolved)
-        ref = resolved.ref
-        tuned_out = self._tuned_out(call, ref, "open", not_done)
-        if tuned_out is not None:
-            return tuned_out
+        ref = self._lifecycle_target(call, "open", not_done)
+        if not isinstance(ref, ChannelRef):
+            return ref
         shown = self._shown(ref)
         registry = self._daemon.router.registry
         entry = registry.get(ref)
@@ -360,14 +366,9 @@ class ChannelTools:
     async def _close(self, call: ToolCall) -> dict[str, Any]:
         args = call.arguments
         not_done = texts.CLOSE_NOT_DONE
-        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
-        if isinstance(resolved, Refusal):
-            self._log_call(call, "channel_close.refused", kind=resolved.kind)
-            return _refused(resolved)
-        ref = resolved.ref
-        tuned_out = self._tuned_out(call, ref, "close", not_done)
-        if tuned_out is not None:
-            return tuned_out
+        ref = self._lifecycle_target(call, "close", not_done)
+        if not isinstance(ref, ChannelRef):
+            return ref
         shown = self._shown(ref)
         link = self._link(ref)
         if link is None:
@@ -395,14 +396,9 @@ class ChannelTools:
     async def _decline(self, call: ToolCall) -> dict[str, Any]:
         args = call.arguments
         not_done = texts.DECLINE_NOT_DONE
-        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
-        if isinstance(resolved, Refusal):
-            self._log_call(call, "channel_decline.refused", kind=resolved.kind)
-            return _refused(resolved)
-        ref = resolved.ref
-        tuned_out = self._tuned_out(call, ref, "decline", not_done)
-        if tuned_out is not None:
-            return tuned_out
+        ref = self._lifecycle_target(call, "decline", not_done)
+        if not isinstance(ref, ChannelRef):
+            return ref
         agent = call.run.turn.agent
         self._daemon.journal.record_decline(agent, ref.server_id, ref.channel_id)
         self._desired[(agent, ref)] = "declined"

@@ -7,10 +7,9 @@ Assertions about what a server received are read from the server's own recording
 
 from __future__ import annotations
 
-import sys
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +71,26 @@ async def wait_channel(daemon: Daemon, server_id: str, channel_id: str, *, timeo
     from mcpl_router.routing.refs import ChannelRef
 
     await wait_until(lambda: daemon.router.registry.is_registered(ChannelRef(server_id, channel_id)), timeout=timeout)
+
+
+@asynccontextmanager
+async def servers_and_daemon(
+    workdir: Path, names: Sequence[str], options: Mapping[str, dict[str, Any]] | None = None
+) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
+    """Fixture processes (tcp, strict, registering nothing yet) and the daemon dialling each,
+    with its host Unix socket; yields once every server is ready."""
+    options = options or {}
+    async with AsyncExitStack() as stack:
+        fixtures: dict[str, FixtureProcess] = {}
+        for name in names:
+            fixtures[name] = await stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
+            )
+        config = {name: dialled_server(fixture, **options.get(name, {})) for name, fixture in fixtures.items()}
+        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
+        for name in names:
+            await wait_ready(daemon, name)
+        yield daemon, fixtures
 
 
 @asynccontextmanager

@@ -8,8 +8,8 @@ right answer; what each server received is read from its own recordings.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 
-from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+from .conftest import servers_and_daemon as shared_servers_and_daemon
+from .conftest import wait_channel
 
 pytestmark = pytest.mark.integration
 
@@ -41,19 +42,8 @@ def open_channel(channel_id: str) -> dict[str, Any]:
 async def servers_and_daemon(
     workdir: Path, first: str = "a", options: Mapping[str, dict[str, Any]] | None = None
 ) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
-    """Fixtures ``a`` and ``b`` (tcp, strict), the daemon dialling both, ``general`` registered
-    on both with ``first``'s first."""
-    options = options or {}
-    async with AsyncExitStack() as stack:
-        fixtures: dict[str, FixtureProcess] = {}
-        for name in ("a", "b"):
-            fixtures[name] = await stack.enter_async_context(
-                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
-            )
-        config = {name: dialled_server(fixture, **options.get(name, {})) for name, fixture in fixtures.items()}
-        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
-        for name in ("a", "b"):
-            await wait_ready(daemon, name)
+    """The shared harness with ``a`` and ``b``, ``general`` registered on both, ``first``'s first."""
+    async with shared_servers_and_daemon(workdir, ("a", "b"), options) as (daemon, fixtures):
         for name in (first, "b" if first == "a" else "a"):
             await fixtures[name].register([open_channel("general")])
             await wait_channel(daemon, name, "general")

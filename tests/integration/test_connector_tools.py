@@ -10,7 +10,7 @@ a send engages its channel on that server only. Servers ``a`` and ``b`` both reg
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,8 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 
-from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+from .conftest import servers_and_daemon as shared_servers_and_daemon
+from .conftest import wait_channel, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -36,18 +37,9 @@ B_SEND = "mcpl--b--send_message"
 async def servers_and_daemon(
     workdir: Path, names: Sequence[str], options: Mapping[str, dict[str, Any]] | None = None
 ) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
-    """Fixture processes (tcp, strict) and the daemon dialling each, tools listed."""
-    options = options or {}
-    async with AsyncExitStack() as stack:
-        fixtures: dict[str, FixtureProcess] = {}
+    """The shared harness, once each server's tools are listed too."""
+    async with shared_servers_and_daemon(workdir, names, options) as (daemon, fixtures):
         for name in names:
-            fixtures[name] = await stack.enter_async_context(
-                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
-            )
-        config = {name: dialled_server(fixture, **options.get(name, {})) for name, fixture in fixtures.items()}
-        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
-        for name in names:
-            await wait_ready(daemon, name)
             await wait_until(lambda name=name: daemon.connector_tools.tools_of(name), timeout=10)
         yield daemon, fixtures
 

@@ -9,8 +9,8 @@ error, timeout or ungranted injection costs that server alone.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from mcpl_router.jsonrpc import RpcError
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 
-from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+from .conftest import servers_and_daemon, wait_channel
 
 pytestmark = pytest.mark.integration
 
@@ -35,23 +35,6 @@ def open_channel(channel_id: str) -> dict[str, Any]:
     return {**channel_descriptor(channel_id), "initiallyOpen": True}
 
 
-@asynccontextmanager
-async def servers_and_daemon(
-    workdir: Path, names: Sequence[str], options: Mapping[str, dict[str, Any]] | None = None
-) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
-    """Fixture processes (tcp, strict, registering nothing yet) and the daemon dialling each."""
-    options = options or {}
-    async with AsyncExitStack() as stack:
-        fixtures: dict[str, FixtureProcess] = {}
-        for name in names:
-            fixtures[name] = await stack.enter_async_context(
-                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
-            )
-        config = {name: dialled_server(fixture, **options.get(name, {})) for name, fixture in fixtures.items()}
-        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
-        for name in names:
-            await wait_ready(daemon, name)
-        yield daemon, fixtures
 
 
 @asynccontextmanager
