@@ -700,10 +700,13 @@ async def test_a_turn_whose_lease_expires_mid_round_posts_nothing_more_and_compl
             # The lease runs out while a's publish is in flight: that publish ends, nothing after it goes out.
             await client.call("turn/round", {"turnId": turn_id, "round": 1})
             await completed_stream(servers["b"])
-            await trio.sleep(0.5)
-            assert daemon.turns.open_turns() == []
+            await wait_until(lambda: daemon.turns.open_turns() == [], timeout=10)
+
+            async def a_posted() -> list[tuple[str, str]]:
+                return await posts(servers["a"])
+
+            assert await wait_until(a_posted, timeout=10) == [("general", "two")]
             assert await posts(servers["b"]) == [("general", "one")]
-            assert await posts(servers["a"]) == [("general", "two")]
             # Every channel that got chunks got exactly one complete, carrying what it was sent.
             assert stream_rows(await servers["b"].recorded()) == [("chunk", "general", "one"), ("complete", "general", "one")]
             a_rows = stream_rows(await servers["a"].recorded())
@@ -832,7 +835,17 @@ async def test_typing_follows_a_channel_open_that_moves_speech_and_stays_on_the_
             await wait_until(b_typing, timeout=10)
             await tool(client, turn_id, "channel_open", channelId="a:general")
             before = len(typing_ops(await servers["b"].recorded()))
-            await trio.sleep(0.8)
+
+            async def settled() -> bool:
+                # locus: b got its stop and a its start; explicit: b refreshed its typing again.
+                b_ops = typing_ops(await servers["b"].recorded())[before:]
+                if mode == "locus":
+                    return ("general", "stop") in b_ops and bool(typing_ops(await servers["a"].recorded()))
+                return ("general", "start") in b_ops
+
+            await wait_until(settled, timeout=10)
+            # A few refresh intervals (0.2 s) more, so a typing that shouldn't be there would show.
+            await trio.sleep(0.6)
             b_after = typing_ops(await servers["b"].recorded())[before:]
             a_ops = typing_ops(await servers["a"].recorded())
             if mode == "locus":
