@@ -10,6 +10,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from mcpl_router import __version__
@@ -157,6 +158,8 @@ class Daemon:
             "channels": len(self.router.registry.all_entries()),
             "lastSeq": self.journal.last_seq(),
             "agents": self.sessions.statistics(),
+            "hosts": self.sessions.host_statistics(),
+            "journal": attrs.asdict(self.journal.statistics()),
             "openTurns": len(self.turns.table.all()),
         }
 

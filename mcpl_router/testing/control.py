@@ -231,6 +231,10 @@ class FixtureControl:
         """Write ``data * repeat + suffix`` verbatim to the host transport (no newline added)."""
         return await self.call("sendRaw", data=data, repeat=repeat, suffix=suffix)
 
+    async def send_bytes(self, data: bytes) -> dict[str, Any]:
+        """Write ``data`` verbatim to the host transport: bytes a string can't carry (bad UTF-8)."""
+        return await self.call("sendRaw", hex=data.hex())
+
     async def manifest_changed(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the manifest and announce it with ``mcpl/manifestChanged`` (if a host is up)."""
         return await self.call("manifestChanged", manifest=dict(manifest))

@@ -257,6 +257,8 @@ class _MessageProbe(msgspec.Struct):
     id: int | str | None | msgspec.UnsetType = msgspec.UNSET
     method: str | msgspec.UnsetType = msgspec.UNSET
     params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _probe_decoder = msgspec.json.Decoder(_MessageProbe)
@@ -634,7 +636,18 @@ class _HostSession:
 
     def _on_receive(self, data: bytes) -> None:
         probe = _probe(data)
-        if probe is None or probe.method is msgspec.UNSET:
+        if probe is None:
+            return
+        if probe.method is msgspec.UNSET:
+            if isinstance(probe.id, str) or probe.id is None:
+                # The answer to a request a test wrote raw (string ids; ours are numbers), or
+                # an error with no id: recorded, so a test can read what the host answered.
+                answer: dict[str, Any] = {"epoch": self.epoch, "kind": "answer", "method": None, "id": probe.id, "at": _now()}
+                if probe.result is not msgspec.UNSET:
+                    answer["result"] = msgspec.json.decode(probe.result)
+                if probe.error is not msgspec.UNSET:
+                    answer["error"] = msgspec.json.decode(probe.error)
+                self.server.record(answer)
             return
         is_request = probe.id is not msgspec.UNSET
         entry: dict[str, Any] = {
@@ -1048,9 +1061,14 @@ class _ControlSession:
     async def _send_raw(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
         session = self.server.require_session()
         data = params.get("data")
-        if not isinstance(data, str):
-            raise RpcError(-32602, "sendRaw needs data: str")
-        payload = (data * int(params.get("repeat", 1)) + str(params.get("suffix", ""))).encode()
+        raw_hex = params.get("hex")
+        if isinstance(raw_hex, str):
+            # Bytes no JSON string can carry (invalid UTF-8), given as hex.
+            payload = bytes.fromhex(raw_hex)
+        elif isinstance(data, str):
+            payload = (data * int(params.get("repeat", 1)) + str(params.get("suffix", ""))).encode()
+        else:
+            raise RpcError(-32602, "sendRaw needs data: str (or hex: str)")
         try:
             await session.transport.send_raw(payload)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
