@@ -219,6 +219,12 @@ class FixtureControl:
         ``content`` from a ``text`` shorthand)."""
         return await self.call("incoming", messages=[dict(m) for m in messages], **_given(form=form))
 
+    async def flood(self, count: int, *, outstanding: int = 128, per_request: int = 1, prefix: str = "flood", **fields: Any) -> dict[str, Any]:
+        """Have the fixture send ``count`` ``channels/incoming`` requests, ``outstanding`` at once
+        (a pipelining server): ``{accepted, refused, failed, seconds}``."""
+        params = {"count": count, "outstanding": outstanding, "perRequest": per_request, "prefix": prefix, **fields}
+        return await self._peer.request("flood", params, timeout=600)
+
     async def push(self, event_id: str | None = None, **fields: Any) -> Any:
         """Send ``push/event`` (``origin``, ``payload``, ``tags``, ``featureSet``, ``form``)."""
         return await self.call("push", **_given(eventId=event_id), **fields)

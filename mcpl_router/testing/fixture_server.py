@@ -980,6 +980,7 @@ class _ControlSession:
             ("push", self._push),
             ("call", self._call),
             ("manifestChanged", self._manifest_changed),
+            ("flood", self._flood),
         ):
             table.add(method, handler, dict[str, Any], concurrent=True)
         table.add("sendRaw", self._send_raw, dict[str, Any])
@@ -1029,6 +1030,45 @@ class _ControlSession:
             raise RpcError(-32602, "incoming needs messages: [message]")
         filled = [self._complete_message(m) for m in messages]
         return await session.send("channels/incoming", {"messages": filled}, self._form(params), timeout=params.get("timeout"))
+
+    async def _flood(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
+        """Send ``count`` ``channels/incoming`` requests with up to ``outstanding`` in flight.
+
+        A pipelining server, for load tests and benchmarks: the control channel's cost is paid
+        once, not per message. Answers how many messages were accepted and how long it took.
+        """
+        session = self.server.require_session()
+        count = int(params.get("count", 1))
+        outstanding = max(1, int(params.get("outstanding", 128)))
+        per_request = max(1, int(params.get("perRequest", 1)))
+        channel = params.get("channelId", "general")
+        prefix = str(params.get("prefix", "flood"))
+        tags = params.get("tags", ["chat:mention"])
+        slots = trio.Semaphore(outstanding)
+        totals = {"accepted": 0, "refused": 0, "failed": 0}
+
+        async def one(index: int) -> None:
+            try:
+                messages = [
+                    self._complete_message({"channelId": channel, "messageId": f"{prefix}-{index}-{n}", "text": "x", "tags": tags})
+                    for n in range(per_request)
+                ]
+                try:
+                    answer = await session.peer.request("channels/incoming", {"messages": messages}, timeout=120)
+                except (RpcError, PeerClosed, RequestTimeout):
+                    totals["failed"] += per_request
+                    return
+                for result in answer.get("results", []) if isinstance(answer, dict) else []:
+                    totals["accepted" if isinstance(result, dict) and result.get("accepted") else "refused"] += 1
+            finally:
+                slots.release()
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                await slots.acquire()
+                nursery.start_soon(one, index)
+        return {**totals, "seconds": trio.current_time() - started}
 
     def _complete_message(self, message: Any) -> Any:
         if not isinstance(message, dict):
