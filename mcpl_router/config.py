@@ -1812,6 +1812,8 @@ class DaemonLocation:
     source: str
     unix_socket: Path | None
     health_url: str | None
+    #: The host token's file (``host.tokenFile`` or its default), for a ``ws://`` query.
+    token_file: Path | None = None
 
 
 def locate_daemon(
@@ -1838,7 +1840,7 @@ def locate_daemon(
     if health.enabled:
         bind = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(health.bind, health.bind)
         url = f"http://{_host_port(bind, health.port)}"
-    return DaemonLocation(source=source, unix_socket=config.host.unix_socket, health_url=url)
+    return DaemonLocation(source=source, unix_socket=config.host.unix_socket, health_url=url, token_file=config.host.token_file)
 
 
 def runtime_problems(

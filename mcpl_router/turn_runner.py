@@ -189,6 +189,27 @@ async def publish_text(
     connection, a malformed receipt, or a Notification-form publish (it has no receipt).
     A server that takes publishes only as Notifications (-32601 to the Request) gets one.
     """
+    delivery = await _publish_text(
+        link, ref, shown, text, conversation_id=conversation_id, round_=round_, registered=registered,
+        timeout=timeout, thread_id=thread_id,
+    )
+    if link is not None:
+        link.publishes[(delivery.outcome, delivery.reason or "")] += 1  # read by /metrics
+    return delivery
+
+
+async def _publish_text(
+    link: ServerLink | None,
+    ref: ChannelRef,
+    shown: str,
+    text: str,
+    *,
+    conversation_id: str,
+    round_: int,
+    registered: bool,
+    timeout: float,
+    thread_id: str | None,
+) -> Delivery:
 
     def outcome(kind: Any, reason: str | None = None, message_id: str | None = None) -> Delivery:
         return Delivery(ref, shown, kind, round_, message_id=message_id, reason=reason)
@@ -505,6 +526,7 @@ class TurnManager:
             timeout=self.context_timeout,
             log_fields={"agent": turn.agent, "turn": turn.turn_id},
         )
+        self._daemon.metrics.context_answered(result.servers, result.elapsed)
         return result.to_wire()
 
     # ------------------------------------------------------------------ turn/text, turn/round
@@ -1174,6 +1196,13 @@ class TurnManager:
         if usage is not None:
             params["usage"] = usage
         await send_lifecycle(self._links(), params, only=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+
+    def typing_statistics(self) -> dict[str, int]:
+        """Typing indicators the daemon holds now: for turns, and started by hosts."""
+        return {
+            "turn": sum(1 for run in self._runs.values() if run.typing_sent is not None),
+            "host": len(self._host_typing),
+        }
 
     async def drain(self) -> None:
         """Abort every open turn (daemon shutdown): typing stopped, lifecycle terminals sent.

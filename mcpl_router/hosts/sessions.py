@@ -248,6 +248,23 @@ class SessionManager:
             )
         return rows
 
+    def outbox_statistics(self) -> list[tuple[int, int]]:
+        """Each connection's outbox: (notifications waiting, capacity)."""
+        return [(outbox.receive.statistics().current_buffer_used, OUTBOX_SIZE) for outbox in self._outboxes.values()]
+
+    def configure_agents(self, agents: dict[str, AgentConfig]) -> tuple[list[str], list[str]]:
+        """A reloaded config's agents: added ones declared, changed ones updated (new turns
+        use the new spec). Returns (added, changed) names. Agents it no longer lists stay."""
+        added, changed = [], []
+        for name, config in agents.items():
+            spec = AgentSpec.from_config(config)
+            previous = self._agents.get(name)
+            if previous == spec:
+                continue
+            (added if previous is None else changed).append(name)
+            self._agents[name] = spec
+        return added, changed
+
     def owner_of(self, name: str) -> HostConnection | None:
         """The connection owning agent ``name`` now, if any."""
         return self._owners.get(name)
@@ -337,6 +354,7 @@ class SessionManager:
             outbox.send.send_nowait((method, params))
         except trio.WouldBlock:
             self._log.warning("host.outbox.full", connection=connection.id, method=method, size=OUTBOX_SIZE)
+            self._daemon.metrics.outbox_full()
             # Too slow to keep up: drop the connection rather than the messages. Its wakes are
             # journaled and come back on reconnect.
             self._outboxes.pop(connection, None)
@@ -409,7 +427,10 @@ class SessionManager:
         )
 
     def _send_wake(self, connection: HostConnection, wake: Wake) -> bool:
-        return self._enqueue(connection, "wake", self.wake_params(wake))
+        sent = self._enqueue(connection, "wake", self.wake_params(wake))
+        if sent:
+            self._daemon.metrics.wake_sent(wake.agent)
+        return sent
 
     def wake_params(self, wake: Wake) -> dict[str, Any]:
         """The ``wake`` notification's params."""
@@ -494,6 +515,7 @@ class SessionManager:
             session: HostSession | None = connection.session
             agents = sorted(name for name in (session.agents if session else ()) if self._owners.get(name) is connection)
         acked = self._daemon.journal.ack_deliveries(agents, seqs)
+        self._daemon.metrics.wakes_acknowledged(agents, acked)
         get_logger(connection=connection.id).debug("wake.acked", seqs=seqs, agents=agents, acked=acked)
         return {"acked": acked}
 

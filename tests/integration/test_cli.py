@@ -97,7 +97,7 @@ async def test_demo_stops_cleanly_on_signal_leaving_no_child(signum: int) -> Non
 
 async def test_check_config_names_file_key_and_fix(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"mcplServers": {"a": {"command": "some-server", "args": ["--stdio"]}}}))
+    good.write_text(json.dumps({"mcplServers": {"a": {"command": sys.executable, "args": ["--stdio"]}}}))
     bad = tmp_path / "bad.toml"
     bad.write_text('[mcplServers.a]\ntransport = "smtp"\ncommand = "x"\n')
     with trio.fail_after(30):

@@ -4,6 +4,8 @@ test-double link."""
 
 from __future__ import annotations
 
+import collections
+
 import attrs
 import pytest
 import trio
@@ -236,6 +238,7 @@ class PublishLink:
     grant: Grant = attrs.field(factory=lambda: Grant(effective=frozenset({"channels.publish"})))
     state: LinkState = LinkState.READY
     notified: list[tuple[str, object]] = attrs.field(factory=list)
+    publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
 
     async def call(self, method: str, params: object = None, *, capability: str | None, timeout: float | None = None) -> object:
         await trio.lowlevel.checkpoint()

@@ -1,0 +1,300 @@
+"""What ``/metrics`` shows: counters the daemon keeps, and its state read at scrape time.
+
+Two kinds of series, in one per-daemon :class:`prometheus_client.CollectorRegistry`:
+
+- **counted as it happens** (:class:`DaemonMetrics`' counters and histograms): inbound messages
+  and registrations answered, wakes sent and acked, ``beforeInference`` latency and outcomes,
+  journal commits, backpressure events, reloads;
+- **read when scraped** (:class:`_StateCollector`): each link's state, epochs and channels,
+  publishes by outcome, peer queue depths, pending wakes, resolution refusals by kind, typing
+  indicators, open turns. Reading the parts' own ``status()``/``statistics()`` at scrape time
+  keeps the hot paths free of metric calls and cannot drift from what ``status`` says.
+
+Every series is prefixed ``mcpl_router_``; ``docs/operations.md`` lists them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from mcpl_router.routing import texts
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.store.journal import Journal
+
+#: The Content-Type of :meth:`DaemonMetrics.render`.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+_LINK_STATES = ("connecting", "ready", "retrying", "closed", "failed")
+
+#: Registration refusal texts (server-facing, sentences) → a stable label.
+_REGISTRATION_REASONS = {
+    texts.REASON_REGISTER_NOT_GRANTED: "not-granted",
+    texts.REASON_DUPLICATE_IN_CALL: "duplicate-in-call",
+    texts.REASON_UPDATE_UNKNOWN: "update-unknown",
+}
+
+
+def registration_reason_label(reason: str | None) -> str:
+    """A registration refusal's reason text as a metric label (a small, fixed set)."""
+    if reason is None:
+        return "unknown"
+    if reason in _REGISTRATION_REASONS:
+        return _REGISTRATION_REASONS[reason]
+    if reason.startswith("malformed"):
+        return "malformed"
+    if "pattern" in reason:
+        return "outside-patterns"
+    return "other"
+
+
+class DaemonMetrics:
+    """The daemon's metrics registry; the shell calls the ``*_`` recording methods."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.inbound = Counter(
+            "mcpl_router_inbound_messages",
+            "Messages and pushes servers sent, by how they were answered (code: the refusal's JSON-RPC code).",
+            ["server", "outcome", "code"],
+            registry=registry,
+        )
+        self.registrations = Counter(
+            "mcpl_router_channel_registrations",
+            "Channel descriptors servers registered or updated, accepted or refused (by reason).",
+            ["server", "outcome", "reason"],
+            registry=registry,
+        )
+        self.wakes_sent = Counter("mcpl_router_wakes_sent", "Wake notifications sent to hosts (re-sends included).", ["agent"], registry=registry)
+        self.wakes_acked = Counter("mcpl_router_wakes_acked", "Wakes hosts acknowledged (wake/ack).", ["agent"], registry=registry)
+        self.context_seconds = Histogram(
+            "mcpl_router_before_inference_seconds",
+            "How long each server took to answer context/beforeInference.",
+            ["server"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.context_outcomes = Counter(
+            "mcpl_router_before_inference",
+            "context/beforeInference requests by outcome (ok, timeout, error).",
+            ["server", "outcome"],
+            registry=registry,
+        )
+        self.journal_commit_seconds = Histogram(
+            "mcpl_router_journal_commit_seconds", "Time to commit one batch of inbound events.", buckets=_COMMIT_BUCKETS, registry=registry
+        )
+        self.journal_batch_size = Histogram(
+            "mcpl_router_journal_batch_size", "Inbound events per journal commit.", buckets=_BATCH_BUCKETS, registry=registry
+        )
+        self.journal_failures = Counter("mcpl_router_journal_failures", "Journal commits that raised.", registry=registry)
+        self.backpressure = Counter(
+            "mcpl_router_backpressure_events",
+            "A bounded queue was full (queue: which; action: what the daemon did).",
+            ["queue", "action"],
+            registry=registry,
+        )
+        self.reloads = Counter("mcpl_router_config_reloads", "Config reloads (SIGHUP, mcpl-router reload) by outcome.", ["outcome"], registry=registry)
+        #: The latest journal failure (``None`` once a commit succeeds again); ``/readyz`` reads it.
+        self.journal_error: str | None = None
+        registry.register(_StateCollector(daemon))
+
+    def render(self) -> bytes:
+        """The exposition text (Prometheus format 0.0.4)."""
+        return generate_latest(self.registry)
+
+    # -- recording (called by the shell) ----------------------------------------------------
+
+    def inbound_answered(self, server_id: str, method: str, result: Any) -> None:
+        """Count what a server's ``channels/incoming``/``register``/``changed``/push got back."""
+        if not isinstance(result, Mapping):
+            return
+        if method == "push/event":
+            self.inbound.labels(server_id, "accepted", "").inc()
+            return
+        rows = result.get("results")
+        if not isinstance(rows, list):
+            return
+        if method == "channels/incoming":
+            for row in rows:
+                if isinstance(row, Mapping):
+                    accepted = bool(row.get("accepted"))
+                    self.inbound.labels(server_id, "accepted" if accepted else "refused", "" if accepted else str(row.get("code", ""))).inc()
+        elif method in ("channels/register", "channels/changed"):
+            for row in rows:
+                if isinstance(row, Mapping):
+                    accepted = bool(row.get("accepted"))
+                    reason = "" if accepted else registration_reason_label(row.get("reason"))
+                    self.registrations.labels(server_id, "accepted" if accepted else "refused", reason).inc()
+
+    def context_answered(self, outcomes: Mapping[str, str], elapsed: Mapping[str, float]) -> None:
+        """One ``beforeInference`` fan-out's per-server outcomes and latencies."""
+        for server_id, outcome in outcomes.items():
+            if outcome == "skipped":
+                continue
+            self.context_outcomes.labels(server_id, outcome).inc()
+            if server_id in elapsed:
+                self.context_seconds.labels(server_id).observe(elapsed[server_id])
+
+    def wake_sent(self, agent: str) -> None:
+        self.wakes_sent.labels(agent).inc()
+
+    def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None:
+        # An ack names seqs, not agents: with several agents the count goes to the first.
+        if count and agents:
+            self.wakes_acked.labels(agents[0] if len(agents) == 1 else "*").inc(count)
+
+    def outbox_full(self) -> None:
+        self.backpressure.labels("host-outbox", "disconnected").inc()
+
+    def instrument_journal(self, journal: Journal) -> None:
+        """Time the journal's commits (latency, batch size) and note its failures for ``/readyz``.
+
+        Wraps ``journal.record_inbound`` on this instance: whether it is a plain call or a
+        coroutine function, the timing covers the commit.
+        """
+        record = journal.record_inbound
+        metrics = self
+
+        def observe(started: float, size: int) -> None:
+            metrics.journal_commit_seconds.observe(time.perf_counter() - started)
+            metrics.journal_batch_size.observe(size)
+            metrics.journal_error = None
+
+        def failed(exc: BaseException) -> None:
+            metrics.journal_failures.inc()
+            metrics.journal_error = f"{type(exc).__name__}: {exc}"
+
+        if _is_coroutine_function(record):
+
+            async def record_async(events: list[Any], *args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    result = await record(events, *args, **kwargs)
+                except Exception as exc:
+                    failed(exc)
+                    raise
+                observe(started, len(events))
+                return result
+
+            journal.record_inbound = record_async  # type: ignore[method-assign]
+        else:
+
+            def record_sync(events: list[Any], *args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    result = record(events, *args, **kwargs)
+                except Exception as exc:
+                    failed(exc)
+                    raise
+                observe(started, len(events))
+                return result
+
+            journal.record_inbound = record_sync  # type: ignore[method-assign]
+
+
+def _is_coroutine_function(function: Callable[..., Any]) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(function)
+
+
+class _StateCollector(Collector):
+    """Series read from the daemon's state at each scrape."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked: the series depend on the servers configured now
+
+    def collect(self) -> Iterator[Metric]:
+        daemon = self._daemon
+        up = GaugeMetricFamily("mcpl_router_server_up", "1 while the server's link is ready.", labels=["server"])
+        state = GaugeMetricFamily("mcpl_router_server_state", "The link's state (1 for the current one).", labels=["server", "state"])
+        required = GaugeMetricFamily("mcpl_router_server_required", "1 for a server marked required (readiness waits for it).", labels=["server"])
+        connects = CounterMetricFamily("mcpl_router_server_connects", "Transport epochs started (first connection and every reconnect).", labels=["server"])
+        reconnects = CounterMetricFamily("mcpl_router_server_reconnects", "Reconnection attempts (epochs after the first).", labels=["server"])
+        channels = GaugeMetricFamily("mcpl_router_server_channels", "Channels the server has registered now.", labels=["server"])
+        refused = CounterMetricFamily("mcpl_router_inbound_refused_at_admission", "Inbound methods refused by the grant (reason: not-granted, before-policy).", labels=["server", "reason"])
+        publishes = CounterMetricFamily("mcpl_router_publishes", "Publishes to servers by outcome (delivered, failed, unknown) and reason.", labels=["server", "outcome", "reason"])
+        depth = GaugeMetricFamily("mcpl_router_queue_depth", "Messages waiting in a bounded queue now.", labels=["queue", "owner"])
+        pending = GaugeMetricFamily("mcpl_router_pending_requests", "Requests awaiting an answer now.", labels=["peer", "owner"])
+        pressure = CounterMetricFamily(
+            "mcpl_router_peer_backpressure_events",
+            "Inbound messages a full queue refused, this connection (kind: overloaded-request, dropped-notification).",
+            labels=["peer", "owner", "kind"],
+        )
+        per_server: dict[str, int] = {}
+        for entry in daemon.router.registry.all_entries():
+            per_server[entry.ref.server_id] = per_server.get(entry.ref.server_id, 0) + 1
+        for server_id, link in list(daemon.links.items()):
+            current = link.state.value
+            up.add_metric([server_id], 1.0 if current == "ready" else 0.0)
+            for name in _LINK_STATES:
+                state.add_metric([server_id, name], 1.0 if name == current else 0.0)
+            required.add_metric([server_id], 1.0 if link.config.required else 0.0)
+            connects.add_metric([server_id], float(link.epoch))
+            reconnects.add_metric([server_id], float(max(0, link.epoch - 1)))
+            channels.add_metric([server_id], float(per_server.get(server_id, 0)))
+            for reason, count in link.admission_refused.items():
+                refused.add_metric([server_id, reason], float(count))
+            for (outcome, reason), count in link.publishes.items():
+                publishes.add_metric([server_id, outcome, reason], float(count))
+            stats = link.peer_statistics()
+            if stats is not None:
+                depth.add_metric(["server-inbound", server_id], float(stats.inbound_queued))
+                pending.add_metric(["server", server_id], float(stats.pending_requests))
+                pressure.add_metric(["server", server_id, "overloaded-request"], float(stats.overloaded_requests))
+                pressure.add_metric(["server", server_id, "dropped-notification"], float(stats.dropped_notifications))
+        connections = list(daemon.host_connections)
+        host_queued = host_pending = host_overloaded = host_dropped = 0
+        for connection in connections:
+            peer = connection.peer
+            if peer is None:
+                continue
+            stats = peer.statistics()
+            host_queued += stats.inbound_queued
+            host_pending += stats.pending_requests
+            host_overloaded += stats.overloaded_requests
+            host_dropped += stats.dropped_notifications
+        depth.add_metric(["host-inbound", "*"], float(host_queued))
+        pending.add_metric(["host", "*"], float(host_pending))
+        pressure.add_metric(["host", "*", "overloaded-request"], float(host_overloaded))
+        pressure.add_metric(["host", "*", "dropped-notification"], float(host_dropped))
+        outboxes = getattr(daemon.sessions, "outbox_statistics", None)
+        if outboxes is not None:
+            depth.add_metric(["host-outbox", "*"], float(sum(used for used, _ in outboxes())))
+        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure)
+
+        hosts = GaugeMetricFamily("mcpl_router_host_connections", "Host connections open now.")
+        hosts.add_metric([], float(len(connections)))
+        yield hosts
+        wakes = GaugeMetricFamily("mcpl_router_wakes_pending", "Wakes journaled for the agent and not acked yet.", labels=["agent"])
+        for spec in daemon.sessions.agents():
+            wakes.add_metric([spec.name], float(daemon.journal.unacked_count(spec.name)))
+        yield wakes
+        refusals = CounterMetricFamily("mcpl_router_resolution_refusals", "Channel names that picked no single channel, by kind.", labels=["kind"])
+        for kind, count in daemon.router.names.refusals.items():
+            refusals.add_metric([kind], float(count))
+        yield refusals
+        typing = GaugeMetricFamily("mcpl_router_typing_active", "Typing indicators the daemon holds now (source: turn, host).", labels=["source"])
+        for source, count in daemon.turns.typing_statistics().items():
+            typing.add_metric([source], float(count))
+        yield typing
+        turns = GaugeMetricFamily("mcpl_router_open_turns", "Turns open now.")
+        turns.add_metric([], float(len(daemon.turns.table.all())))
+        yield turns
+        ready = GaugeMetricFamily("mcpl_router_ready", "1 when /readyz answers 200.")
+        ready.add_metric([], 0.0 if daemon.readiness().problems else 1.0)
+        yield ready
