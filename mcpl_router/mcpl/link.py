@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import enum
 import random
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -358,7 +359,14 @@ class ServerLink:
         if self.exit_code is None or self._epoch_exit != self.epoch:
             return None
         last = next((line for line in reversed(self.stderr_tail) if line.strip()), None)
-        return f"the server exited with code {self.exit_code}" + (f": {last.strip()}" if last else "")
+        if self.exit_code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-self.exit_code).name}"
+            except ValueError:
+                how = f"was killed by signal {-self.exit_code}"
+        else:
+            how = f"exited with code {self.exit_code}"
+        return f"the server {how}" + (f": {last.strip()}" if last else "")
 
     def _backoff_delay(self) -> float:
         reconnect = self.config.reconnect
