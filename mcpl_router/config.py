@@ -116,7 +116,7 @@ _HOST_KEYS: Final = ("websocket", "unixSocket", "token", "tokenFile", "allowNonL
 _HOST_WEBSOCKET_KEYS: Final = ("enabled", "bind", "port", "path")
 _JOURNAL_KEYS: Final = ("path",)
 _LOGGING_KEYS: Final = ("level", "format")
-_HEALTH_KEYS: Final = ("bind", "port")
+_HEALTH_KEYS: Final = ("enabled", "bind", "port")
 _AGENT_KEYS: Final = (
     "proseRouting",
     "allowedTools",
@@ -426,11 +426,14 @@ class HealthConfig:
 
     bind: str = "127.0.0.1"
     port: int = 0
+    #: ``health.enabled`` as given; not given: on when ``port`` is set.
+    switch: bool | None = None
 
     @property
     def enabled(self) -> bool:
-        """Whether the health listener runs at all."""
-        return self.port != 0
+        """Whether the health listener runs at all (``enabled = true`` with port 0: the OS
+        picks the port)."""
+        return self.switch if self.switch is not None else self.port != 0
 
 
 @attrs.frozen
@@ -1312,6 +1315,7 @@ def _parse_health(section: _Section) -> HealthConfig:
     return HealthConfig(
         bind=section.string("bind", "127.0.0.1") or "127.0.0.1",
         port=section.integer("port", 0, at_least=0, at_most=65535),
+        switch=section.boolean("enabled", False) if section.given("enabled") else None,
     )
 
 
@@ -1837,7 +1841,7 @@ def locate_daemon(
     config = parse_config(wanted, source=source, base_dir=base_dir, environ=environ)
     health = config.health
     url = None
-    if health.enabled:
+    if health.enabled and health.port:
         bind = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(health.bind, health.bind)
         url = f"http://{_host_port(bind, health.port)}"
     return DaemonLocation(source=source, unix_socket=config.host.unix_socket, health_url=url, token_file=config.host.token_file)
