@@ -242,7 +242,8 @@ class Daemon:
         """
         if link.state is not LinkState.READY:
             why = f": {link.last_error}" if link.last_error else ""
-            return f"is {link.state.value}{why}"
+            verb = "has failed" if link.state is LinkState.FAILED else f"is {link.state.value}"
+            return f"{verb}{why}"
         refusals = self.registration_refusals.get(link.server_id)
         if refusals and not self.router.registry.channels_for(link.server_id):
             reason, _ = refusals.most_common(1)[0]
