@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="two bundled servers sharing a channel id; no external service")
     demo.add_argument("--once", action="store_true", help="print the overview and exit")
-    demo.add_argument("--log-level", default="warning")
+    demo.add_argument("--log-level", default="error", help="show the daemon's log lines at this level and above (default: error)")
 
     check = commands.add_parser("check-config", help="validate a config file and say what it configures")
     check.add_argument("file")

@@ -70,6 +70,9 @@ async def test_demo_once_shows_both_servers_ready_with_general() -> None:
     b_line = next(line for line in out.splitlines() if line.startswith("server b received:"))
     assert "typing start in general" in b_line and "the reply in general" in b_line and "typing stop" in b_line
     assert "server a received: no typing and no reply" in out
+    # Only the demo's own lines: no log line of the daemon's, on either stream.
+    for line in (out + result.stderr.decode()).splitlines():
+        assert not line.startswith(("{", "20")) and "[warning" not in line and "[info" not in line, line
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -83,6 +86,11 @@ async def test_demo_stops_cleanly_on_signal_leaving_no_child(signum: int) -> Non
                 chunk = await process.stdout.receive_some(65536)
                 assert chunk, f"demo exited early: {seen.decode()}"
                 seen += chunk
+            socket_line = next(line for line in seen.decode().splitlines() if line.startswith("The daemon's host socket is "))
+            socket_path = socket_line.removeprefix("The daemon's host socket is ")
+            assert f"mcpl-router status --socket {socket_path}" in seen.decode()
+            status = await trio.run_process([*CLI, "status", "--socket", socket_path], capture_stdout=True)
+            assert b"2/2 servers ready" in status.stdout
             descendants = children_of(process.pid)
             assert len(descendants) >= 2, "the demo should have spawned servers a and b"
             process.send_signal(signum)
