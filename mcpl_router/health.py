@@ -109,8 +109,14 @@ async def _serve_connection(daemon: Daemon, limiter: trio.CapacityLimiter, strea
     try:
         limiter.acquire_nowait()
     except trio.WouldBlock:
+        # Answered before reading the request (h11 won't answer one it hasn't read): raw bytes.
+        body = b"busy: too many health connections\n"
+        head = f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
         with trio.move_on_after(RESPONSE_TIMEOUT):
-            await _respond(h11.Connection(h11.SERVER), stream, 503, b"busy: too many health connections\n", head=False)
+            try:
+                await stream.send_all(head.encode() + body)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
         await trio.aclose_forcefully(stream)
         return
     try:
@@ -138,7 +144,10 @@ async def _serve_one(daemon: Daemon, stream: trio.SocketStream) -> None:
                     return
         except h11.RemoteProtocolError as exc:
             with trio.move_on_after(RESPONSE_TIMEOUT):
-                await _respond(connection, stream, exc.error_status_hint, b"bad request\n", head=False)
+                try:
+                    await _respond(connection, stream, exc.error_status_hint, b"bad request\n", head=False)
+                except (h11.LocalProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
             return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return

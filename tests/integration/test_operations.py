@@ -209,3 +209,39 @@ def sys_executable() -> str:
     import sys
 
     return sys.executable
+
+
+async def test_the_health_listener_answers_bad_requests_and_stays_bounded(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcpl_router import health
+
+    monkeypatch.setattr(health, "MAX_CONNECTIONS", 1)
+    daemon = Daemon(_config(short_tmp, {}, health={"enabled": True, "port": 0}))
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            try:
+                host, port = daemon.health_url.removeprefix("http://").split(":")
+                garbage = await trio.open_tcp_stream(host, int(port))
+                await garbage.send_all(b"NOT HTTP\r\n\r\n")
+                answer = await garbage.receive_some(1000)
+                assert answer.startswith(b"HTTP/1.1 400")
+                await garbage.aclose()
+                # One connection held open (no request yet): the next is turned away at once.
+                holder = await trio.open_tcp_stream(host, int(port))
+
+                async def turned_away() -> bool:  # once the listener has accepted the holder
+                    return await _get(daemon.health_url + "/healthz") == (503, "busy: too many health connections\n")
+
+                await wait_until(turned_away, timeout=10)
+                await holder.aclose()
+                await wait_until(lambda: _healthz_ok(daemon.health_url), timeout=10)
+                post = await trio.open_tcp_stream(host, int(port))
+                await post.send_all(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                assert (await post.receive_some(1000)).startswith(b"HTTP/1.1 405")
+                await post.aclose()
+            finally:
+                daemon.request_shutdown()
+
+
+async def _healthz_ok(url: str) -> bool:
+    return (await _get(url + "/healthz"))[0] == 200
