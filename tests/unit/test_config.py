@@ -934,3 +934,18 @@ def test_an_agent_can_be_declared_the_subconscious_of_another(tmp_path) -> None:
     )
     assert config.agents["kai-sub"].subconscious_for == "kai"
     assert config.agents["kai"].subconscious_for is None
+
+
+def test_the_container_and_deploy_configs_load_and_agree() -> None:
+    """config/container.toml (the image's) and deploy/router.toml keep everything in the state
+    volume, on the documented ports; compose's health check is the Dockerfile's."""
+    for path in (REPO / "config" / "container.toml", REPO / "deploy" / "router.toml"):
+        config = load_config(path, environ=ENV)
+        assert config.host.unix_socket == Path("/var/lib/mcpl-router/host.sock")
+        assert config.host.token_file == Path("/var/lib/mcpl-router/host-token")
+        assert config.journal.path == Path("/var/lib/mcpl-router/journal.sqlite3")
+        assert config.host.websocket is not None and config.host.websocket.port == 7420
+        assert (config.health.bind, config.health.port) == ("0.0.0.0", 9464)
+    compose = (REPO / "deploy" / "compose.yaml").read_text()
+    assert 'test: ["CMD", "mcpl-router", "health", "--config", "/etc/mcpl-router/config.toml"]' in compose
+    assert 'CMD ["mcpl-router", "health", "--config", "/etc/mcpl-router/config.toml"]' in (REPO / "Dockerfile").read_text()
