@@ -15,8 +15,10 @@ Every series is prefixed ``mcpl_router_``; ``docs/operations.md`` lists them.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -164,49 +166,35 @@ class DaemonMetrics:
         coroutine function, the timing covers the commit.
         """
         record = journal.record_inbound
-        metrics = self
-
-        def observe(started: float, size: int) -> None:
-            metrics.journal_commit_seconds.observe(time.perf_counter() - started)
-            metrics.journal_batch_size.observe(size)
-            metrics.journal_error = None
-
-        def failed(exc: BaseException) -> None:
-            metrics.journal_failures.inc()
-            metrics.journal_error = f"{type(exc).__name__}: {exc}"
-
-        if _is_coroutine_function(record):
+        commit = self._commit
+        if inspect.iscoroutinefunction(record):
 
             async def record_async(events: list[Any], *args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
-                try:
-                    result = await record(events, *args, **kwargs)
-                except Exception as exc:
-                    failed(exc)
-                    raise
-                observe(started, len(events))
-                return result
+                with commit(len(events)):
+                    return await record(events, *args, **kwargs)
 
             journal.record_inbound = record_async  # type: ignore[method-assign]
         else:
 
             def record_sync(events: list[Any], *args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
-                try:
-                    result = record(events, *args, **kwargs)
-                except Exception as exc:
-                    failed(exc)
-                    raise
-                observe(started, len(events))
-                return result
+                with commit(len(events)):
+                    return record(events, *args, **kwargs)
 
             journal.record_inbound = record_sync  # type: ignore[method-assign]
 
-
-def _is_coroutine_function(function: Callable[..., Any]) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(function)
+    @contextlib.contextmanager
+    def _commit(self, size: int) -> Iterator[None]:
+        """Time one journal commit of ``size`` events; a failure is kept for ``/readyz``."""
+        started = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            self.journal_failures.inc()
+            self.journal_error = f"{type(exc).__name__}: {exc}"
+            raise
+        self.journal_commit_seconds.observe(time.perf_counter() - started)
+        self.journal_batch_size.observe(size)
+        self.journal_error = None
 
 
 class _StateCollector(Collector):

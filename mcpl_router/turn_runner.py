@@ -29,7 +29,7 @@ import functools
 import itertools
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -168,6 +168,20 @@ def wake_fact(wake: Any) -> WakeFact:
     )
 
 
+def _counted(publish: Callable[..., Awaitable[Delivery]]) -> Callable[..., Awaitable[Delivery]]:
+    """Count each publish's outcome on its link (``/metrics`` reads ``link.publishes``)."""
+
+    @functools.wraps(publish)
+    async def counting(link: ServerLink | None, *args: Any, **kwargs: Any) -> Delivery:
+        delivery = await publish(link, *args, **kwargs)
+        if link is not None:
+            link.publishes[(delivery.outcome, delivery.reason or "")] += 1
+        return delivery
+
+    return counting
+
+
+@_counted
 async def publish_text(
     link: ServerLink | None,
     ref: ChannelRef,
@@ -189,27 +203,6 @@ async def publish_text(
     connection, a malformed receipt, or a Notification-form publish (it has no receipt).
     A server that takes publishes only as Notifications (-32601 to the Request) gets one.
     """
-    delivery = await _publish_text(
-        link, ref, shown, text, conversation_id=conversation_id, round_=round_, registered=registered,
-        timeout=timeout, thread_id=thread_id,
-    )
-    if link is not None:
-        link.publishes[(delivery.outcome, delivery.reason or "")] += 1  # read by /metrics
-    return delivery
-
-
-async def _publish_text(
-    link: ServerLink | None,
-    ref: ChannelRef,
-    shown: str,
-    text: str,
-    *,
-    conversation_id: str,
-    round_: int,
-    registered: bool,
-    timeout: float,
-    thread_id: str | None,
-) -> Delivery:
 
     def outcome(kind: Any, reason: str | None = None, message_id: str | None = None) -> Delivery:
         return Delivery(ref, shown, kind, round_, message_id=message_id, reason=reason)
