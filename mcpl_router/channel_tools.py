@@ -120,7 +120,7 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ daemon events
 
-    def message_admitted(self, seq: int, event: InboundEvent) -> None:
+    def message_admitted(self, seq: int, event: InboundEvent, woken: list[str]) -> None:
         """An inbound event was journaled: it sets the default channel of each agent it woke.
 
         Only while its channel is registered: a message admitted after its server was removed
@@ -133,7 +133,7 @@ class ChannelTools:
         payload = event.payload if isinstance(event.payload, dict) else {}
         message_id = payload.get("messageId") if event.kind == "message" else None
         thread_id = payload.get("threadId") if event.kind == "message" else None
-        for agent in self._daemon.journal.woken_agents(seq):
+        for agent in woken:
             set_ = self.defaults.woke(
                 agent,
                 ref,

@@ -7,12 +7,9 @@ links stop (stdio children: stdin closed → grace → SIGTERM → SIGKILL), the
 from __future__ import annotations
 
 import collections
-import os
 import signal
-import stat
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -34,7 +31,7 @@ from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.speech_tools import SpeechTools
-from mcpl_router.store.journal import InboundEvent, Journal
+from mcpl_router.store.journal import Delivery, InboundEvent, Journal
 from mcpl_router.turn_runner import TurnManager
 
 #: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
@@ -62,10 +59,8 @@ class Daemon:
     def __init__(self, config: RouterConfig, *, observers: list[Observer] | None = None) -> None:
         self.config = config
         self.router = Router()
-        _secure_journal_file(config.journal.path)
-        self.journal = Journal(config.journal.path)
+        self.journal = Journal(config.journal.path, retention=config.journal.retention)
         self.metrics = DaemonMetrics(self)
-        self.metrics.instrument_journal(self.journal)
         #: Open host connections (the metrics read their peers' queues; the shutdown notice).
         self.host_connections: set[HostConnection] = set()
         #: True from the moment shutdown starts: ``/readyz`` answers 503.
@@ -85,6 +80,7 @@ class Daemon:
             self.router.registry,
             self.journal,
             on_channels_changed=self._channels_changed,
+            deliveries_for=lambda event: self.sessions.deliveries_for(event),
             on_accepted=self._accepted,
             on_tools_changed=lambda link: self.connector_tools.list_changed(link),
         )
@@ -100,13 +96,13 @@ class Daemon:
         #: ``ws://host:port/path`` once the host WebSocket listens (the actual port).
         self.host_websocket_url: str | None = None
         self._host_token: str | None = None
-        # Sessions own agents and wakes: the journal asks them whom each new event wakes inside
-        # its transaction, and they relay server and channel changes to hosts.
+        # Sessions own agents and wakes: the inbound handler asks them whom each new event wakes
+        # before its commit (the deliveries commit with it), and they relay server and channel
+        # changes to hosts.
         from mcpl_router.hosts.sessions import SessionManager
 
         self.sessions = SessionManager(self)
         self.host_connection_hooks = self
-        self.journal.set_router(self.sessions.route)
         self.observers.append(self.sessions.observe)
         self.turns = TurnManager(self)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
@@ -190,9 +186,9 @@ class Daemon:
             },
         )
 
-    def _accepted(self, seq: int, event: InboundEvent) -> None:
-        self.channel_tools.message_admitted(seq, event)
-        self.sessions.accepted(seq, event)
+    def _accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
+        self.channel_tools.message_admitted(seq, event, [delivery.agent for delivery in deliveries])
+        self.sessions.accepted(seq, event, deliveries)
         self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
@@ -293,6 +289,9 @@ class Daemon:
             if websocket is not None:
                 self._host_token = prepare_websocket(self, websocket)
             async with trio.open_nursery() as root:
+                # The journal's writer first and last: cancelled with the root, it still commits
+                # what was queued (acks, drafts) before the file is closed below.
+                await root.start(self.journal.run)
                 await root.start(self.sessions.run)
                 await root.start(self.turns.run)
                 await root.start(self.connector_tools.run)
@@ -482,22 +481,6 @@ def plan_reload(old: RouterConfig, new: RouterConfig) -> ReloadPlan:
         updated=tuple(updated),
         restart_needed=tuple(restart),
     )
-
-
-def _secure_journal_file(path: Path) -> None:
-    """The journal (and its WAL files) readable by the daemon's user only: created 0600."""
-    if str(path) == ":memory:":
-        return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not path.exists():
-        # An empty file is an empty SQLite database; SQLite gives its -wal and -shm its mode.
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    for candidate in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        try:
-            if stat.S_IMODE(candidate.stat().st_mode) & 0o077:
-                candidate.chmod(0o600)
-        except FileNotFoundError:
-            continue
 
 
 async def run_until_signalled(daemon: Daemon, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:

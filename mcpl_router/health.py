@@ -64,7 +64,7 @@ def readiness(daemon: Daemon) -> Readiness:
     problems: list[str] = []
     if daemon.draining:
         problems.append("the daemon is shutting down")
-    journal_error = daemon.metrics.journal_error
+    journal_error = daemon.journal.statistics().failing
     if journal_error is not None:
         problems.append(f"the journal is failing: {journal_error}")
     links = list(daemon.links.values())

@@ -15,9 +15,6 @@ Every series is prefixed ``mcpl_router_``; ``docs/operations.md`` lists them.
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,14 +26,12 @@ from mcpl_router.routing import texts
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
-    from mcpl_router.store.journal import Journal
+    from mcpl_router.store.journal import JournalStatistics
 
 #: The Content-Type of :meth:`DaemonMetrics.render`.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _LINK_STATES = ("connecting", "ready", "retrying", "closed", "failed")
 
 #: Registration refusal texts (server-facing, sentences) → a stable label.
@@ -93,13 +88,6 @@ class DaemonMetrics:
             ["server", "outcome"],
             registry=registry,
         )
-        self.journal_commit_seconds = Histogram(
-            "mcpl_router_journal_commit_seconds", "Time to commit one batch of inbound events.", buckets=_COMMIT_BUCKETS, registry=registry
-        )
-        self.journal_batch_size = Histogram(
-            "mcpl_router_journal_batch_size", "Inbound events per journal commit.", buckets=_BATCH_BUCKETS, registry=registry
-        )
-        self.journal_failures = Counter("mcpl_router_journal_failures", "Journal commits that raised.", registry=registry)
         self.backpressure = Counter(
             "mcpl_router_backpressure_events",
             "A bounded queue was full (queue: which; action: what the daemon did).",
@@ -107,8 +95,6 @@ class DaemonMetrics:
             registry=registry,
         )
         self.reloads = Counter("mcpl_router_config_reloads", "Config reloads (SIGHUP, mcpl-router reload) by outcome.", ["outcome"], registry=registry)
-        #: The latest journal failure (``None`` once a commit succeeds again); ``/readyz`` reads it.
-        self.journal_error: str | None = None
         registry.register(_StateCollector(daemon))
 
     def render(self) -> bytes:
@@ -158,43 +144,6 @@ class DaemonMetrics:
 
     def outbox_full(self) -> None:
         self.backpressure.labels("host-outbox", "disconnected").inc()
-
-    def instrument_journal(self, journal: Journal) -> None:
-        """Time the journal's commits (latency, batch size) and note its failures for ``/readyz``.
-
-        Wraps ``journal.record_inbound`` on this instance: whether it is a plain call or a
-        coroutine function, the timing covers the commit.
-        """
-        record = journal.record_inbound
-        commit = self._commit
-        if inspect.iscoroutinefunction(record):
-
-            async def record_async(events: list[Any], *args: Any, **kwargs: Any) -> Any:
-                with commit(len(events)):
-                    return await record(events, *args, **kwargs)
-
-            journal.record_inbound = record_async  # type: ignore[method-assign]
-        else:
-
-            def record_sync(events: list[Any], *args: Any, **kwargs: Any) -> Any:
-                with commit(len(events)):
-                    return record(events, *args, **kwargs)
-
-            journal.record_inbound = record_sync  # type: ignore[method-assign]
-
-    @contextlib.contextmanager
-    def _commit(self, size: int) -> Iterator[None]:
-        """Time one journal commit of ``size`` events; a failure is kept for ``/readyz``."""
-        started = time.perf_counter()
-        try:
-            yield
-        except Exception as exc:
-            self.journal_failures.inc()
-            self.journal_error = f"{type(exc).__name__}: {exc}"
-            raise
-        self.journal_commit_seconds.observe(time.perf_counter() - started)
-        self.journal_batch_size.observe(size)
-        self.journal_error = None
 
 
 class _StateCollector(Collector):
@@ -260,10 +209,14 @@ class _StateCollector(Collector):
         pending.add_metric(["host", "*"], float(host_pending))
         pressure.add_metric(["host", "*", "overloaded-request"], float(host_overloaded))
         pressure.add_metric(["host", "*", "dropped-notification"], float(host_dropped))
-        outboxes = getattr(daemon.sessions, "outbox_statistics", None)
-        if outboxes is not None:
-            depth.add_metric(["host-outbox", "*"], float(sum(used for used, _ in outboxes())))
-        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure)
+        outboxes = daemon.sessions.outbox_statistics()
+        depth.add_metric(["host-outbox", "*"], float(sum(row["notices_queued"] + row["fresh_queued"] for row in outboxes)))
+        in_flight = GaugeMetricFamily("mcpl_router_wakes_in_flight", "Wakes sent and not acked yet, on open connections (each connection's window).")
+        in_flight.add_metric([], float(sum(row["in_flight"] for row in outboxes)))
+        journal = daemon.journal.statistics()
+        depth.add_metric(["journal-writes", "*"], float(journal.queued_writes))
+        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, in_flight)
+        yield from _journal_series(journal)
 
         hosts = GaugeMetricFamily("mcpl_router_host_connections", "Host connections open now.")
         hosts.add_metric([], float(len(connections)))
@@ -286,3 +239,20 @@ class _StateCollector(Collector):
         ready = GaugeMetricFamily("mcpl_router_ready", "1 when /readyz answers 200.")
         ready.add_metric([], 0.0 if daemon.readiness().problems else 1.0)
         yield ready
+
+
+def _journal_series(stats: JournalStatistics) -> Iterator[Metric]:
+    """The journal's own statistics (it commits in groups, in a thread)."""
+    commits = CounterMetricFamily("mcpl_router_journal_commits", "Journal commits (each a group of writes).")
+    commits.add_metric([], float(stats.commits))
+    seconds = GaugeMetricFamily("mcpl_router_journal_last_commit_seconds", "How long the latest commit took (fsync included).")
+    seconds.add_metric([], stats.last_commit_seconds)
+    batch = GaugeMetricFamily("mcpl_router_journal_batch_size", "Writes in the latest commit (last) and the most one commit held (largest).", labels=["which"])
+    batch.add_metric(["last"], float(stats.last_batch))
+    batch.add_metric(["largest"], float(stats.largest_batch))
+    failing = GaugeMetricFamily("mcpl_router_journal_failing", "1 while the journal's commits keep failing.")
+    failing.add_metric([], 0.0 if stats.failing is None else 1.0)
+    pruned = CounterMetricFamily("mcpl_router_journal_pruned", "Rows pruned once acked or settled.", labels=["what"])
+    pruned.add_metric(["events"], float(stats.pruned_events))
+    pruned.add_metric(["drafts"], float(stats.pruned_drafts))
+    yield from (commits, seconds, batch, failing, pruned)

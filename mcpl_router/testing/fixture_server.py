@@ -323,6 +323,11 @@ class _HookedStream:
         if hook is not None and hook.then is not None:
             hook.then()
 
+    async def send_messages(self, messages: list[bytes]) -> None:
+        # One at a time: each answer may have an after-reply hook to run right behind it.
+        for data in messages:
+            await self.send_message(data)
+
     async def send_raw(self, data: bytes) -> None:
         """Write ``data`` verbatim (no framing added)."""
         async with self._lock:

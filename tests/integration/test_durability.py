@@ -20,7 +20,8 @@ import pytest
 import trio
 
 from mcpl_router.client import RouterClient, WakeNotice
-from mcpl_router.store.journal import Delivery, InboundEvent, Journal
+from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure
+from mcpl_router.testing.journal import open_journal
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
 from .conftest import FAST_RECONNECT, control_of, running_daemon, stdio_server, wait_channel
@@ -186,35 +187,28 @@ def _event(message_id: str) -> InboundEvent:
     return InboundEvent("s", "general", "message", message_id, {"messageId": message_id, "tags": ["chat:mention"]})
 
 
-def test_deliveries_commit_with_their_event_or_not_at_all(tmp_path: Path) -> None:
+async def test_deliveries_commit_with_their_event_or_not_at_all(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
-    journal = Journal(path)
-    journal.set_router(lambda seq, event: [Delivery("kai", "message", ("chat:addressed",), True), Delivery("bo", "message", (), False)])
-    [first] = journal.record_inbound([_event("m-1")])
+    both = [Delivery("kai", "message", ("chat:addressed",), True), Delivery("bo", "message", (), False)]
+    async with open_journal(path) as journal:
+        [first] = await journal.record_inbound([(_event("m-1"), both)])
+        # A batch whose statement fails leaves nothing behind: no event, no delivery.
+        with pytest.raises(JournalFailure):
+            await journal.record_inbound([(_event("m-2"), [Delivery("kai", "message", (), False)] * 2), (_event("m-3"), None)])  # type: ignore[list-item]
+        assert journal.last_seq() == first.seq
+        [duplicate] = await journal.record_inbound([(_event("m-1"), [Delivery("kai", "message", (), False)])])
+        assert duplicate.duplicate and duplicate.seq == first.seq
 
-    def broken(seq: int, event: InboundEvent) -> list[Delivery]:
-        raise RuntimeError("policy bug")
-
-    journal.set_router(broken)
-    with pytest.raises(RuntimeError):
-        journal.record_inbound([_event("m-2"), _event("m-3")])
-    # The failed batch left nothing behind: no event, no delivery, so nothing was "accepted".
-    assert journal.last_seq() == first.seq
-    journal.set_router(lambda seq, event: [Delivery("kai", "message", (), False)])
-    [duplicate] = journal.record_inbound([_event("m-1")])
-    assert duplicate.duplicate and duplicate.seq == first.seq
-    journal.close()
-
-    reopened = Journal(path)
-    [kept] = reopened.unacked_deliveries("kai")
-    assert kept.event.seq == first.seq and kept.delivery.tags == ("chat:addressed",) and kept.delivery.addressed
-    assert reopened.ack_deliveries(["kai"], [first.seq]) == 1
-    assert reopened.ack_deliveries(["kai"], [first.seq]) == 0
-    assert reopened.unacked_deliveries("kai") == []
-    # The event stays unacked while another agent's delivery of it is.
-    assert [e.seq for e in reopened.unacked()] == [first.seq]
-    assert reopened.ack_deliveries(["bo"], [first.seq]) == 1
-    assert reopened.unacked() == []
-    stored = reopened.delivery(first.seq, "bo")
-    assert stored is not None and stored.event.payload["messageId"] == "m-1"
-    reopened.close()
+    async with open_journal(path) as reopened:
+        [kept] = await reopened.unacked_deliveries("kai")
+        assert kept.event.seq == first.seq and kept.delivery.tags == ("chat:addressed",) and kept.delivery.addressed
+        assert reopened.unacked_count("kai") == 1 and reopened.unacked_count("bo") == 1
+        assert await reopened.ack_deliveries(["kai"], [first.seq]) == 1
+        assert await reopened.ack_deliveries(["kai"], [first.seq]) == 0
+        assert await reopened.unacked_deliveries("kai") == []
+        # The event stays unacked while another agent's delivery of it is.
+        assert [e.seq for e in reopened.events(unacked_only=True)] == [first.seq]
+        assert await reopened.ack_deliveries(["bo"], [first.seq]) == 1
+        assert reopened.events(unacked_only=True) == []
+        stored = await reopened.delivery(first.seq, "bo")
+        assert stored is not None and stored.event.payload["messageId"] == "m-1"

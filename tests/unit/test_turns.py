@@ -10,6 +10,7 @@ import attrs
 import pytest
 import trio
 
+from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import RequestTimeout, RpcError
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.link import LinkState
@@ -239,6 +240,7 @@ class PublishLink:
     state: LinkState = LinkState.READY
     notified: list[tuple[str, object]] = attrs.field(factory=list)
     publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
+    config: ServerConfig = attrs.field(factory=lambda: ServerConfig(id="b", transport="stdio", command="true"))
 
     async def call(self, method: str, params: object = None, *, capability: str | None, timeout: float | None = None) -> object:
         await trio.lowlevel.checkpoint()
