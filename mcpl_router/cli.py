@@ -262,10 +262,12 @@ def _unreachable_message(exc: BaseException, where: str, kind: str) -> str | Non
 def _health_over_http(url: str, *, as_json: bool) -> int:
     base = url.rstrip("/")
     target = base if base.endswith(("/readyz", "/healthz")) else base + "/readyz"
+    import h11
+
     try:
         status, body = trio.run(_http_get, target, 10.0)
-    except (OSError, trio.TooSlowError) as exc:
-        detail = getattr(exc, "strerror", None) or "no answer in 10s"
+    except (OSError, trio.TooSlowError, h11.ProtocolError) as exc:
+        detail = getattr(exc, "strerror", None) or ("no answer in 10s" if isinstance(exc, trio.TooSlowError) else f"not an HTTP answer ({exc})")
         return _fail(f"cannot reach the daemon's health listener at {target}: {detail}. Is it running? ([health] port)", EXIT_UNREACHABLE)
     text = body.decode("utf-8", "replace").strip()
     if as_json:

@@ -155,7 +155,12 @@ async def _serve_one(daemon: Daemon, stream: trio.SocketStream) -> None:
         return  # too slow: closed without an answer
     method = request.method.decode("ascii", "replace").upper()
     path = request.target.decode("ascii", "replace").split("?", 1)[0]
-    status, body, content_type = _route(daemon, method, path)
+    try:
+        status, body, content_type = _route(daemon, method, path)
+    except Exception:
+        # A bug reading some part's state must not take the listener (and the daemon) down.
+        get_logger().exception("health.request.crashed", path=path)
+        status, body, content_type = 500, b"internal error: see the daemon's log (health.request.crashed)\n", "text/plain; charset=utf-8"
     with trio.move_on_after(RESPONSE_TIMEOUT):
         try:
             await _respond(connection, stream, status, body, head=method == "HEAD", content_type=content_type)

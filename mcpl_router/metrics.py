@@ -15,9 +15,11 @@ Every series is prefixed ``mcpl_router_``; ``docs/operations.md`` lists them.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -169,9 +171,11 @@ class _StateCollector(Collector):
         pending = GaugeMetricFamily("mcpl_router_pending_requests", "Requests awaiting an answer now.", labels=["peer", "owner"])
         pressure = CounterMetricFamily(
             "mcpl_router_peer_backpressure_events",
-            "Inbound messages a full queue refused, this connection (kind: overloaded-request, dropped-notification).",
+            "Backpressure on a connection, this connection (kind: read-waits: its read loop waited for room;"
+            " write-waits: a send waited for its outbox; stalled: closed for not reading).",
             labels=["peer", "owner", "kind"],
         )
+        outbox_bytes = GaugeMetricFamily("mcpl_router_peer_outbox_bytes", "Bytes queued for a peer to read now.", labels=["peer", "owner"])
         per_server: dict[str, int] = {}
         for entry in daemon.router.registry.all_entries():
             per_server[entry.ref.server_id] = per_server.get(entry.ref.server_id, 0) + 1
@@ -190,32 +194,20 @@ class _StateCollector(Collector):
                 publishes.add_metric([server_id, outcome, reason], float(count))
             stats = link.peer_statistics()
             if stats is not None:
-                depth.add_metric(["server-inbound", server_id], float(stats.inbound_queued))
-                pending.add_metric(["server", server_id], float(stats.pending_requests))
-                pressure.add_metric(["server", server_id, "overloaded-request"], float(stats.overloaded_requests))
-                pressure.add_metric(["server", server_id, "dropped-notification"], float(stats.dropped_notifications))
+                _peer_series(stats, "server", server_id, depth, pending, pressure, outbox_bytes)
         connections = list(daemon.host_connections)
-        host_queued = host_pending = host_overloaded = host_dropped = 0
+        totals: dict[str, int] = collections.Counter()
         for connection in connections:
-            peer = connection.peer
-            if peer is None:
-                continue
-            stats = peer.statistics()
-            host_queued += stats.inbound_queued
-            host_pending += stats.pending_requests
-            host_overloaded += stats.overloaded_requests
-            host_dropped += stats.dropped_notifications
-        depth.add_metric(["host-inbound", "*"], float(host_queued))
-        pending.add_metric(["host", "*"], float(host_pending))
-        pressure.add_metric(["host", "*", "overloaded-request"], float(host_overloaded))
-        pressure.add_metric(["host", "*", "dropped-notification"], float(host_dropped))
+            if connection.peer is not None:
+                totals.update({key: value for key, value in attrs.asdict(connection.peer.statistics()).items() if isinstance(value, int)})
+        _peer_series(_Totals(totals), "host", "*", depth, pending, pressure, outbox_bytes)
         outboxes = daemon.sessions.outbox_statistics()
-        depth.add_metric(["host-outbox", "*"], float(sum(row["notices_queued"] + row["fresh_queued"] for row in outboxes)))
+        depth.add_metric(["host-wakes", "*"], float(sum(row["notices_queued"] + row["fresh_queued"] for row in outboxes)))
         in_flight = GaugeMetricFamily("mcpl_router_wakes_in_flight", "Wakes sent and not acked yet, on open connections (each connection's window).")
         in_flight.add_metric([], float(sum(row["in_flight"] for row in outboxes)))
         journal = daemon.journal.statistics()
         depth.add_metric(["journal-writes", "*"], float(journal.queued_writes))
-        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, in_flight)
+        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, outbox_bytes, in_flight)
         yield from _journal_series(journal)
 
         hosts = GaugeMetricFamily("mcpl_router_host_connections", "Host connections open now.")
@@ -256,3 +248,31 @@ def _journal_series(stats: JournalStatistics) -> Iterator[Metric]:
     pruned.add_metric(["events"], float(stats.pruned_events))
     pruned.add_metric(["drafts"], float(stats.pruned_drafts))
     yield from (commits, seconds, batch, failing, pruned)
+
+
+class _Totals:
+    """Host connections' peer statistics summed (the same field names)."""
+
+    def __init__(self, totals: Mapping[str, int]) -> None:
+        self._totals = totals
+
+    def __getattr__(self, name: str) -> int:
+        return self._totals.get(name, 0)
+
+
+def _peer_series(
+    stats: Any,
+    peer: str,
+    owner: str,
+    depth: GaugeMetricFamily,
+    pending: GaugeMetricFamily,
+    pressure: CounterMetricFamily,
+    outbox_bytes: GaugeMetricFamily,
+) -> None:
+    depth.add_metric([f"{peer}-inbound", owner], float(stats.inbound_queued))
+    depth.add_metric([f"{peer}-outbox", owner], float(stats.outbox_messages))
+    pending.add_metric([peer, owner], float(stats.pending_requests))
+    outbox_bytes.add_metric([peer, owner], float(stats.outbox_bytes))
+    pressure.add_metric([peer, owner, "read-waits"], float(stats.backpressure_waits))
+    pressure.add_metric([peer, owner, "write-waits"], float(stats.outbox_waits))
+    pressure.add_metric([peer, owner, "stalled"], float(stats.stalled))
