@@ -235,6 +235,13 @@ async def test_the_health_listener_answers_bad_requests_and_stays_bounded(short_
                 await wait_until(turned_away, timeout=10)
                 await holder.aclose()
                 await wait_until(lambda: _healthz_ok(daemon.health_url), timeout=10)
+                # A scrape that crashes is one 500, not a dead listener.
+                def broken() -> bytes:
+                    raise RuntimeError("bug")
+
+                monkeypatch.setattr(daemon.metrics, "render", broken)
+                assert (await _get(daemon.health_url + "/metrics"))[0] == 500
+                assert (await _get(daemon.health_url + "/healthz"))[0] == 200
                 post = await trio.open_tcp_stream(host, int(port))
                 await post.send_all(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
                 assert (await post.receive_some(1000)).startswith(b"HTTP/1.1 405")
