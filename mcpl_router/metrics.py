@@ -52,7 +52,7 @@ def registration_reason_label(reason: str | None) -> str:
         return _REGISTRATION_REASONS[reason]
     if reason.startswith("malformed"):
         return "malformed"
-    if "pattern" in reason:
+    if "is outside the ids this server may" in reason:  # texts.reason_outside_patterns
         return "outside-patterns"
     return "other"
 

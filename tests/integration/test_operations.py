@@ -3,6 +3,7 @@ the shutdown notice. Real daemons, real fixture servers, real sockets on 127.0.0
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +197,16 @@ async def test_reload_in_process_narrows_a_grant_and_refuses_a_bad_config(short_
                 assert result["outcome"] == "applied" and result["regranted"] == ["s"]
                 assert daemon.links["s"] is link and link.epoch == 1  # the same connection
                 assert not link.grant.allows("channels.typing") and link.grant.allows("channels.publish")
+                # Widening back waits for the server's receipt, then applies; an agent is added.
+                write_agents = {"s": server}
+                write(write_agents)
+                data = json.loads(config_file.read_text())
+                data["agents"] = {"kai": {"proseRouting": "named"}}
+                config_file.write_text(json.dumps(data))
+                widened = await daemon.reload()
+                assert widened["regranted"] == ["s"] and widened["agentsAdded"] == ["kai"]
+                assert link.grant.allows("channels.typing") and link.epoch == 1
+                assert daemon.sessions.agent("kai").prose_routing == "named"
                 config_file.write_text("{ not json")
                 refused = await daemon.reload()
                 assert refused["outcome"] == "refused" and "not valid JSON" in refused["errors"][0]

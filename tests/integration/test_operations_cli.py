@@ -196,3 +196,41 @@ async def test_sighup_reloads_servers_without_a_restart(short_tmp: Path, tmp_pat
 
 async def _has(channel_ids: Any, pair: tuple[str, str]) -> bool:
     return pair in await channel_ids()
+
+
+async def test_queries_over_the_websocket_with_a_token_file(short_tmp: Path, tmp_path: Path) -> None:
+    """--url ws://… with --token-file: no Unix socket needed; a wrong token is one line."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "router.json"
+    token_file = short_tmp / "host-token"
+    config.write_text(
+        json.dumps(
+            {
+                "host": {"unixSocket": False, "websocket": {"port": port}, "tokenFile": str(token_file)},
+                "journal": {"path": str(short_tmp / "journal.sqlite3")},
+            }
+        )
+    )
+    url = f"ws://127.0.0.1:{port}/"
+    with trio.fail_after(40):
+        async with daemon_process(config):
+
+            async def answered() -> subprocess.CompletedProcess[bytes] | None:
+                result = await _cli("status", "--url", url, "--token-file", str(token_file))
+                return result if result.returncode == 0 else None
+
+            result = await wait_until(answered, timeout=30, interval=0.2)
+            assert result.stdout.startswith(b"mcpl-router ") and b"0/0 servers ready" in result.stdout
+            # --config finds the token file itself.
+            with_config = await _cli("channels", "--url", url, "--config", str(config))
+            assert with_config.returncode == 0, with_config.stderr
+            wrong = tmp_path / "wrong-token"
+            wrong.write_text("nope\n")
+            refused = await _cli("status", "--url", url, "--token-file", str(wrong))
+            assert refused.returncode == 1 and b"refused the token (401)" in refused.stderr
+            assert refused.stderr.decode().count("\n") == 1
+            # No socket configured: said in one line, with what to do instead.
+            no_socket = await _cli("status", "--config", str(config))
+            assert no_socket.returncode == 2 and b"host.unixSocket is false" in no_socket.stderr
