@@ -25,6 +25,7 @@ from mcpl_router.connector_tools import ConnectorTools
 from mcpl_router.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.jsonrpc import Inbound
+from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink
@@ -139,10 +140,23 @@ class Daemon:
 
     async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
         result = await self.inbound.handle(link, inbound)
-        self.metrics.inbound_answered(link.server_id, inbound.method, result)
-        if inbound.method in ("channels/register", "channels/changed") and isinstance(result, dict):
-            self._note_registration_refusals(link, result.get("results"))
+        if isinstance(result, Deferred):
+            # Answered after the journal's group commit: counted when the answer is ready.
+            wait = result.wait
+
+            async def answered() -> Any:
+                answer = await wait()
+                self._answered(link, inbound.method, answer)
+                return answer
+
+            return Deferred(answered)
+        self._answered(link, inbound.method, result)
         return result
+
+    def _answered(self, link: ServerLink, method: str, result: Any) -> None:
+        self.metrics.inbound_answered(link.server_id, method, result)
+        if method in ("channels/register", "channels/changed") and isinstance(result, dict):
+            self._note_registration_refusals(link, result.get("results"))
 
     def _note_registration_refusals(self, link: ServerLink, rows: Any) -> None:
         refused = [row for row in rows or () if isinstance(row, dict) and not row.get("accepted")]

@@ -76,9 +76,11 @@ async def test_health_readiness_and_metrics_over_http(short_tmp: Path) -> None:
                 assert "server a (required) is" in body and "server b" not in body
                 async with FixtureProcess.start(
                     transport="tcp", channels=["general"], control_dir=short_tmp, server_name="a", port=port
-                ):
+                ) as fixture:
                     await wait_ready(daemon, "a", timeout=20)
                     await wait_channel(daemon, "a", "general")
+                    # One message admitted, one for a channel a never registered (-32023).
+                    await fixture.incoming([{"channelId": "general", "text": "hi"}, {"channelId": "nope", "text": "hi"}])
                     # It is up; b never connects but isn't required: ready.
                     await wait_until(lambda: answers(200), timeout=10)
                     assert await _get(url + "/readyz") == (200, "ready\n")
@@ -97,6 +99,9 @@ async def test_health_readiness_and_metrics_over_http(short_tmp: Path) -> None:
                 connects = {s.labels["server"]: s.value for s in samples["mcpl_router_server_connects"]}
                 assert connects["b"] >= 1
                 assert [s.value for s in samples["mcpl_router_ready"]] == [1.0]
+                inbound = {(s.labels["outcome"], s.labels["code"]): s.value for s in samples["mcpl_router_inbound_messages"]
+                           if s.name.endswith("_total") and s.labels["server"] == "a"}
+                assert inbound == {("accepted", ""): 1.0, ("refused", "-32023"): 1.0}
                 assert any(s.labels == {"queue": "server-inbound", "owner": "a"} for s in samples["mcpl_router_queue_depth"])
                 # Gone again: 503 once more.
                 await wait_until(lambda: answers(503), timeout=15)
