@@ -118,6 +118,13 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     fmt = config.logging.format
     configure_logging(args.log_level or config.logging.level, json=None if fmt == "auto" else fmt == "json")
+    from mcpl_router.config import runtime_problems
+    from mcpl_router.logs import get_logger
+
+    # Not fatal (a program may be installed, a directory mounted, later; the link retries),
+    # but said once, up front, with the key and the fix.
+    for problem in runtime_problems(config):
+        get_logger().warning("config.runtime_problem", key=problem.key, problem=problem.problem, fix=problem.fix)
     try:
         trio.run(run_until_signalled, Daemon(config))
     except BaseException as exc:

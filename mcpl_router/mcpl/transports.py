@@ -137,7 +137,10 @@ async def _spawn_stdio(config: ServerConfig, nursery: trio.Nursery, max_message_
             start_new_session=True,
         )
     except OSError as exc:
-        raise TransportError(f"could not start {config.command!r}: {exc.strerror or exc}") from exc
+        raise TransportError(
+            f"could not start {config.command!r} (mcplServers.{config.id}.command): {exc.strerror or exc}. "
+            "Install it or give its full path (mcpl-router check-config checks this)"
+        ) from exc
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     stream = NdjsonStream(process.stdin, process.stdout, max_message_bytes=max_message_bytes)
     transport = OpenTransport(stream=stream, description=os.path.basename(config.command), process=process)
