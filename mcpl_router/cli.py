@@ -150,6 +150,10 @@ class _Unreachable(Exception):
     """The daemon could not be reached; the message says where we looked and what to try."""
 
 
+class _Usage(Exception):
+    """The command line can't say where the daemon is; the message says what to give."""
+
+
 def _target(args: argparse.Namespace) -> tuple[str, str, Any]:
     """Where to ask: ``("unix", path, None)``, ``("http", url, None)`` or ``("ws", url, token)``.
 
@@ -159,9 +163,9 @@ def _target(args: argparse.Namespace) -> tuple[str, str, Any]:
     """
     from mcpl_router.config import default_unix_socket_path, locate_daemon
 
-    location = locate_daemon(args.config) if args.config and not (args.socket or args.url) else None
-    if args.config and args.url and args.url.startswith("ws"):
-        location = locate_daemon(args.config)
+    # The config is read when it locates the daemon, or holds the token a ws:// URL needs.
+    wanted = not (args.socket or args.url) or (args.url or "").startswith("ws://")
+    location = locate_daemon(args.config) if args.config and wanted else None
     if args.url:
         if args.url.startswith(("http://", "https://")):
             return "http", args.url, None
@@ -180,10 +184,6 @@ def _target(args: argparse.Namespace) -> tuple[str, str, Any]:
             )
         return "unix", str(location.unix_socket), None
     return "unix", str(default_unix_socket_path(os.environ)), None
-
-
-class _Usage(Exception):
-    pass
 
 
 def _read_token(args: argparse.Namespace, location: Any) -> str:
@@ -335,7 +335,7 @@ def _print_answer(args: argparse.Namespace, answer: Any) -> int:
     elif command == "explain":
         _print_explain(answer)
     elif command == "reload":
-        _print_reload(answer)
+        print(_reload_summary(answer))
     if command == "explain" and answer.get("resolved") is None:
         return EXIT_REFUSED
     if command == "reload" and answer.get("outcome") != "applied":
@@ -391,10 +391,6 @@ def _reload_summary(reload: Any) -> str:
     if reload.get("restartNeeded"):
         parts.append(f"needs a restart to apply: {', '.join(reload['restartNeeded'])}")
     return "applied: " + ("; ".join(parts) if parts else "nothing changed")
-
-
-def _print_reload(answer: Any) -> None:
-    print(_reload_summary(answer))
 
 
 def _print_explain(answer: Any) -> None:
