@@ -1,7 +1,9 @@
 """The daemon: one trio root nursery holding every server link, the host socket and the state.
 
 Shutdown (SIGTERM/SIGINT, or :meth:`Daemon.request_shutdown`) drains within a grace deadline:
-links stop (stdio children: stdin closed → grace → SIGTERM → SIGKILL), the journal is closed.
+hosts are sent ``daemon/shutdown``, open turns end, links stop (stdio children: stdin closed →
+grace → SIGTERM → SIGKILL), the journal is closed. SIGHUP (or :meth:`Daemon.reload`) re-reads
+the config file and applies what can change live (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ import trio
 from mcpl_router import __version__
 from mcpl_router.channel_tools import ChannelTools
 from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_config
+from mcpl_router.connector_tools import ConnectorTools
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
 from mcpl_router.metrics import DaemonMetrics, registration_reason_label
-from mcpl_router.connector_tools import ConnectorTools
 from mcpl_router.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.jsonrpc import Inbound
