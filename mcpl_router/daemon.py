@@ -226,6 +226,8 @@ class Daemon:
             "channels": len(self.router.registry.all_entries()),
             "lastSeq": self.journal.last_seq(),
             "agents": self.sessions.statistics(),
+            "hosts": self.sessions.host_statistics(),
+            "journal": attrs.asdict(self.journal.statistics()),
             "openTurns": len(self.turns.table.all()),
             "readiness": {"ready": state.ready, "problems": list(state.problems)},
             "lastReload": self.last_reload,

@@ -90,12 +90,6 @@ class DaemonMetrics:
             ["server", "outcome"],
             registry=registry,
         )
-        self.backpressure = Counter(
-            "mcpl_router_backpressure_events",
-            "A bounded queue was full (queue: which; action: what the daemon did).",
-            ["queue", "action"],
-            registry=registry,
-        )
         self.reloads = Counter("mcpl_router_config_reloads", "Config reloads (SIGHUP, mcpl-router reload) by outcome.", ["outcome"], registry=registry)
         registry.register(_StateCollector(daemon))
 
@@ -143,9 +137,6 @@ class DaemonMetrics:
         # An ack names seqs, not agents: with several agents the count goes to the first.
         if count and agents:
             self.wakes_acked.labels(agents[0] if len(agents) == 1 else "*").inc(count)
-
-    def outbox_full(self) -> None:
-        self.backpressure.labels("host-outbox", "disconnected").inc()
 
 
 class _StateCollector(Collector):
@@ -196,18 +187,31 @@ class _StateCollector(Collector):
             if stats is not None:
                 _peer_series(stats, "server", server_id, depth, pending, pressure, outbox_bytes)
         connections = list(daemon.host_connections)
-        totals: dict[str, int] = collections.Counter()
+        live: collections.Counter[str] = collections.Counter()
         for connection in connections:
             if connection.peer is not None:
-                totals.update({key: value for key, value in attrs.asdict(connection.peer.statistics()).items() if isinstance(value, int)})
-        _peer_series(_Totals(totals), "host", "*", depth, pending, pressure, outbox_bytes)
+                live.update({key: value for key, value in attrs.asdict(connection.peer.statistics()).items() if isinstance(value, int)})
+        # Host connections summed; the counters include connections that have closed.
+        hosts_total = daemon.sessions.host_statistics()
+        depth.add_metric(["host-inbound", "*"], float(live["inbound_queued"]))
+        depth.add_metric(["host-outbox", "*"], float(live["outbox_messages"]))
+        pending.add_metric(["host", "*"], float(live["pending_requests"]))
+        outbox_bytes.add_metric(["host", "*"], float(live["outbox_bytes"]))
+        pressure.add_metric(["host", "*", "read-waits"], float(hosts_total["backpressureWaits"]))
+        pressure.add_metric(["host", "*", "write-waits"], float(live["outbox_waits"]))
+        pressure.add_metric(["host", "*", "stalled"], float(hosts_total["stalledDisconnects"]))
+        disconnects = CounterMetricFamily(
+            "mcpl_router_host_disconnects", "Host connections the daemon closed (reason: stalled, outbox-full); their wakes stay in the journal.", labels=["reason"]
+        )
+        disconnects.add_metric(["stalled"], float(hosts_total["stalledDisconnects"]))
+        disconnects.add_metric(["outbox-full"], float(hosts_total["outboxFullDisconnects"]))
         outboxes = daemon.sessions.outbox_statistics()
         depth.add_metric(["host-wakes", "*"], float(sum(row["notices_queued"] + row["fresh_queued"] for row in outboxes)))
         in_flight = GaugeMetricFamily("mcpl_router_wakes_in_flight", "Wakes sent and not acked yet, on open connections (each connection's window).")
         in_flight.add_metric([], float(sum(row["in_flight"] for row in outboxes)))
         journal = daemon.journal.statistics()
         depth.add_metric(["journal-writes", "*"], float(journal.queued_writes))
-        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, outbox_bytes, in_flight)
+        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, outbox_bytes, in_flight, disconnects)
         yield from _journal_series(journal)
 
         hosts = GaugeMetricFamily("mcpl_router_host_connections", "Host connections open now.")
@@ -248,16 +252,6 @@ def _journal_series(stats: JournalStatistics) -> Iterator[Metric]:
     pruned.add_metric(["events"], float(stats.pruned_events))
     pruned.add_metric(["drafts"], float(stats.pruned_drafts))
     yield from (commits, seconds, batch, failing, pruned)
-
-
-class _Totals:
-    """Host connections' peer statistics summed (the same field names)."""
-
-    def __init__(self, totals: Mapping[str, int]) -> None:
-        self._totals = totals
-
-    def __getattr__(self, name: str) -> int:
-        return self._totals.get(name, 0)
 
 
 def _peer_series(

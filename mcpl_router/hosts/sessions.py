@@ -201,6 +201,9 @@ class SessionManager:
         self._owners: dict[str, HostConnection] = {}
         self._holds: dict[str, _Hold] = {}
         self._outboxes: dict[HostConnection, HostOutbox] = {}
+        # Counters over every host connection that has closed (live ones are read when asked).
+        self._closed_totals = {"connections": 0, "stalledDisconnects": 0, "outboxFullDisconnects": 0,
+                               "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
 
@@ -305,7 +308,27 @@ class SessionManager:
         if not self._spawn(outbox.run):
             self._log.error("host.sessions.not_running", connection=connection.id)
 
+    def host_statistics(self) -> dict[str, Any]:
+        """Host connections now and in total: what a slow or hostile host has cost (``status``)."""
+        totals = dict(self._closed_totals)
+        live = [connection.peer.statistics() for connection in self._outboxes if connection.peer is not None]
+        for stats in live:
+            totals["malformedMessages"] += stats.malformed_messages
+            totals["backpressureWaits"] += stats.backpressure_waits
+            totals["outboxHighWaterBytes"] = max(totals["outboxHighWaterBytes"], stats.outbox_high_water_bytes)
+        return {"open": len(live), **totals, "outboxes": self.outbox_statistics()}
+
     def closed(self, connection: HostConnection) -> None:
+        if connection.peer is not None:
+            stats = connection.peer.statistics()
+            totals = self._closed_totals
+            totals["connections"] += 1
+            totals["stalledDisconnects"] += stats.stalled
+            totals["malformedMessages"] += stats.malformed_messages
+            totals["backpressureWaits"] += stats.backpressure_waits
+            totals["outboxHighWaterBytes"] = max(totals["outboxHighWaterBytes"], stats.outbox_high_water_bytes)
+            if stats.stalled:
+                self._log.warning("host.disconnected", connection=connection.id, reason=connection.peer.close_reason)
         outbox = self._outboxes.pop(connection, None)
         if outbox is not None:
             outbox.close()
@@ -345,7 +368,7 @@ class SessionManager:
         if outbox.notify(method, params):
             return True
         self._log.warning("host.outbox.full", connection=connection.id, method=method, size=NOTICE_LIMIT)
-        self._daemon.metrics.outbox_full()
+        self._closed_totals["outboxFullDisconnects"] += 1
         # Not reading: drop the connection rather than the messages. Its wakes are journaled
         # and come back on reconnect.
         self._outboxes.pop(connection, None)

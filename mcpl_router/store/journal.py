@@ -389,6 +389,8 @@ class Journal:
         # (NORMAL in WAL mode survives a process crash but may roll back on an OS crash).
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=5000")
+        # 64 MiB of page cache: the indexes a message touches stay in memory as the file grows.
+        db.execute("PRAGMA cache_size=-65536")
         return db
 
     def _migrate(self) -> None:
@@ -400,7 +402,12 @@ class Journal:
             # without the constraint, and give drafts their settled time.
             db.execute("BEGIN IMMEDIATE")
             db.execute("ALTER TABLE inbound RENAME TO inbound_v0")
-            db.executescript(_SCHEMA.replace("CREATE INDEX IF NOT EXISTS drafts_settled ON drafts (settled_at);", ""))
+            # Statement by statement: executescript would commit the transaction halfway.
+            db.execute("DROP INDEX IF EXISTS inbound_dedup")
+            db.execute("DROP INDEX IF EXISTS inbound_prunable")
+            for statement in _statements(_SCHEMA):
+                if "drafts_settled" not in statement:
+                    db.execute(statement)
             db.execute(
                 "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked)"
                 " SELECT seq, server, channel, kind, dedup, NULL, payload, received_at, acked FROM inbound_v0"
@@ -767,6 +774,20 @@ class Journal:
             if connection is not None:
                 connection.close()
         self._lock_file.close()
+
+
+def _statements(script: str) -> list[str]:
+    """The SQL statements of ``script``, one by one (comments may hold semicolons)."""
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    return statements
 
 
 def _stored_delivery(row: tuple[Any, ...]) -> StoredDelivery:

@@ -257,6 +257,8 @@ class _MessageProbe(msgspec.Struct):
     id: int | str | None | msgspec.UnsetType = msgspec.UNSET
     method: str | msgspec.UnsetType = msgspec.UNSET
     params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _probe_decoder = msgspec.json.Decoder(_MessageProbe)
@@ -634,7 +636,18 @@ class _HostSession:
 
     def _on_receive(self, data: bytes) -> None:
         probe = _probe(data)
-        if probe is None or probe.method is msgspec.UNSET:
+        if probe is None:
+            return
+        if probe.method is msgspec.UNSET:
+            if isinstance(probe.id, str) or probe.id is None:
+                # The answer to a request a test wrote raw (string ids; ours are numbers), or
+                # an error with no id: recorded, so a test can read what the host answered.
+                answer: dict[str, Any] = {"epoch": self.epoch, "kind": "answer", "method": None, "id": probe.id, "at": _now()}
+                if probe.result is not msgspec.UNSET:
+                    answer["result"] = msgspec.json.decode(probe.result)
+                if probe.error is not msgspec.UNSET:
+                    answer["error"] = msgspec.json.decode(probe.error)
+                self.server.record(answer)
             return
         is_request = probe.id is not msgspec.UNSET
         entry: dict[str, Any] = {
@@ -967,6 +980,7 @@ class _ControlSession:
             ("push", self._push),
             ("call", self._call),
             ("manifestChanged", self._manifest_changed),
+            ("flood", self._flood),
         ):
             table.add(method, handler, dict[str, Any], concurrent=True)
         table.add("sendRaw", self._send_raw, dict[str, Any])
@@ -1017,6 +1031,45 @@ class _ControlSession:
         filled = [self._complete_message(m) for m in messages]
         return await session.send("channels/incoming", {"messages": filled}, self._form(params), timeout=params.get("timeout"))
 
+    async def _flood(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
+        """Send ``count`` ``channels/incoming`` requests with up to ``outstanding`` in flight.
+
+        A pipelining server, for load tests and benchmarks: the control channel's cost is paid
+        once, not per message. Answers how many messages were accepted and how long it took.
+        """
+        session = self.server.require_session()
+        count = int(params.get("count", 1))
+        outstanding = max(1, int(params.get("outstanding", 128)))
+        per_request = max(1, int(params.get("perRequest", 1)))
+        channel = params.get("channelId", "general")
+        prefix = str(params.get("prefix", "flood"))
+        tags = params.get("tags", ["chat:mention"])
+        slots = trio.Semaphore(outstanding)
+        totals = {"accepted": 0, "refused": 0, "failed": 0}
+
+        async def one(index: int) -> None:
+            try:
+                messages = [
+                    self._complete_message({"channelId": channel, "messageId": f"{prefix}-{index}-{n}", "text": "x", "tags": tags})
+                    for n in range(per_request)
+                ]
+                try:
+                    answer = await session.peer.request("channels/incoming", {"messages": messages}, timeout=120)
+                except (RpcError, PeerClosed, RequestTimeout):
+                    totals["failed"] += per_request
+                    return
+                for result in answer.get("results", []) if isinstance(answer, dict) else []:
+                    totals["accepted" if isinstance(result, dict) and result.get("accepted") else "refused"] += 1
+            finally:
+                slots.release()
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                await slots.acquire()
+                nursery.start_soon(one, index)
+        return {**totals, "seconds": trio.current_time() - started}
+
     def _complete_message(self, message: Any) -> Any:
         if not isinstance(message, dict):
             return message
@@ -1048,9 +1101,14 @@ class _ControlSession:
     async def _send_raw(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
         session = self.server.require_session()
         data = params.get("data")
-        if not isinstance(data, str):
-            raise RpcError(-32602, "sendRaw needs data: str")
-        payload = (data * int(params.get("repeat", 1)) + str(params.get("suffix", ""))).encode()
+        raw_hex = params.get("hex")
+        if isinstance(raw_hex, str):
+            # Bytes no JSON string can carry (invalid UTF-8), given as hex.
+            payload = bytes.fromhex(raw_hex)
+        elif isinstance(data, str):
+            payload = (data * int(params.get("repeat", 1)) + str(params.get("suffix", ""))).encode()
+        else:
+            raise RpcError(-32602, "sendRaw needs data: str (or hex: str)")
         try:
             await session.transport.send_raw(payload)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:

@@ -7,13 +7,7 @@ the daemon's Unix socket.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -22,86 +16,13 @@ import trio
 from mcpl_router.client import RouterClient, WakeNotice
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure
 from mcpl_router.testing.journal import open_journal
-from mcpl_router.testing.control import FixtureProcess, wait_until
+from mcpl_router.testing.control import FixtureProcess
 
-from .conftest import FAST_RECONNECT, control_of, running_daemon, stdio_server, wait_channel
+from .conftest import control_of, daemon_process, running_daemon, stdio_server, wait_channel, wait_daemon_ready, write_config
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_config(workdir: Path, fixture_url: str) -> Path:
-    config = {
-        "mcplServers": {"s": {"url": fixture_url, "reconnect": FAST_RECONNECT}},
-        "host": {"unixSocket": str(workdir / "run" / "host.sock"), "websocket": {"enabled": False}},
-        "journal": {"path": str(workdir / "journal.sqlite3")},
-        "logging": {"level": "debug", "format": "json"},
-    }
-    path = workdir / "router.json"
-    path.write_text(json.dumps(config))
-    return path
-
-
-class DaemonProcess:
-    """``mcpl-router run`` as a subprocess; its stderr goes to ``log`` (appended across runs)."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config = config
-        self.log = log
-        self.process: trio.Process | None = None
-
-    async def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "mcpl_router", "run", "--config", str(self.config)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                cwd=ROOT,
-            )
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-
-    async def wait(self) -> int:
-        assert self.process is not None
-        return await self.process.wait()
-
-    async def stop(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(10):
-            await process.wait()
-        if process.poll() is None:
-            process.kill()
-            await process.wait()
-
-
-@asynccontextmanager
-async def daemon_process(config: Path, log: Path) -> AsyncIterator[DaemonProcess]:
-    daemon = DaemonProcess(config, log)
-    try:
-        yield daemon
-    finally:
-        with trio.CancelScope(shield=True):
-            await daemon.stop()
-
-
-async def wait_daemon_ready(socket: str) -> None:
-    async def ready() -> bool:
-        try:
-            async with RouterClient.connect_unix(socket, timeout=5) as probe:
-                status = await probe.call("status")
-                channels = await probe.call("channels/list")
-        except OSError:
-            return False
-        return status["ready"] == 1 and any(row["channelId"] == "general" for row in channels["channels"])
-
-    await wait_until(ready, timeout=20, interval=0.05)
 
 
 async def test_kill9_after_accepted_then_wake_exactly_once(short_tmp: Path) -> None:
