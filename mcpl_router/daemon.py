@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from mcpl_router import __version__
