@@ -7,9 +7,9 @@ and serves hosts on a Unix socket with the same framing as the daemon (ndjson, t
 
 - ``channels/incoming`` from a server is answered ``accepted`` at once and forwarded to the
   host as one ``wake`` per message (no grant, registry, journal, dedup or flow control);
-- ``speak {server, channel, text}`` from a host does what a turn's speech costs on the wire —
-  typing start, one ``channels/publish`` request, typing stop and an ``inference/lifecycle``
-  notification — without a routing decision.
+- ``speak {server, channel, text}`` from a host does what a turn costs on the server's wire —
+  ``context/beforeInference``, lifecycle ``started``, typing start, one ``channels/publish``
+  request, typing stop, lifecycle ``completed`` — without a routing decision.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ async def main(socket_path: str, ports: list[int]) -> None:
             await server.notify("notifications/initialized")
             await server.request(
                 "featureSets/update",
-                {"effectiveCapabilities": ["channels.register", "channels.incoming", "channels.publish", "channels.typing", "inferenceLifecycle"]},
+                {"effectiveCapabilities": ["channels.register", "channels.incoming", "channels.publish", "channels.typing",
+                                           "inferenceLifecycle", "contextHooks.beforeInference.observe"]},
             )
             servers.append(server)
 
@@ -79,7 +80,11 @@ async def main(socket_path: str, ports: list[int]) -> None:
             return {"acked": 0}
 
         async def speak(params: Speak, _inbound: Inbound) -> Any:
+            # What one daemon turn with context costs the server's wire: beforeInference,
+            # lifecycle started, typing start, the publish, typing stop, lifecycle completed.
             server = servers[params.server]
+            await server.request("context/beforeInference", {"inferenceId": "i", "conversationId": "c", "channels": {"incoming": [], "candidates": []}})
+            await server.notify("inference/lifecycle", {"inferenceId": "i", "phase": "started"})
             await server.notify("channels/typing", {"channelId": params.channel, "op": "start"})
             answer = await server.request(
                 "channels/publish",

@@ -227,12 +227,23 @@ def _query(args: argparse.Namespace) -> int:
     async def ask() -> Any:
         from mcpl_router.client import RouterClient
 
+        async def call(client: RouterClient) -> Any:
+            if method != "channels/list":
+                return await client.call(method, params)
+            # Paged (docs/host-api.md): follow the cursor to the end.
+            page = await client.call(method, params)
+            rows = list(page["channels"])
+            while page.get("nextCursor"):
+                page = await client.call(method, {"cursor": page["nextCursor"]})
+                rows.extend(page["channels"])
+            return {"channels": rows}
+
         with trio.fail_after(QUERY_TIMEOUT):
             if kind == "unix":
                 async with RouterClient.connect_unix(where) as client:
-                    return await client.call(method, params)
+                    return await call(client)
             async with RouterClient.connect_websocket(where, token) as client:
-                return await client.call(method, params)
+                return await call(client)
 
     try:
         answer = trio.run(ask)

@@ -55,6 +55,7 @@ from mcpl_router.routing.turns import (
     trigger_of,
 )
 from mcpl_router.routing.typing import host_typing_targets
+from mcpl_router.store.journal import JournalFailure
 from mcpl_router.tool_calls import ToolCall, ToolProvider, agent_may_call, tool_result
 
 if TYPE_CHECKING:
@@ -733,9 +734,10 @@ class TurnManager:
                 return None
             unsent = fresh
             self._mark_sending(unsent, ref)
+        if unsent is not None and not await self._recorded_before_sending(unsent, ref, round_):
+            run.notices.append(texts.unsent_not_recorded())
+            return None
         try:
-            if unsent is not None:
-                await self._journal().flush()  # the "sending" mark is on disk before the words leave
             delivery = await self._publish(run, ref, text, round_)
         except BaseException:
             if unsent is not None:
@@ -973,6 +975,17 @@ class TurnManager:
         draft.attempts.append(Attempt(ref.server_id, ref.channel_id, self._shown(ref), time.time(), "sending"))
         self.save_draft(draft)
 
+    async def _recorded_before_sending(self, draft: Draft, ref: ChannelRef, round_: int) -> bool:
+        """Wait until the draft's ``sending`` mark is on disk; if the journal can't, the send
+        doesn't go out and the attempt is recorded failed (nothing was sent), the draft held."""
+        try:
+            await self._journal().flush()
+        except JournalFailure as exc:
+            self._log.error("draft.not_recorded", draft=draft.draft_id, server=ref.server_id, channel=ref.channel_id, error=str(exc))
+            self._attempted(draft, Delivery(ref, self._shown(ref), "failed", round_, reason=texts.REASON_NOT_RECORDED))
+            return False
+        return True
+
     async def resend_draft(self, run: _TurnRun, draft: Draft, ref: ChannelRef) -> Delivery:
         """Send ``draft`` to ``ref``: the attempt is journaled before the publish goes out.
 
@@ -981,8 +994,9 @@ class TurnManager:
         call cancelled) is recorded ``unknown``: the draft becomes unconfirmed, never stuck.
         """
         self._mark_sending(draft, ref)
+        if not await self._recorded_before_sending(draft, ref, run.turn.round):
+            return Delivery(ref, self._shown(ref), "failed", run.turn.round, reason=texts.REASON_NOT_RECORDED)
         try:
-            await self._journal().flush()  # the "sending" mark is on disk before the words leave
             delivery = await self.publish_for(run, ref, draft.text)
         except BaseException:
             self._attempted(draft, Delivery(ref, self._shown(ref), "unknown", run.turn.round, reason=texts.REASON_INTERRUPTED))

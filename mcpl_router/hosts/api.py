@@ -12,14 +12,17 @@ Documented in ``docs/host-api.md``; every method here has an entry there.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import base64
+import binascii
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
 from mcpl_router.hosts.publish_api import add_publish_methods
 from mcpl_router.hosts.sessions import add_session_methods
 from mcpl_router.hosts.turn_api import add_turn_methods
-from mcpl_router.jsonrpc import Inbound, MethodTable
+from mcpl_router.jsonrpc import INVALID_PARAMS, Inbound, MethodTable, RpcError
+from mcpl_router.routing.refs import ChannelRef
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -35,6 +38,45 @@ class NoParams(msgspec.Struct):
     pass
 
 
+#: Rows in one ``channels/list`` page unless the host asks for another size (at most MAX).
+CHANNEL_PAGE: Final = 1000
+CHANNEL_PAGE_MAX: Final = 10_000
+
+
+class ChannelsListParams(msgspec.Struct):
+    cursor: str | None = None
+    limit: int | None = None
+
+
+def channels_page(daemon: Daemon, params: ChannelsListParams) -> dict[str, Any]:
+    """One page of ``channels/list``, in registration order, and the cursor of the next.
+
+    The cursor holds the next position and the last row's ref: if channels came or went
+    before it is used, the page starts right after that ref wherever it now stands.
+    """
+    limit = CHANNEL_PAGE if params.limit is None else params.limit
+    if not 1 <= limit <= CHANNEL_PAGE_MAX:
+        raise RpcError(INVALID_PARAMS, f"limit must be 1 to {CHANNEL_PAGE_MAX}; got {limit}.", {"field": "limit"})
+    start = 0
+    if params.cursor:
+        try:
+            position, server_id, channel_id = msgspec.json.decode(base64.urlsafe_b64decode(params.cursor.encode()))
+            last = ChannelRef(str(server_id), str(channel_id))
+            start = int(position)
+        except (ValueError, TypeError, msgspec.DecodeError, binascii.Error):
+            raise RpcError(INVALID_PARAMS, "cursor: not a cursor this daemon gave. Start again without one.", {"field": "cursor"}) from None
+        found = daemon.router.registry.position_of(last, start - 1)
+        if found is not None:
+            start = found + 1
+    rows = daemon.router.names.channel_page(start, limit)
+    answer: dict[str, Any] = {"channels": [row.to_dict() for row in rows]}
+    if rows and start + len(rows) < len(daemon.router.registry):
+        last_row = rows[-1]
+        token = msgspec.json.encode([start + len(rows), last_row.server_id, last_row.channel_id])
+        answer["nextCursor"] = base64.urlsafe_b64encode(token).decode()
+    return answer
+
+
 def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
     async def status(_params: NoParams, _inbound: Inbound) -> Any:
         return daemon.status()
@@ -42,8 +84,8 @@ def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
     async def servers_list(_params: NoParams, _inbound: Inbound) -> Any:
         return {"servers": daemon.servers_list()}
 
-    async def channels_list(_params: NoParams, _inbound: Inbound) -> Any:
-        return {"channels": daemon.channels_list()}
+    async def channels_list(params: ChannelsListParams, _inbound: Inbound) -> Any:
+        return channels_page(daemon, params)
 
     async def explain(params: ExplainParams, _inbound: Inbound) -> Any:
         return daemon.explain(params.name, params.server_id or None)
@@ -54,7 +96,7 @@ def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
     table.add("status", status, NoParams)
     table.add("daemon/reload", reload, NoParams)
     table.add("servers/list", servers_list, NoParams)
-    table.add("channels/list", channels_list, NoParams)
+    table.add("channels/list", channels_list, ChannelsListParams)
     table.add("explain", explain, ExplainParams)
 
 

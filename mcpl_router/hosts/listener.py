@@ -103,7 +103,8 @@ def host_lane(inbound: Inbound) -> Hashable:
     """A host message's ordering lane: its turn for ``turn/*`` calls, else the connection's.
 
     Order is kept where it carries meaning (a turn's text before its round's end), so one
-    agent's slow ``turn/round`` never holds another agent's text on the same connection.
+    agent's slow ``turn/round`` doesn't hold another agent's text on the same connection (until
+    the connection's inbound bound is reached: docs/host-api.md, *Delivery and flow control*).
     """
     if inbound.params is None or not inbound.method.startswith("turn/"):
         return None

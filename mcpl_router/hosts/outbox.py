@@ -200,6 +200,8 @@ class HostOutbox:
             if self._cursors.get(agent) is not cursor:
                 continue  # taken by another connection while we read
             for stored in page:
+                if self._cursors.get(agent) is not cursor:
+                    break  # taken by another connection while this page was being sent
                 wake = self._wake_of(stored)
                 if (wake.seq, agent) in self._in_flight or wake.seq <= cursor.sent_through:
                     continue

@@ -27,7 +27,7 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
-from mcpl_router.jsonrpc import INVALID_PARAMS, Inbound, MethodTable, RpcError
+from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, Inbound, MethodTable, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tags import expand_tags
@@ -40,7 +40,7 @@ from mcpl_router.routing.wakes import (
     wakes,
 )
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
-from mcpl_router.store.journal import Delivery, InboundEvent, StoredDelivery
+from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, StoredDelivery
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -530,8 +530,12 @@ class SessionManager:
             "wakeSeq": self._daemon.journal.last_seq(),
         }
 
-    async def ack(self, connection: HostConnection, params: AckParams) -> dict[str, Any]:
-        """``wake/ack``: the host has the wakes ``seqs`` (of its agents, or of ``agent``)."""
+    async def ack(self, connection: HostConnection, params: AckParams) -> Deferred:
+        """``wake/ack``: the host has the wakes ``seqs`` (of its agents, or of ``agent``).
+
+        Answered once the ack is durable; acks that arrive together share one commit, and the
+        connection's other calls don't wait behind it (a :class:`Deferred` answer).
+        """
         seqs = list(params.seqs or [])
         if params.seq is not None:
             seqs.append(params.seq)
@@ -545,10 +549,21 @@ class SessionManager:
             # The window opens as soon as the host has them; the journal's copy is marked below.
             for agent in agents:
                 outbox.acked(agent, seqs)
-        acked = await self._daemon.journal.ack_deliveries(agents, seqs)
-        self._daemon.metrics.wakes_acknowledged(agents, acked)
-        get_logger(connection=connection.id).debug("wake.acked", seqs=len(seqs), agents=agents, acked=acked)
-        return {"acked": acked}
+        try:
+            wait = await self._daemon.journal.submit_ack(agents, seqs)
+        except JournalFailure as exc:
+            raise _ack_not_recorded(exc) from exc
+
+        async def answer() -> dict[str, Any]:
+            try:
+                acked = await wait()
+            except JournalFailure as exc:
+                raise _ack_not_recorded(exc) from exc
+            self._daemon.metrics.wakes_acknowledged(agents, acked)
+            self._log.debug("wake.acked", connection=connection.id, seqs=len(seqs), agents=agents, acked=acked)
+            return {"acked": acked}
+
+        return Deferred(answer)
 
     def _spec_for(self, params: AgentSpecParams) -> AgentSpec:
         if not params.name or any(char.isspace() for char in params.name):
@@ -583,6 +598,15 @@ class SessionManager:
             f"Agent {name!r} is owned by host {host!r} (connection {owner.id}). One session owns an agent at a time.",
             {"agent": name, "owner": host, "connection": owner.id},
         )
+
+def _ack_not_recorded(exc: JournalFailure) -> RpcError:
+    return RpcError(
+        INTERNAL_ERROR,
+        f"Not recorded: the daemon could not commit the ack to its journal ({exc}). The wakes stay "
+        "owed and may come again; ack them again later.",
+        {"retry": True},
+    )
+
 
 def _host_of(connection: HostConnection) -> str | None:
     session: HostSession | None = connection.session

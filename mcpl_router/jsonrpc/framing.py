@@ -6,6 +6,7 @@ A :class:`MessageStream` moves whole messages (bytes). It knows nothing of JSON-
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import trio
@@ -13,6 +14,8 @@ import trio_websocket
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _READ_CHUNK = 65536
+# Writes go out at most this much at a time, each piece with the stall deadline of its own.
+_WRITE_CHUNK = 65536
 
 
 class OversizedMessage(Exception):
@@ -31,8 +34,12 @@ class MessageStream(Protocol):
 
     async def send_message(self, data: bytes) -> None: ...
 
-    async def send_messages(self, messages: list[bytes]) -> None:
-        """Send several messages in order, in as few writes as the framing allows."""
+    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
+        """Send several messages in order, in as few writes as the framing allows.
+
+        Raises :class:`trio.TooSlowError` when the other side accepts nothing for
+        ``stall_timeout`` seconds (a slow reader that keeps reading never trips it).
+        """
         ...
 
     async def receive_message(self) -> bytes:
@@ -73,11 +80,15 @@ class NdjsonStream:
             raise trio.ClosedResourceError("this stream is receive-only")
         await self._send_stream.send_all(data + b"\n")
 
-    async def send_messages(self, messages: list[bytes]) -> None:
+    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
         if self._send_stream is None:
             raise trio.ClosedResourceError("this stream is receive-only")
-        # One write for the lot: a burst of small messages costs one syscall, not one each.
-        await self._send_stream.send_all(b"\n".join(messages) + b"\n")
+        # Joined: a burst of small messages costs one syscall, not one each. Written in chunks,
+        # each with its own deadline, so the deadline measures progress, not the total.
+        data = memoryview(b"\n".join(messages) + b"\n")
+        for start in range(0, len(data), _WRITE_CHUNK):
+            with trio.fail_after(stall_timeout):
+                await self._send_stream.send_all(data[start : start + _WRITE_CHUNK])
 
     async def receive_message(self) -> bytes:
         while True:
@@ -147,10 +158,12 @@ class WebSocketMessageStream:
         except trio_websocket.ConnectionClosed as exc:
             raise trio.ClosedResourceError(f"websocket closed: {exc.reason}") from exc
 
-    async def send_messages(self, messages: list[bytes]) -> None:
-        # WebSocket carries one message per frame: there is nothing to join.
+    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
+        # WebSocket carries one message per frame: nothing to join, and a frame can't be
+        # split, so a frame's deadline allows one stall period per chunk's worth of bytes.
         for data in messages:
-            await self.send_message(data)
+            with trio.fail_after(stall_timeout * (1 + len(data) // _WRITE_CHUNK)):
+                await self.send_message(data)
 
     async def receive_message(self) -> bytes:
         try:

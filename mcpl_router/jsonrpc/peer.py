@@ -6,7 +6,7 @@ answers one of *our* requests (looked up in our pending table by our id); a mess
 
 **Ordering.** Inbound requests and notifications are dispatched in arrival order *per lane*.
 ``lane_of`` names a message's lane (the host socket keys ``turn/*`` calls by their turn, so one
-slow turn never holds another's text); without it there is one lane, which MCPL links need (a
+slow turn doesn't hold another's text); without it there is one lane, which MCPL links need (a
 ``channels/register`` must land before the ``channels/incoming`` that uses it). A lane's task
 exists while it has work. Methods named in ``concurrent_methods`` run in their own task, for
 handlers that wait a long time (a forwarded tool call). Answers to our own requests are resolved
@@ -14,15 +14,17 @@ inside the read loop, so a handler awaiting :meth:`Peer.request` never deadlocks
 may return a :class:`Deferred`: its lane moves on at once and the answer is sent when the
 deferred work finishes (the journal's group commit answers ``accepted`` this way).
 
-**Backpressure, never a drop.** Every queue is bounded (:class:`PeerLimits`). When a lane's
-queue, the lane count, the concurrent slots or the deferred slots are full, the read loop waits
-for room: the peer's sends back up into its socket, which is TCP's (or a pipe's) flow control.
-Nothing inbound is ever discarded. Outgoing messages go through one bounded outbox drained by
-one writer task, which joins queued messages into as few writes as the framing allows. A peer
-that leaves the outbox full (it does not read) for ``stall_timeout`` seconds is disconnected
-with a logged reason (``jsonrpc.peer.stalled``); what the daemon owed it (wakes) stays in the
-journal. Replies to malformed lines are queued like any other message, so a client that floods
-junk and never reads stops being read, and its memory stays bounded.
+**Backpressure, never a drop.** Every queue is bounded (:class:`PeerLimits`). Inbound messages
+queue in their lanes up to a bound for the whole connection (messages and bytes); when it, the
+lane count, the concurrent slots or the deferred slots are full, the read loop waits for room:
+the peer's sends back up into its socket, which is TCP's (or a pipe's) flow control. Nothing
+inbound is ever discarded. Outgoing messages go through one bounded outbox drained by one
+writer task, which joins queued messages into as few writes as the framing allows. A peer that
+takes nothing we send (the outbox full and no write progressing) for ``stall_timeout`` seconds
+is disconnected with a logged reason (``jsonrpc.peer.stalled``); what the daemon owed it
+(wakes) stays in the journal. Replies to malformed lines are queued like any other message, so
+a client that floods junk and never reads stops being read, and its memory stays bounded. A
+graceful close, or the other side's EOF, gives what is queued ``close_flush`` seconds to go.
 
 **No input stops a connection.** Any failure decoding or handling one message becomes an
 error answer (or, for a notification, a logged event and a counter); the read loop goes on.
@@ -30,6 +32,7 @@ error answer (or, for a notification, a logged event and a counter); the read lo
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Hashable
 from typing import Any, TypeVar
@@ -74,8 +77,10 @@ _WRITE_BATCH_BYTES = 256 * 1024
 class PeerLimits:
     """The bounds of one connection's queues (see the module docstring for the policies)."""
 
-    #: Inbound messages queued per lane before the read loop waits.
-    lane_queue: int = 256
+    #: Inbound messages (and their bytes) queued across all lanes before the read loop waits.
+    #: One lane may use all of it: a busy turn holds the others only once this is exhausted.
+    inbound_messages: int = 4096
+    inbound_bytes: int = 16 * 1024 * 1024
     #: Lanes with work at once before the read loop waits for one to finish.
     max_lanes: int = 64
     #: Concurrent-method handlers running at once.
@@ -85,8 +90,11 @@ class PeerLimits:
     #: Outgoing messages queued, and their bytes (a single larger message still goes alone).
     outbox_messages: int = 4096
     outbox_bytes: int = 8 * 1024 * 1024
-    #: How long the outbox may stay full, or one write block, before the peer is disconnected.
+    #: How long the peer may take nothing we send (the outbox full and no write making
+    #: progress) before it is disconnected. A slow reader that keeps reading never trips it.
     stall_timeout: float = 30.0
+    #: At a graceful close (or the other side's EOF), how long what is queued may take to go out.
+    close_flush: float = 1.0
 
 
 class PeerClosed(Exception):
@@ -208,8 +216,8 @@ class PeerStatistics:
 @attrs.define(eq=False)
 class _Lane:
     key: Hashable
-    send: trio.MemorySendChannel[Inbound]
-    receive: trio.MemoryReceiveChannel[Inbound]
+    send: trio.MemorySendChannel[tuple[Inbound, int]]
+    receive: trio.MemoryReceiveChannel[tuple[Inbound, int]]
 
 
 class Peer:
@@ -253,6 +261,10 @@ class Peer:
         self._pending: dict[int, trio.MemorySendChannel[Envelope | BaseException]] = {}
         self._answer_hooks: dict[int, Callable[[Envelope], None]] = {}
         self._lanes: dict[Hashable, _Lane] = {}
+        self._queued = 0
+        self._queued_bytes = 0
+        self._inbound_room = trio.Event()
+        self._writer_done = False
         self._lane_slots = trio.Semaphore(self.limits.max_lanes)
         self._concurrent_slots = trio.Semaphore(self.limits.max_concurrent)
         self._deferred_slots = trio.Semaphore(self.limits.max_deferred)
@@ -296,6 +308,10 @@ class Peer:
                 task_status.started()
                 try:
                     await self._read_loop()
+                    # EOF: the other side may still read what its last requests earned (a
+                    # half-close). Bounded: a handler that takes longer is cancelled.
+                    with trio.move_on_after(self.limits.close_flush):
+                        await self._wait_quiet()
                 finally:
                     # The connection is gone: handlers still running can't answer anyone.
                     nursery.cancel_scope.cancel()
@@ -304,10 +320,28 @@ class Peer:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_TIMEOUT):
                 await self._stream.aclose()
 
-    async def aclose(self, reason: str = "closed by us") -> None:
-        """Close the connection; :meth:`run` returns soon after."""
+    async def aclose(self, reason: str = "closed by us", *, flush: bool = True) -> None:
+        """Close the connection; :meth:`run` returns soon after.
+
+        With ``flush`` (a graceful close), what is already queued — a last notification —
+        gets :attr:`PeerLimits.close_flush` seconds to go out first.
+        """
+        if flush and not self._closed and not self._writer_done:
+            with trio.move_on_after(self.limits.close_flush):
+                while (self._outbox or self._writing_bytes) and not self._closed:
+                    await self._outbox_room.wait()
         self._mark_closed(reason)
         await self._stream.aclose()
+
+    async def _wait_quiet(self) -> None:
+        """Until no handler is running or queued and the outbox is empty."""
+        while not self._closed and (self._lanes or self._outbox or self._writing_bytes or self._busy_tasks()):
+            # A short poll, only at EOF and bounded by the caller: simpler than an event per kind.
+            await trio.sleep(0.005)
+
+    def _busy_tasks(self) -> int:
+        limits = self.limits
+        return (limits.max_concurrent - self._concurrent_slots.value) + (limits.max_deferred - self._deferred_slots.value)
 
     def _mark_closed(self, reason: str) -> None:
         if not self._closed:
@@ -324,7 +358,7 @@ class Peer:
         return PeerStatistics(
             pending_requests=len(self._pending),
             lanes=len(self._lanes),
-            inbound_queued=sum(lane.receive.statistics().current_buffer_used for lane in self._lanes.values()),
+            inbound_queued=self._queued,
             outbox_messages=len(self._outbox),
             outbox_bytes=self._outbox_bytes + self._writing_bytes,
             **self._counts,
@@ -405,11 +439,14 @@ class Peer:
         await trio.lowlevel.checkpoint()
         if not self._has_room(len(data)) and not self._closed:
             self._counts["outbox_waits"] += 1
-            with trio.move_on_after(self.limits.stall_timeout) as scope:
-                while not self._closed and not self._has_room(len(data)):
+            while not self._closed and not self._has_room(len(data)):
+                # Each wait ends when the writer moves a batch out: only a peer that takes
+                # nothing for the whole stall timeout counts as not reading.
+                with trio.move_on_after(self.limits.stall_timeout) as scope:
                     await self._outbox_room.wait()
-            if scope.cancelled_caught:
-                await self._stall(f"not reading: its outbox stayed full for {self.limits.stall_timeout:g}s")
+                if scope.cancelled_caught:
+                    await self._stall(f"not reading: nothing it was sent went out for {self.limits.stall_timeout:g}s")
+                    break
         if self._closed:
             raise PeerClosed(self._close_reason)
         self._outbox.append(data)
@@ -420,6 +457,12 @@ class Peer:
         self._outbox_ready.set()
 
     async def _write_loop(self) -> None:
+        try:
+            await self._write_forever()
+        finally:
+            self._writer_done = True
+
+    async def _write_forever(self) -> None:
         while True:
             while not self._outbox:
                 if self._closed:
@@ -439,16 +482,19 @@ class Peer:
             self._outbox_room.set()
             self._outbox_room = trio.Event()
             try:
-                with trio.move_on_after(self.limits.stall_timeout) as scope:
-                    await self._stream.send_messages(batch)
+                await self._stream.send_messages(batch, stall_timeout=self.limits.stall_timeout)
+            except trio.TooSlowError:
+                await self._stall(f"not reading: a write made no progress for {self.limits.stall_timeout:g}s")
+                self._writing_bytes = 0
+                return
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._writing_bytes = 0
+                self._writer_done = True
                 self._mark_closed(f"connection closed while sending: {exc}")
                 return
-            finally:
-                self._writing_bytes = 0
-            if scope.cancelled_caught:
-                await self._stall(f"not reading: one write blocked for {self.limits.stall_timeout:g}s")
-                return
+            self._writing_bytes = 0
+            self._outbox_room.set()
+            self._outbox_room = trio.Event()
 
     async def _stall(self, reason: str) -> None:
         if self._closed:
@@ -460,7 +506,7 @@ class Peer:
             queued_messages=len(self._outbox),
             queued_bytes=self._outbox_bytes + self._writing_bytes,
         )
-        await self.aclose(f"disconnected: {reason}")
+        await self.aclose(f"disconnected: {reason}", flush=False)
 
     async def _reply(self, reply: ResultOut | ErrorOut) -> None:
         try:
@@ -531,21 +577,28 @@ class Peer:
             await self._acquire(self._concurrent_slots)
             self._nursery.start_soon(self._handle_concurrent, inbound)
             return
+        size = len(data)
+        if self._queued >= self.limits.inbound_messages or self._queued_bytes + size > self.limits.inbound_bytes:
+            # Handlers are slower than the peer sends: stop reading until they catch up (the
+            # peer's writes back up into its socket). Never a drop.
+            self._counts["backpressure_waits"] += 1
+            while self._queued and (
+                self._queued >= self.limits.inbound_messages or self._queued_bytes + size > self.limits.inbound_bytes
+            ):
+                self._inbound_room = trio.Event()
+                await self._inbound_room.wait()
         key = self._lane_key(inbound)
         lane = self._lanes.get(key)
         if lane is None:
             await self._acquire(self._lane_slots)
-            send, receive = trio.open_memory_channel[Inbound](self.limits.lane_queue)
+            # Unbounded by itself: the connection-wide count above is the bound.
+            send, receive = trio.open_memory_channel[tuple[Inbound, int]](math.inf)
             lane = _Lane(key, send, receive)
             self._lanes[key] = lane
             self._nursery.start_soon(self._run_lane, lane)
-        try:
-            lane.send.send_nowait(inbound)
-        except trio.WouldBlock:
-            # The lane's handler is slower than the peer sends: stop reading until it catches
-            # up (the peer's writes back up into the socket). Never a drop.
-            self._counts["backpressure_waits"] += 1
-            await lane.send.send(inbound)
+        self._queued += 1
+        self._queued_bytes += size
+        lane.send.send_nowait((inbound, size))
 
     def _skip_line(self, data: bytes) -> None:
         self._counts["skipped_lines"] += 1
@@ -589,13 +642,16 @@ class Peer:
         try:
             while True:
                 try:
-                    inbound = lane.receive.receive_nowait()
+                    inbound, size = lane.receive.receive_nowait()
                 except trio.WouldBlock:
                     # Idle: the lane ends. No await between the check and the removal, so the
                     # read loop never puts a message into a lane that is gone.
                     if self._lanes.get(lane.key) is lane:
                         del self._lanes[lane.key]
                     return
+                self._queued -= 1
+                self._queued_bytes -= size
+                self._inbound_room.set()
                 await self._handle(inbound)
         finally:
             self._lane_slots.release()

@@ -54,9 +54,10 @@ def registration_policy(link: ServerLink, inbound: Inbound | None = None) -> Reg
     )
 
 
-#: Fields that change when a server re-sends the very same message (when it was sent, transport
-#: details), so they are not part of what the message says.
-_VOLATILE_FIELDS = frozenset({"timestamp", "metadata", "receivedAt", "sentAt"})
+#: Fields that change when a server re-sends the very same message (when this copy was sent or
+#: received), so they are not part of what the message says. ``timestamp`` is when the message
+#: was posted: the same in every retry, and often all that tells two "ok"s apart.
+_VOLATILE_FIELDS = frozenset({"receivedAt", "sentAt", "deliveredAt"})
 
 
 def substance_digest(payload: Any) -> bytes:
@@ -320,14 +321,14 @@ _EMPTY_ORIGIN = PushOrigin()
 def _plain_or_none(raw: msgspec.Raw) -> Any:
     try:
         return raw_to_plain(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
 
 
 def _message_id_of(raw: msgspec.Raw) -> Any:
     try:
         value = raw_to_plain(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     return value.get("messageId") if isinstance(value, dict) else None
 

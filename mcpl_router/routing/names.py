@@ -490,6 +490,29 @@ class ChannelNames:
             )
         return rows
 
+    def channel_page(self, start: int, limit: int) -> list[ChannelRow]:
+        """``limit`` rows of ``channel_list`` from position ``start``: each named through the
+        indexes (O(1) a row), so a page costs its own size, not the registry's."""
+        rows = []
+        for entry in self.registry.entries_between(start, start + limit):
+            ref = entry.ref
+            picked = self.pick_name(ref)
+            descriptor = entry.descriptor
+            rows.append(
+                ChannelRow(
+                    server_id=ref.server_id,
+                    channel_id=ref.channel_id,
+                    label=descriptor.label,
+                    type=descriptor.type,
+                    direction=descriptor.direction,
+                    open=entry.open,
+                    lazy=entry.lazy,
+                    name=picked if picked is not None and picked != ref.channel_id else None,
+                    shown=picked if picked is not None else texts.unnamed_channel(ref.channel_id, ref.server_id),
+                )
+            )
+        return rows
+
     # ------------------------------------------------------------------ explain
 
     def _matches(self, name: str) -> dict[ChannelRef, list[str]]:

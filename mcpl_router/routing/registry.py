@@ -302,24 +302,47 @@ class ChannelEntry:
     order: int
 
 
-def _index_add(index: dict[str, dict[ChannelRef, None]], key: str, ref: ChannelRef) -> None:
-    index.setdefault(key, {})[ref] = None
+#: A name index maps a string to the one ref answering to it, or to the refs (in registration
+#: order) when several do. Most names pick one channel: holding the ref itself rather than a
+#: one-item dict is most of what a registered channel costs in memory (docs/performance.md).
+_Bucket = ChannelRef | dict[ChannelRef, None]
 
 
-def _index_discard(index: dict[str, dict[ChannelRef, None]], key: str, ref: ChannelRef) -> None:
-    refs = index.get(key)
-    if refs is None:
+def _index_add(index: dict[str, _Bucket], key: str, ref: ChannelRef) -> None:
+    bucket = index.get(key)
+    if bucket is None:
+        index[key] = ref
+    elif isinstance(bucket, ChannelRef):
+        if bucket != ref:
+            index[key] = {bucket: None, ref: None}
+    else:
+        bucket[ref] = None
+
+
+def _index_discard(index: dict[str, _Bucket], key: str, ref: ChannelRef) -> None:
+    bucket = index.get(key)
+    if bucket is None:
         return
-    refs.pop(ref, None)
-    if not refs:
+    if isinstance(bucket, ChannelRef):
+        if bucket == ref:
+            del index[key]
+        return
+    bucket.pop(ref, None)
+    if len(bucket) == 1:
+        index[key] = next(iter(bucket))
+    elif not bucket:
         # Drop empty buckets, so the index's size follows the channels registered now and a
         # lookup of a withdrawn name finds nothing rather than an empty set.
         del index[key]
 
 
-def _view(index: dict[str, dict[ChannelRef, None]], key: str) -> Collection[ChannelRef]:
-    refs = index.get(key)
-    return refs.keys() if refs else _EMPTY
+def _view(index: dict[str, _Bucket], key: str) -> Collection[ChannelRef]:
+    bucket = index.get(key)
+    if bucket is None:
+        return _EMPTY
+    if isinstance(bucket, ChannelRef):
+        return (bucket,)
+    return bucket.keys()
 
 
 @attrs.define(eq=False)
@@ -334,13 +357,14 @@ class ChannelRegistry:
 
     _entries: dict[ChannelRef, ChannelEntry] = attrs.field(factory=dict, init=False)
     # Dicts used as insertion-ordered sets of refs. Keys are the string a name is matched
-    # against (an id, a qualified name, a casefolded label), values always sets of refs: two
-    # channels may share any of those strings, and the index must keep both.
+    # against (an id, a qualified name, a casefolded label), values the one ref or, when two
+    # channels share the string, all of them in registration order (_Bucket): the index must
+    # keep both.
     _by_server: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
-    _by_id: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
-    _by_qualified: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
-    _by_label: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
-    _by_dm_label: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
+    _by_id: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
+    _by_qualified: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
+    _by_label: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
+    _by_dm_label: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
     # server id -> (address key, native id) -> refs: a native id is looked up only among the
     # pushing server's own channels, so the server is part of the path, not of a joined key.
     _by_native: dict[str, dict[tuple[str, str], dict[ChannelRef, None]]] = attrs.field(
@@ -513,7 +537,11 @@ class ChannelRegistry:
         self._unindex_description(entry)
         _index_discard(self._by_id, ref.channel_id, ref)
         _index_discard(self._by_qualified, ref.qualified_name, ref)
-        _index_discard(self._by_server, ref.server_id, ref)
+        server_refs = self._by_server.get(ref.server_id)
+        if server_refs is not None:
+            server_refs.pop(ref, None)
+            if not server_refs:
+                del self._by_server[ref.server_id]
         return True
 
     # ------------------------------------------------------------------ withdrawal
@@ -652,6 +680,23 @@ class ChannelRegistry:
     def all_entries(self) -> list[ChannelEntry]:
         """Every registered channel, in registration order."""
         return list(self._entries.values())
+
+    def entries_between(self, start: int, stop: int) -> list[ChannelEntry]:
+        """The channels at positions ``start`` to ``stop`` in registration order (a page)."""
+        return list(itertools.islice(self._entries.values(), start, stop))
+
+    def position_of(self, ref: ChannelRef, hint: int) -> int | None:
+        """Where ``ref`` stands in registration order (checking ``hint`` first), or None."""
+        if ref not in self._entries:
+            return None
+        if 0 <= hint < len(self._entries):
+            at_hint = next(itertools.islice(self._entries, hint, None), None)
+            if at_hint == ref:
+                return hint
+        for position, candidate in enumerate(self._entries):
+            if candidate == ref:
+                return position
+        return None
 
     def first_entries(self, limit: int) -> list[ChannelEntry]:
         """The first ``limit`` channels in registration order, without walking the rest."""

@@ -282,6 +282,8 @@ REASON_NO_RECEIPT: Final = "no-receipt"
 REASON_MALFORMED_RECEIPT: Final = "malformed-receipt"
 #: A send interrupted before its outcome was known (cancelled, or the daemon stopped).
 REASON_INTERRUPTED: Final = "interrupted"
+#: The journal could not record the attempt before it went out, so nothing was sent.
+REASON_NOT_RECORDED: Final = "not-recorded"
 
 
 def tool_not_permitted(name: str) -> str:
@@ -387,6 +389,14 @@ def bounce_why_refused(text: str) -> str:
 def bounce_why_not_delivered(shown: str, reason: str) -> str:
     """A delivery that failed."""
     return f"the delivery to {shown} failed ({reason})."
+
+
+def unsent_not_recorded() -> str:
+    """``{{unsent}}`` whose attempt the journal could not record: nothing left the daemon."""
+    return (
+        f"{ROUTING} {{{{unsent}}}} was not sent: the daemon could not record the attempt in its"
+        " journal. Nothing was sent; the draft is kept. Try again in a moment."
+    )
 
 
 def unsent_unavailable(state: str | None) -> str:

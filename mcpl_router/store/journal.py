@@ -27,7 +27,7 @@ import os
 import sqlite3
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,6 +46,8 @@ DEFAULT_RETENTION: Final = 24 * 3600.0
 #: How often the writer prunes, and how many rows one pruning transaction takes.
 PRUNE_INTERVAL: Final = 60.0
 PRUNE_CHUNK: Final = 5000
+#: How long the last commit at shutdown may take before the daemon exits without it.
+SHUTDOWN_COMMIT_TIMEOUT: Final = 10.0
 
 SCHEMA_VERSION: Final = 1
 
@@ -225,6 +227,14 @@ class JournalStatistics:
     failing: str | None
 
 
+def _one_per_agent(deliveries: Sequence[Delivery]) -> list[Delivery]:
+    """An agent is woken once per event, however often a policy listed it (the first wins)."""
+    seen: dict[str, Delivery] = {}
+    for delivery in deliveries:
+        seen.setdefault(delivery.agent, delivery)
+    return list(seen.values())
+
+
 def content_digest(payload: Any) -> bytes:
     """What a message or event said, for telling a re-send from a new message under an old id."""
     return hashlib.blake2b(msgspec.json.encode(payload, order="sorted"), digest_size=16).digest()
@@ -275,7 +285,7 @@ class _InboundOp(_Op):
             seq = int(cursor.lastrowid or 0)
             db.executemany(
                 SQL_INSERT_DELIVERY,
-                [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in deliveries],
+                [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries)],
             )
             self.results.append(Recorded(seq=seq, duplicate=False, reused_id=row is not None))
 
@@ -283,7 +293,7 @@ class _InboundOp(_Op):
         for (_event, deliveries), recorded in zip(self.events, self.results, strict=True):
             if not recorded.duplicate:
                 journal._last_seq = max(journal._last_seq, recorded.seq)
-                for delivery in deliveries:
+                for delivery in _one_per_agent(deliveries):
                     journal._unacked[delivery.agent] += 1
         if self.on_committed is not None:
             self.on_committed(self.results)
@@ -382,6 +392,8 @@ class Journal:
             if settled_at is not None and settled_at < cutoff:
                 continue  # pruned at the writer's first pass
             row = msgspec.json.decode(raw)
+            if settled_at is not None:
+                row["settledAt"] = settled_at
             self._drafts[row["id"]] = row
             self._agent_drafts.setdefault(row["agent"], {})[row["id"]] = None
         self._settle_interrupted_drafts()
@@ -404,6 +416,9 @@ class Journal:
         if version < 1 and "inbound" in tables:
             # Version 0 made (server, kind, dedup) unique and kept no digest: rebuild inbound
             # without the constraint, and give drafts their settled time.
+            # Legacy rename: otherwise SQLite rewrites deliveries' REFERENCES inbound to the old
+            # table's new name, which is dropped below.
+            db.execute("PRAGMA legacy_alter_table = ON")
             db.execute("BEGIN IMMEDIATE")
             db.execute("ALTER TABLE inbound RENAME TO inbound_v0")
             # Statement by statement: executescript would commit the transaction halfway.
@@ -420,7 +435,13 @@ class Journal:
             columns = {row[1] for row in db.execute("PRAGMA table_info(drafts)")}
             if "settled_at" not in columns:
                 db.execute("ALTER TABLE drafts ADD COLUMN settled_at REAL")
+                # Drafts already delivered or dismissed are settled as of now: pruned after retention.
+                db.execute(
+                    "UPDATE drafts SET settled_at = ? WHERE json_extract(CAST(row AS TEXT), '$.state') IN ('delivered', 'dismissed')",
+                    (time.time(),),
+                )
             db.execute("COMMIT")
+            db.execute("PRAGMA legacy_alter_table = OFF")
             self._log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
         db.executescript(_SCHEMA)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -428,10 +449,17 @@ class Journal:
     # -- the writer --------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Commit queued writes in groups until cancelled; prune every :data:`PRUNE_INTERVAL`."""
+        """Commit queued writes in groups until cancelled; prune every :data:`PRUNE_INTERVAL`.
+
+        Pruning takes one chunk per pass, between commits, so queued writes never wait for a
+        whole backlog of history to go. A failed commit fails the ops someone awaits (inbound,
+        acks, barriers) and keeps the write-behind ones, in order, for the next try after a
+        backoff: nothing written behind is dropped by a passing I/O error.
+        """
         self._running = True
         task_status.started()
         next_prune = trio.current_time()
+        retry_delay = 0.0
         try:
             while True:
                 batch: list[_Op] = []
@@ -450,17 +478,25 @@ class Journal:
                     # Shielded: a commit under way finishes and its callers are told, even at
                     # shutdown (the thread can't be stopped halfway anyway).
                     with trio.CancelScope(shield=True):
-                        await self._commit(batch)
+                        kept = await self._commit(batch)
+                    if kept:
+                        self._backlog.extendleft(reversed(kept))
+                        retry_delay = min(5.0, max(0.05, retry_delay * 2))
+                        await trio.sleep(retry_delay)
+                    else:
+                        retry_delay = 0.0
                 if trio.current_time() >= next_prune:
                     with trio.CancelScope(shield=True):
-                        await self._prune()
-                    next_prune = trio.current_time() + PRUNE_INTERVAL
+                        more = await self._prune_chunk_now()
+                    # More to prune: the next chunk comes right after the next commit.
+                    next_prune = trio.current_time() + (0 if more else PRUNE_INTERVAL)
         finally:
             self._running = False
             self._stopped = True
             # What was queued when the daemon stopped is still written: drafts and acks saved
-            # during the drain must not be lost to the shutdown.
-            with trio.CancelScope(shield=True):
+            # during the drain must not be lost to the shutdown. Bounded: a disk that hangs
+            # must not hold the daemon's exit for ever (the thread is left behind, logged).
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + SHUTDOWN_COMMIT_TIMEOUT):
                 remaining: list[_Op] = list(self._backlog)
                 self._backlog.clear()
                 while True:
@@ -469,17 +505,33 @@ class Journal:
                     except trio.WouldBlock:
                         break
                 if remaining:
-                    await self._commit(remaining)
+                    kept = await self._commit(remaining, abandon_on_cancel=True)
+                    if kept:
+                        self._log.error("journal.unwritten_at_shutdown", ops=len(kept), error=self.failing)
 
-    async def _commit(self, batch: list[_Op]) -> None:
+    async def _commit(self, batch: list[_Op], *, abandon_on_cancel: bool = False) -> list[_Op]:
+        """One transaction for ``batch``; returns the write-behind ops to try again (on failure)."""
         started = time.perf_counter()
+        kept: list[_Op] = []
         try:
-            await trio.to_thread.run_sync(self._commit_in_thread, batch)
+            await trio.to_thread.run_sync(self._commit_in_thread, batch, abandon_on_cancel=abandon_on_cancel)
+        except trio.Cancelled:
+            self.failing = "the commit did not finish before the shutdown deadline"
+            self._log.error("journal.commit.abandoned", ops=len(batch))
+            raise
         except Exception as exc:  # sqlite3.Error, OSError: the whole transaction rolled back
             self.failing = f"{type(exc).__name__}: {exc}"
             self._log.error("journal.commit.failed", ops=len(batch), error=self.failing)
             for op in batch:
-                op.error = exc
+                if isinstance(op, _WriteOp):
+                    op.error = None
+                    kept.append(op)
+                else:
+                    op.error = exc
+            if kept:
+                # A barrier queued after a write-behind op that didn't commit fails too, so a
+                # flush never says "on disk" of something that isn't (it is in the same batch).
+                self._log.warning("journal.write_behind.retrying", ops=len(kept))
         else:
             if self.failing is not None:
                 self._log.info("journal.commit.recovered")
@@ -488,13 +540,17 @@ class Journal:
         self._stats["commits"] += 1
         self._stats["last_batch"] = len(batch)
         self._stats["largest_batch"] = max(self._stats["largest_batch"], len(batch))
+        retried = {id(op) for op in kept}
         for op in batch:
+            if id(op) in retried:
+                continue
             if op.error is None:
                 try:
                     op.committed(self)
                 except Exception:
                     self._log.exception("journal.committed_callback.crashed", op=type(op).__name__)
             op.done.set()
+        return kept
 
     def _commit_in_thread(self, batch: list[_Op]) -> None:
         db = self._db
@@ -515,24 +571,29 @@ class Journal:
                 db.execute("ROLLBACK")
             raise
 
-    async def _prune(self) -> None:
+    async def _prune_chunk_now(self) -> bool:
+        """Prune one chunk of what is past retention; True when more remains."""
         try:
-            while True:
-                events, drafts = await trio.to_thread.run_sync(self._prune_chunk, time.time() - self.retention)
-                self._stats["pruned_events"] += events
-                self._stats["pruned_drafts"] += drafts
-                if events:
-                    self._log.info("journal.pruned", events=events, drafts=drafts)
-                if events < PRUNE_CHUNK:
-                    break
+            events, drafts = await trio.to_thread.run_sync(self._prune_chunk, time.time() - self.retention)
         except Exception as exc:
             self._log.error("journal.prune.failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        self._stats["pruned_events"] += events
+        self._stats["pruned_drafts"] += drafts
+        if events or drafts:
+            self._log.info("journal.pruned", events=events, drafts=drafts)
         cutoff = time.time() - self.retention
         for draft_id, row in list(self._drafts.items()):
             settled_at = row.get("settledAt")
             if isinstance(settled_at, (int, float)) and settled_at < cutoff:
                 del self._drafts[draft_id]
                 self._agent_drafts.get(row["agent"], {}).pop(draft_id, None)
+        return events >= PRUNE_CHUNK
+
+    async def _prune(self) -> None:
+        """Prune everything past retention now, a chunk at a time (tests and tools)."""
+        while await self._prune_chunk_now():
+            pass
 
     def _prune_chunk(self, cutoff: float) -> tuple[int, int]:
         db = self._db
@@ -606,13 +667,27 @@ class Journal:
 
         An event whose every delivery is acked is marked acked too (and pruned later).
         """
+        wait = await self.submit_ack(agents, seqs)
+        return await wait()
+
+    async def submit_ack(self, agents: Sequence[str], seqs: Sequence[int]) -> Callable[[], Awaitable[int]]:
+        """Queue an ack for the next group commit; ``wait()`` gives how many were newly acked
+        once it is durable (or raises :class:`JournalFailure`)."""
         if not agents or not seqs:
             await trio.lowlevel.checkpoint()
-            return 0
+
+            async def nothing() -> int:
+                return 0
+
+            return nothing
         op = await self._submit(_AckOp(agents=list(agents), seqs=list(seqs)))
-        await op.wait()
         assert isinstance(op, _AckOp)
-        return sum(op.newly.values())
+
+        async def wait() -> int:
+            await op.wait()
+            return sum(op.newly.values())
+
+        return wait
 
     async def flush(self) -> None:
         """Wait until every write queued so far (write-behind ones too) has committed."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hmac
+import math
 import os
 import signal
 import sys
@@ -326,10 +327,11 @@ class _HookedStream:
         if hook is not None and hook.then is not None:
             hook.then()
 
-    async def send_messages(self, messages: list[bytes]) -> None:
+    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
         # One at a time: each answer may have an after-reply hook to run right behind it.
         for data in messages:
-            await self.send_message(data)
+            with trio.fail_after(stall_timeout):
+                await self.send_message(data)
 
     async def send_raw(self, data: bytes) -> None:
         """Write ``data`` verbatim (no framing added)."""
@@ -383,6 +385,8 @@ class FixtureServer:
     session: _HostSession | None = None
     published: int = 0
     incoming_count: int = 0
+    #: When each (channel, message id) was first posted, so a re-send is the same message.
+    posted_at: dict[tuple[str, str], str] = attrs.field(factory=dict)
     push_count: int = 0
     exit_code: int = 0
     exit_reason: str = ""
@@ -1092,7 +1096,9 @@ class _ControlSession:
         filled = dict(message)
         filled.setdefault("messageId", f"in-{self.server.incoming_count}")
         filled.setdefault("author", {"id": "user-1", "name": "Demo User"})
-        filled.setdefault("timestamp", _now())
+        # A message keeps the time it was posted: a test re-sending it is a server's retry.
+        key = (str(filled.get("channelId")), str(filled["messageId"]))
+        filled.setdefault("timestamp", self.server.posted_at.setdefault(key, _now()))
         if "content" not in filled:
             filled["content"] = [{"type": "text", "text": filled.pop("text", "")}]
         filled.setdefault("metadata", {})

@@ -182,3 +182,39 @@ async def test_one_message_id_in_two_channels_is_two_messages(tmp_path: Path) ->
                 assert answer["results"][0]["accepted"] is True
             stored = daemon.journal.events()
             assert [(e.server_id, e.channel_id) for e in stored] == [("a", "group:111"), ("a", "group:222")]
+
+
+async def test_channels_list_comes_in_pages_that_follow_their_cursor_across_changes(tmp_path: Path) -> None:
+    """Issue 15: no host must take the whole registry in one message."""
+    from mcpl_router.client import RouterClient
+    from mcpl_router.jsonrpc import RpcError
+
+    from .conftest import servers_and_daemon
+
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, fx):
+            await fx["a"].register([f"a{n}" for n in range(25)])
+            await fx["b"].register([f"b{n}" for n in range(5)] + ["a3"])
+            await wait_channel(daemon, "b", "a3")
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as host:
+                first = await host.call("channels/list", {"limit": 10})
+                assert len(first["channels"]) == 10 and first["nextCursor"]
+                # A channel that came before the cursor goes away between pages: nothing is
+                # skipped or repeated after the last row the host got.
+                await fx["a"].withdraw(["a0"])
+                await wait_until(lambda: not daemon.router.registry.is_registered(ChannelRef("a", "a0")), timeout=10)
+                rows = list(first["channels"])
+                page = first
+                while page.get("nextCursor"):
+                    page = await host.call("channels/list", {"cursor": page["nextCursor"], "limit": 10})
+                    rows.extend(page["channels"])
+                pairs = [(row["serverId"], row["channelId"]) for row in rows]
+                assert pairs == [("a", f"a{n}") for n in range(25)] + [("b", f"b{n}") for n in range(5)] + [("b", "a3")]
+                # Shown names are the same as the whole list's: the shared id is qualified.
+                shown = {(row["serverId"], row["channelId"]): row["shown"] for row in rows}
+                assert shown[("a", "a3")] == "a:a3" and shown[("b", "a3")] == "b:a3" and shown[("a", "a4")] == "a4"
+                whole = {(r["serverId"], r["channelId"]): r["shown"] for r in daemon.channels_list()}
+                assert {pair: shown[pair] for pair in whole} == whole
+                with pytest.raises(RpcError):
+                    await host.call("channels/list", {"cursor": "not-a-cursor"})

@@ -11,7 +11,7 @@ import trio
 from structlog.testing import capture_logs
 
 from mcpl_router.mcpl.inbound import substance_digest
-from mcpl_router.store.journal import HOT_STATEMENTS, Delivery, InboundEvent, Journal, JournalLocked
+from mcpl_router.store.journal import HOT_STATEMENTS, Delivery, InboundEvent, Journal, JournalFailure, JournalLocked
 from mcpl_router.testing.journal import open_journal
 
 KAI = Delivery("kai", "message", ("chat:mention",), True)
@@ -53,14 +53,17 @@ async def test_batches_that_arrive_together_share_one_commit(tmp_path: Path) -> 
 
 async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_is_new(tmp_path: Path) -> None:
     async with open_journal(tmp_path / "journal.sqlite3") as journal:
-        [first] = await journal.record_inbound([(message("in-1", "hello", timestamp="t1"), [KAI])])
-        # A retry: the same content (its send time may differ) is the same message.
-        [again] = await journal.record_inbound([(message("in-1", "hello", timestamp="t2"), [KAI])])
+        [first] = await journal.record_inbound([(message("in-1", "hello", timestamp="t1", sentAt=1.0), [KAI])])
+        # A retry: the same message (this copy's send time may differ) is the same message.
+        [again] = await journal.record_inbound([(message("in-1", "hello", timestamp="t1", sentAt=2.0), [KAI])])
         assert again.duplicate and again.seq == first.seq
+        # The same words posted at another time under the old id are another message.
+        [later] = await journal.record_inbound([(message("in-1", "hello", timestamp="t9"), [KAI])])
+        assert not later.duplicate and later.reused_id
         # A server that restarted its counter: the same id, other content, is a new message.
         [reused] = await journal.record_inbound([(message("in-1", "a different message"), [KAI])])
         assert not reused.duplicate and reused.reused_id and reused.seq > first.seq
-        assert journal.unacked_count("kai") == 2
+        assert journal.unacked_count("kai") == 3
 
 
 async def test_acked_events_and_settled_drafts_are_pruned_and_live_ones_kept(tmp_path: Path) -> None:
@@ -78,6 +81,42 @@ async def test_acked_events_and_settled_drafts_are_pruned_and_live_ones_kept(tmp
         assert [s.event.seq for s in await journal.unacked_deliveries("kai")] == [owed.seq]
 
 
+async def test_a_failed_commit_keeps_written_behind_drafts_and_the_flush_says_so(tmp_path: Path) -> None:
+    """A passing I/O error must not drop a draft: it is written at the next try, and a flush
+    that covered the failed commit fails rather than claim the draft is on disk."""
+    path = tmp_path / "journal.sqlite3"
+    async with open_journal(path) as journal:
+        real = journal._commit_in_thread
+        failures = [sqlite3.OperationalError("disk I/O error")]
+
+        def flaky(batch: list) -> None:  # type: ignore[type-arg]
+            if failures:
+                raise failures.pop()
+            real(batch)
+
+        journal._commit_in_thread = flaky  # type: ignore[method-assign]
+        journal.save_draft({"id": "d-aaaaa", "agent": "kai", "createdAt": 1.0, "text": "x", "state": "held"})
+        with pytest.raises(JournalFailure):
+            await journal.flush()
+        await journal.flush()  # the retry went through
+    db = sqlite3.connect(str(path))
+    assert [row for (row,) in db.execute("SELECT id FROM drafts")] == ["d-aaaaa"]
+    db.close()
+
+
+async def test_pruning_a_large_history_does_not_hold_up_the_next_commit(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "journal.sqlite3", retention=0.01) as journal:
+        events = [(message(f"m-{n}"), [KAI]) for n in range(3 * 5000 + 10)]
+        recorded = await journal.record_inbound(events)
+        await journal.ack_deliveries(["kai"], [r.seq for r in recorded])
+        await trio.sleep(0.05)
+        more = await journal._prune_chunk_now()
+        # One chunk at a time: the rest waits for the writer's next passes, between commits.
+        assert more and journal.statistics().pruned_events == 5000
+        await journal._prune()
+        assert journal.statistics().pruned_events == len(events)
+
+
 async def test_a_journal_from_before_digests_is_migrated_in_place(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
     db = sqlite3.connect(str(path))
@@ -86,13 +125,15 @@ async def test_a_journal_from_before_digests_is_migrated_in_place(tmp_path: Path
         CREATE TABLE inbound (seq INTEGER PRIMARY KEY AUTOINCREMENT, server TEXT NOT NULL, channel TEXT,
             kind TEXT NOT NULL, dedup TEXT NOT NULL, payload BLOB NOT NULL, received_at REAL NOT NULL,
             acked INTEGER NOT NULL DEFAULT 0, UNIQUE (server, kind, dedup));
-        CREATE TABLE deliveries (agent TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, tags BLOB NOT NULL,
-            addressed INTEGER NOT NULL, acked INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (agent, seq));
+        CREATE TABLE deliveries (agent TEXT NOT NULL, seq INTEGER NOT NULL REFERENCES inbound (seq), reason TEXT NOT NULL,
+            tags BLOB NOT NULL, addressed INTEGER NOT NULL, acked INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (agent, seq));
+        CREATE INDEX deliveries_unacked ON deliveries (agent, acked, seq);
         CREATE TABLE drafts (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_at REAL NOT NULL, row BLOB NOT NULL);
         """
     )
     db.execute("INSERT INTO inbound (server, channel, kind, dedup, payload, received_at) VALUES ('s', 'general', 'message', 'in-1', '{}', ?)", (time.time(),))
     db.execute("INSERT INTO deliveries (agent, seq, reason, tags, addressed) VALUES ('kai', 1, 'message', '[]', 0)")
+    db.execute("""INSERT INTO drafts (id, agent, created_at, row) VALUES ('d-sent1', 'kai', 1.0, '{"id":"d-sent1","agent":"kai","createdAt":1.0,"text":"x","state":"delivered"}')""")
     db.commit()
     db.close()
     async with open_journal(path) as journal:
@@ -100,6 +141,14 @@ async def test_a_journal_from_before_digests_is_migrated_in_place(tmp_path: Path
         # An event kept without a digest counts a re-sent id as the same message.
         [again] = await journal.record_inbound([(message("in-1"), [KAI])])
         assert again.duplicate and again.seq == 1
+        # The deliveries still reference the live inbound table (not the renamed old one).
+        await journal.record_inbound([(message("in-2"), [KAI])])
+        assert isinstance(journal.draft("d-sent1")["settledAt"], float)  # a settled v0 draft is prunable
+    db = sqlite3.connect(str(path))
+    assert "inbound_v0" not in db.execute("SELECT sql FROM sqlite_master WHERE name = 'deliveries'").fetchone()[0]
+    db.execute("PRAGMA foreign_keys = ON")
+    assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+    db.close()
 
 
 def test_a_second_journal_on_the_same_file_is_refused_naming_the_file_and_pid(tmp_path: Path) -> None:

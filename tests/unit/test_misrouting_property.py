@@ -28,6 +28,7 @@ tests/unit/test_misrouting_property.py`` is the long run (docs/reliability.md).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import tempfile
@@ -74,6 +75,7 @@ class RecordingLink:
     epoch: int = 1
     grant: _Granted = attrs.field(factory=_Granted)
     sent: list[tuple[str, dict[str, Any]]] = attrs.field(factory=list)
+    publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
     config: ServerConfig = attrs.field(init=False)
     _ids: itertools.count[int] = attrs.field(factory=itertools.count)
 

@@ -290,7 +290,7 @@ async def test_a_full_lane_is_backpressure_and_nothing_is_dropped(nursery: trio.
         return inbound.method
 
     left, right = trio.testing.memory_stream_pair()
-    peer = Peer(NdjsonStream(left, left), handler, limits=PeerLimits(lane_queue=1))
+    peer = Peer(NdjsonStream(left, left), handler, limits=PeerLimits(inbound_messages=1))
     await nursery.start(peer.run)
     remote = Remote(right)
     with trio.fail_after(5):
@@ -317,19 +317,56 @@ async def test_one_slow_lane_does_not_hold_another(nursery: trio.Nursery) -> Non
         return msgspec.json.decode(inbound.params)["lane"]
 
     left, right = trio.testing.memory_stream_pair()
-    peer = Peer(NdjsonStream(left, left), handler, lane_of=lane_of, limits=PeerLimits(lane_queue=2))
+    peer = Peer(NdjsonStream(left, left), handler, lane_of=lane_of, limits=PeerLimits(inbound_messages=8))
     await nursery.start(peer.run)
     remote = Remote(right)
     with trio.fail_after(5):
         await remote.send({"jsonrpc": "2.0", "id": 1, "method": "slow", "params": {"lane": "ann"}})
-        for i in range(50):  # far more than one lane's queue: the other lane keeps flowing
+        # ann's lane fills up behind her slow call: still within the connection's bound, so
+        # bob's messages go on being read and answered.
+        for i in range(3):
+            await remote.send({"jsonrpc": "2.0", "method": "delta", "params": {"lane": "ann"}})
+        for i in range(50):  # far more than the bound: bob's lane drains as fast as it fills
             await remote.send({"jsonrpc": "2.0", "id": 100 + i, "method": "fast", "params": {"lane": "bob"}})
         answers = [await remote.receive() for _ in range(50)]
         assert [a["id"] for a in answers] == [100 + i for i in range(50)]
+        assert peer.statistics().inbound_queued == 3  # ann's deltas, waiting in her lane
         release.set()
         assert (await remote.receive())["id"] == 1
     await wait_all_tasks_blocked()
     assert peer.statistics().lanes == 0  # idle lanes end
+
+
+async def test_a_slow_reader_that_keeps_reading_is_never_taken_for_a_stalled_one(nursery: trio.Nursery) -> None:
+    """The stall timeout measures progress: a big message to a slow but steady reader goes out."""
+    left, right = trio.testing.lockstep_stream_pair()
+    peer = Peer(NdjsonStream(left, left), make_table(), limits=PeerLimits(stall_timeout=0.3))
+    await nursery.start(peer.run)
+    received = bytearray()
+
+    async def slow_reader() -> None:
+        while b"\n" not in received:
+            received.extend(await right.receive_some(8192))
+            await trio.sleep(0.02)  # ~400 KiB/s: the whole message takes far longer than 0.3 s
+
+    with trio.fail_after(10):
+        nursery.start_soon(slow_reader)
+        await peer.notify("big", {"blob": "x" * 600_000})
+        while b"\n" not in received:
+            await trio.sleep(0.05)
+    assert not peer.closed and peer.statistics().stalled == 0
+    assert len(received) > 600_000
+
+
+async def test_what_was_queued_goes_out_before_a_graceful_close(nursery: trio.Nursery) -> None:
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), make_table())
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    with trio.fail_after(5):
+        await peer.notify("last", {"words": "goodbye"})
+        await peer.aclose("done")
+        assert (await remote.receive())["method"] == "last"
 
 
 async def test_a_deferred_answer_lets_the_lane_move_on(nursery: trio.Nursery) -> None:
@@ -420,9 +457,9 @@ async def test_two_peers_talk_and_every_message_says_jsonrpc_2_0(nursery: trio.N
             wire.append(data)
             await super().send_message(data)
 
-        async def send_messages(self, messages: list[bytes]) -> None:
+        async def send_messages(self, messages: list[bytes], **options: object) -> None:
             wire.extend(messages)
-            await super().send_messages(messages)
+            await super().send_messages(messages, **options)  # type: ignore[arg-type]
 
     box: list[Peer] = []
     a = Peer(Tapped(left, left), make_table(box))
