@@ -643,6 +643,8 @@ class TurnManager:
         inferred locus for the rest of the turn, with a notice, and its typing stops.
         """
         turn = run.turn
+        if self._daemon.journal.last_seq() <= run.seen_seq:
+            return  # nothing at all arrived since: no query (the usual case, per round)
         stored = await self._daemon.journal.unacked_deliveries(turn.agent, after_seq=run.seen_seq, limit=10000)
         if not stored:
             return

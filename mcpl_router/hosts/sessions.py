@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
     from mcpl_router.hosts.connection import HostConnection
 
+#: Recent wakes kept in memory for ``turn/open`` (older ones are read from the journal).
+RECENT_WAKES: Final = 4096
 #: How long a dropped connection's agents stay reserved for the same host.
 GRACE_SECONDS: Final = 10.0
 
@@ -201,6 +203,8 @@ class SessionManager:
         self._owners: dict[str, HostConnection] = {}
         self._holds: dict[str, _Hold] = {}
         self._outboxes: dict[HostConnection, HostOutbox] = {}
+        # The newest wakes by (seq, agent), oldest first, at most RECENT_WAKES (turn/open reads).
+        self._recent: dict[tuple[int, str], Wake] = {}
         # Counters over every host connection that has closed (live ones are read when asked).
         self._closed_totals = {"connections": 0, "stalledDisconnects": 0, "outboxFullDisconnects": 0,
                                "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
@@ -278,9 +282,20 @@ class SessionManager:
         return owner is not None and self._enqueue(owner, method, params)
 
     async def wake(self, seq: int, agent: str) -> Wake | None:
-        """The wake of ``agent`` by the event ``seq`` (acked or not), from the journal."""
+        """The wake of ``agent`` by the event ``seq`` (acked or not): a recent one from memory,
+        an older one from the journal."""
+        recent = self._recent.get((seq, agent))
+        if recent is not None:
+            await trio.lowlevel.checkpoint()
+            return recent
         stored = await self._daemon.journal.delivery(seq, agent)
         return None if stored is None else _wake_of(stored)
+
+    def _remember(self, wake: Wake) -> None:
+        # The wakes turn/open asks for are almost always the newest: keep a bounded few.
+        self._recent[(wake.seq, wake.agent)] = wake
+        if len(self._recent) > RECENT_WAKES:
+            del self._recent[next(iter(self._recent))]
 
     def outbox_statistics(self) -> list[dict[str, Any]]:
         """Each connection's wake window and queues (for ``status``)."""
@@ -424,6 +439,7 @@ class SessionManager:
                 tags=delivery.tags,
                 addressed=delivery.addressed,
             )
+            self._remember(wake)
             if self._daemon.tune_outs.divert(wake):
                 continue  # its channel is tuned out: held for the summary wake (mcpl_router.tune_out)
             owner = self._owners.get(wake.agent)

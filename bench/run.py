@@ -1,0 +1,119 @@
+"""Every benchmark in one run: the figures docs/performance.md quotes, against their targets.
+
+    python bench/run.py [--quick] [--json bench/results/latest.json]
+
+Sections (each also runs alone; see its module): inbound throughput against the bare
+forwarder and by journal size (bench_inbound), latency under offered load (bench_inbound),
+speech with 10 agents against a same-wire-work forwarder (bench_speech), memory and listing at
+1k/10k/100k channels (bench_scale), start-to-ready with 50 stdio servers (bench_startup), and the
+limit of a minimal relay (bench_relay). Everything runs on loopback; the machine is noisy, so
+sides are interleaved and repeated and ratios are medians of per-round ratios. Writes the
+figures as JSON and prints each table and the targets. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_inbound  # noqa: E402
+import bench_relay  # noqa: E402
+import bench_scale  # noqa: E402
+import bench_speech  # noqa: E402
+import bench_startup  # noqa: E402
+
+from mcpl_router.logs import configure_logging  # noqa: E402
+
+TARGETS = {
+    "inbound ÷ forwarder": (">=", 0.8),
+    "200k-row journal ÷ empty": (">=", 0.9),
+    "added p99 at 1,000/s (ms)": ("<=", 1.0),
+    "speech ÷ forwarder": (">=", 0.8),
+    "bytes per channel at 100k": ("<=", 1024),
+    "start-to-ready ÷ spawner (50 servers)": ("<=", 1.1),
+}
+
+
+def machine() -> dict[str, Any]:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
+    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    quick = args.quick
+    results: dict[str, Any] = {"machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="mr-bench-", dir="/tmp") as tmp:
+        workdir = Path(tmp)
+        print("inbound…", flush=True)
+        results["inbound"] = await bench_inbound.throughput(workdir, 4, 1000 if quick else 3000, 1 if quick else 3)
+        print("latency…", flush=True)
+        results["latency"] = await bench_inbound.latency(workdir, (200, 500, 1000, 2000), 1.5 if quick else 4.0)
+        print("speech…", flush=True)
+        results["speech"] = await bench_speech.speech(workdir, 10, 20 if quick else 100, 1 if quick else 3)
+        print("startup…", flush=True)
+        results["startup"] = await bench_startup.startup(workdir, 20 if quick else 50, 1 if quick else 3)
+    print("scale…", flush=True)
+    results["scale"] = bench_scale.scale([1000, 10_000] if quick else [1000, 10_000, 100_000])
+    print("relay…", flush=True)
+    results["relay"] = bench_relay.relay(5000 if quick else 20_000)
+    return results
+
+
+def against_targets(results: dict[str, Any]) -> dict[str, float | None]:
+    inbound = results["inbound"]
+    latency = results["latency"].get("1000", {})
+    scale = {row["channels"] // 1000 * 1000: row for row in results["scale"]}
+    largest = max(scale) if scale else None
+    return {
+        "inbound ÷ forwarder": inbound["daemon@0"]["vs_forwarder"],
+        "200k-row journal ÷ empty": inbound["daemon@200000"]["vs_empty_journal"],
+        "added p99 at 1,000/s (ms)": latency.get("added_p99_ms"),
+        "speech ÷ forwarder": results["speech"]["vs_forwarder"],
+        "bytes per channel at 100k": scale[largest]["rss_bytes_per_channel"] if largest else None,
+        "start-to-ready ÷ spawner (50 servers)": results["startup"]["vs_spawner"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller and fewer rounds: a smoke run, not figures to quote")
+    parser.add_argument("--json", default=str(Path(__file__).resolve().parent / "results" / "latest.json"))
+    args = parser.parse_args()
+    configure_logging("error", json=True)
+    results = trio.run(run, args)
+    print(f"\nmachine: {results['machine']}")
+    bench_inbound.print_throughput(results["inbound"], 4, 1000 if args.quick else 3000)
+    bench_inbound.print_latency(results["latency"])
+    bench_speech.print_speech(results["speech"])
+    bench_startup.print_startup(results["startup"])
+    bench_scale.print_scale(results["scale"])
+    bench_relay.print_relay(results["relay"])
+    daemon_cpu = results["inbound"]["daemon@0"]["msgs_per_cpu_s"]
+    print(f"daemon inbound: {daemon_cpu:,.0f} msgs per CPU-second ({daemon_cpu / results['relay']['msgs_per_cpu_s']:.3f} of the relay's)")
+    measured = against_targets(results)
+    results["targets"] = {name: {"measured": measured[name], "target": f"{op} {limit}"} for name, (op, limit) in TARGETS.items()}
+    print("\nTargets (issue 15)")
+    for name, (op, limit) in TARGETS.items():
+        value = measured[name]
+        met = value is not None and (value >= limit if op == ">=" else value <= limit)
+        shown = "—" if value is None else f"{value:,.3f}"
+        print(f"  {name:<40} {shown:>10}  target {op} {limit:<6} {'met' if met else 'MISSED'}")
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=str))
+    print(f"\nfigures: {path}")
+
+
+if __name__ == "__main__":
+    main()
