@@ -36,7 +36,7 @@ from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.tool_calls import ToolCall, tool_result
-from mcpl_router.turn_runner import publish_text
+from mcpl_router.turn_runner import ACK_INTENT_DECLINED, acknowledge_message, publish_text
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -329,13 +329,15 @@ class ChannelTools:
             reason = None  # open already, and its server decides: nothing to ask
         else:
             params: dict[str, Any] = {"channelId": ref.channel_id}
+            # Backscroll travels as `history: {limit, beforeMessageId?}`, the shape discord-mcpl
+            # reads (src/server.ts:68-71, :2379); a bare `backscroll` number it never sees.
             backscroll = args.get("backscroll")
+            before = _text_arg(args, "beforeMessageId")
             if isinstance(backscroll, int) and not isinstance(backscroll, bool) and backscroll > 0:
-                params["backscroll"] = backscroll
-            for key in ("beforeMessageId", "threadId"):
-                value = _text_arg(args, key)
-                if value is not None:
-                    params[key] = value
+                params["history"] = {"limit": backscroll, **({"beforeMessageId": before} if before else {})}
+            thread_id = _text_arg(args, "threadId")
+            if thread_id is not None:
+                params["threadId"] = thread_id
             reason = await self._lifecycle(link, "channels/open", params, LIFECYCLE)
         if reason == REASON_UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
@@ -418,8 +420,9 @@ class ChannelTools:
             elif not link.grant.allows(ACKNOWLEDGE):
                 acknowledged, note = False, texts.ack_not_sent(texts.REASON_NOT_PERMITTED)
             else:
-                params = {"channelId": ref.channel_id, "messageId": message_id, "emoji": emoji}
-                reason = await self._lifecycle(link, "channels/acknowledge", params, ACKNOWLEDGE)
+                reason = await acknowledge_message(
+                    link, ref, message_id, intent=ACK_INTENT_DECLINED, value=emoji, timeout=self.lifecycle_timeout
+                )
                 acknowledged = reason is None
                 note = texts.ACK_SENT if reason is None else texts.ack_not_sent(reason)
         self._log_call(call, "channel_decline.declined", ref, acknowledged=acknowledged)

@@ -69,6 +69,7 @@ __all__ = [
     "TYPING_INTERVAL",
     "WAKE_UNKNOWN",
     "TurnManager",
+    "acknowledge_message",
     "publish_text",
 ]
 
@@ -226,6 +227,49 @@ async def publish_text(
     if isinstance(answer, dict) and answer.get("delivered") is False:
         return outcome("failed", texts.REASON_NOT_DELIVERED)
     return outcome("unknown", texts.REASON_MALFORMED_RECEIPT)
+
+
+#: ``channels/acknowledge`` intents: why the daemon marks a message (discord-mcpl reads them).
+ACK_INTENT_DECLINED: Final = "seen-not-opening"
+ACK_INTENT_REFUSED: Final = "refused"
+
+
+async def acknowledge_message(
+    link: ServerLink, ref: ChannelRef, message_id: str, *, intent: str, value: str | None, timeout: float
+) -> str | None:
+    """Send ``channels/acknowledge`` for one message on ``ref``'s own server; None when done.
+
+    The shape is what discord-mcpl reads (``src/server.ts:78-83``): a **Request**
+    ``{channelId, messageId, intent, value}``, where ``value`` is the reaction (without it the
+    server falls back to its own 👀). discord-mcpl drops an acknowledge sent as a Notification,
+    so the Request comes first; a server that answers it -32601 gets it once as a Notification.
+    Returns a stable reason when it wasn't done: ``timeout``, ``unconfirmed`` (sent, no
+    answer), ``server-refused`` (an error, or ``acknowledged: false``), ``server-unavailable``.
+    """
+    params: dict[str, Any] = {"channelId": ref.channel_id, "messageId": message_id, "intent": intent}
+    if value is not None:
+        params["value"] = value
+    try:
+        answer = await link.call("channels/acknowledge", params, capability=ACKNOWLEDGE, timeout=timeout)
+    except RpcError as error:
+        if error.code != METHOD_NOT_FOUND:
+            return texts.REASON_SERVER_REFUSED
+        try:
+            await link.send_notification("channels/acknowledge", params, capability=ACKNOWLEDGE)
+        except (LinkUnavailable, CapabilityNotGranted):
+            return texts.REASON_NO_LINK
+        except PeerClosed:
+            return texts.REASON_UNCONFIRMED
+        return None
+    except RequestTimeout as exc:
+        return texts.REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
+    except (LinkUnavailable, CapabilityNotGranted):
+        return texts.REASON_NO_LINK
+    except PeerClosed:
+        return texts.REASON_UNCONFIRMED
+    if isinstance(answer, dict) and answer.get("acknowledged") is False:
+        return texts.REASON_SERVER_REFUSED
+    return None
 
 
 class TurnManager:
@@ -1112,11 +1156,11 @@ class TurnManager:
         if link is None or link.state is not LinkState.READY or not link.grant.allows(ACKNOWLEDGE):
             log.info("refusal.reaction.skipped", why="not-permitted", server=ref.server_id)
             return
-        params = {"channelId": ref.channel_id, "messageId": message_id, "reaction": self.refusal_reaction}
-        try:
-            await link.send_notification("channels/acknowledge", params, capability=ACKNOWLEDGE)
-        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
-            log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id)
+        reason = await acknowledge_message(
+            link, ref, message_id, intent=ACK_INTENT_REFUSED, value=self.refusal_reaction, timeout=self.publish_timeout
+        )
+        if reason is not None:
+            log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id, reason=reason)
             return
         log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)
 

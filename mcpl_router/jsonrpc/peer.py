@@ -339,8 +339,9 @@ class Peer:
             await trio.lowlevel.checkpoint()
 
     def _on_message(self, data: bytes) -> None:
-        if self._stream.line_oriented and data.lstrip()[:1] not in (b"{", b"["):
-            # Real servers print log lines on stdout: skip them, never drop the link for them.
+        if self._stream.line_oriented and _is_log_line(data):
+            # Real servers print log lines on stdout: skip them, never answer them (an answer
+            # lands on the server's stdin as garbage), never drop the link for them.
             self._counts["skipped_lines"] += 1
             self._log.info("jsonrpc.line.skipped", line=data[:500].decode("utf-8", "replace"))
             return
@@ -446,6 +447,25 @@ class Peer:
                 waiter.send_nowait(error)
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+
+
+def _is_log_line(line: bytes) -> bool:
+    """True for a stdout line that is no JSON-RPC message at all: text, not JSON.
+
+    A line starting with ``{`` is taken as a message (a broken one is answered -32700). One
+    starting with ``[`` is a batch only if it is JSON: discord-mcpl logs
+    ``[discord-mcpl] Client initialized (MCPL mode)`` on stdout, which is a log line.
+    """
+    first = line.lstrip()[:1]
+    if first == b"{":
+        return False
+    if first != b"[":
+        return True
+    try:
+        msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return True
+    return False
 
 
 __all__ = [

@@ -40,7 +40,7 @@ from mcpl_router.jsonrpc.peer import PeerStatistics
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.digest import DigestError, manifest_revision
 from mcpl_router.mcpl.grants import Grant, GrantPolicy, compute_grant, narrow_on_manifest_change
-from mcpl_router.mcpl.manifest import Manifest, ManifestError, diff_manifests, parse_manifest
+from mcpl_router.mcpl.manifest import Manifest, ManifestError, diff_manifests, map_legacy_vocabulary, parse_manifest
 from mcpl_router.mcpl.transports import OpenTransport, TransportError, open_transport
 
 if TYPE_CHECKING:
@@ -130,6 +130,8 @@ class LinkStatus:
     epoch: int
     attempts: int
     legacy: bool
+    #: 0.4 name → the 0.5 leaf it was read as, for a legacy server that used one.
+    legacy_mapping: dict[str, str]
     manifest_version: str | None
     grant: dict[str, Any]
     receipt: Any
@@ -145,6 +147,7 @@ class LinkStatus:
             "epoch": self.epoch,
             "attempts": self.attempts,
             "legacy": self.legacy,
+            "legacyMapping": dict(self.legacy_mapping),
             "manifestVersion": self.manifest_version,
             "grant": {
                 "granted": self.grant["granted"],
@@ -206,6 +209,7 @@ class ServerLink:
         self.manifest: Manifest | None = None
         self.receipt: Any = None
         self.legacy = False
+        self.legacy_mapping: dict[str, str] = {}
         self.epoch = 0
         self.attempts = 0
         self.last_error: str | None = None
@@ -230,6 +234,7 @@ class ServerLink:
             epoch=self.epoch,
             attempts=self.attempts,
             legacy=self.legacy,
+            legacy_mapping=dict(self.legacy_mapping),
             manifest_version=self.manifest.version if self.manifest else None,
             grant=self.grant.summary(),
             receipt=self.receipt,
@@ -346,6 +351,7 @@ class ServerLink:
     async def _run_epoch(self) -> None:
         self.grant = Grant.nothing()  # every new transport epoch starts with nothing granted
         self.legacy = False
+        self.legacy_mapping = {}
         self.receipt = None
         self._ready_since = None
         transport: OpenTransport | None = None
@@ -413,14 +419,20 @@ class ServerLink:
         experimental = capabilities.get("experimental")
         raw_manifest = experimental.get("mcpl") if isinstance(experimental, dict) else None
         manifest = parse_manifest(raw_manifest, mcp_tools="tools" in capabilities)
-        self.manifest = manifest
         if manifest.problems:
             self._log.info("link.manifest.tolerated", problems=list(manifest.problems))
+        legacy_why = _legacy_reason(manifest)
+        if legacy_why is not None:
+            if self.config.legacy == "deny":
+                raise _LegacyRefused(f'legacy server refused by config (legacy = "deny"): {legacy_why}')
+            manifest = self._map_legacy_vocabulary(manifest)
+        self.manifest = manifest
         granted = compute_grant(manifest, self.policy)
-        # A legacy server acts right after "initialized", so its host-side grant must be in
-        # force before we send it: each message is admitted against the grant at receipt.
-        if manifest.is_legacy_version:
-            self._enter_legacy(granted, why=f"manifest version {manifest.version}")
+        # A legacy server acts right after "initialized" (mcpl-editor even waits for the answer
+        # to its channels/register before reading our policy), so its host-side grant must be
+        # in force before we send it: each message is admitted against the grant at receipt.
+        if legacy_why is not None:
+            self._enter_legacy(granted, why=legacy_why)
         elif self.config.legacy == "allow":
             # Operator says this server acts before its policy: admit against the host-side grant.
             self._apply_grant(granted, host_side=True)
@@ -436,10 +448,14 @@ class ServerLink:
                 raise
             if self.config.legacy == "deny":
                 raise _LegacyRefused('legacy server refused by config (legacy = "deny"): featureSets/update answered -32601') from None
-            if not manifest.is_legacy_version:
+            if legacy_why is None:
                 # The read loop applied the host-side grant as the answer arrived; say so once.
                 log = self._log.warning if self.config.legacy == "auto" else self._log.info
                 log("link.legacy", reason="featureSets/update answered -32601", hint='set legacy = "allow" to silence, "deny" to refuse')
+            # Servers that take the policy only as a Notification (mcpl-editor, src/mcpl.ts:219)
+            # still learn which feature sets are enabled; the grant stays host-side.
+            await peer.notify("featureSets/update", self.grant.to_update_params())
+            self._log.info("link.policy.notified", reason="featureSets/update answered -32601")
             return
         if isinstance(self.receipt, dict) and self.receipt.get("accepted") is False:
             fallback = self.receipt.get("fallback")
@@ -474,6 +490,14 @@ class ServerLink:
             self._log.warning("link.policy.receipt", accepted=True, mode="degraded", unavailable=receipt.get("unavailableFeatures"), notes=receipt.get("notes"))
         else:
             self._log.info("link.policy.receipt", accepted=True, receipt=receipt)
+
+    def _map_legacy_vocabulary(self, manifest: Manifest) -> Manifest:
+        """Read a legacy server's 0.4 names as their 0.5 leaves, saying so (log + status)."""
+        mapped, applied = map_legacy_vocabulary(manifest)
+        if applied:
+            self.legacy_mapping = applied
+            self._log.info("link.legacy.mapped", mapping=applied, hint="0.4 names read as their 0.5 leaves")
+        return mapped
 
     def _enter_legacy(self, granted: Grant, *, why: str) -> None:
         if self.config.legacy == "deny":
@@ -564,6 +588,8 @@ class ServerLink:
             if computed != new_manifest.revision:
                 self._log.warning("link.manifest.revision_mismatch", claimed=new_manifest.revision, computed=computed)
                 return
+        if self.legacy:
+            new_manifest = self._map_legacy_vocabulary(new_manifest)
         diff = diff_manifests(self.manifest, new_manifest)
         old_grant = self.grant
         new_grant = narrow_on_manifest_change(old_grant, new_manifest, self.policy)
@@ -585,6 +611,15 @@ class ServerLink:
             policy_sent=sent,
             revision=new_manifest.revision,
         )
+
+
+def _legacy_reason(manifest: Manifest) -> str | None:
+    """Why the manifest alone shows a legacy server (older version, 0.4 names), or None."""
+    if manifest.is_legacy_version:
+        return f"manifest version {manifest.version}"
+    if manifest.legacy_names:
+        return f"0.4 vocabulary ({', '.join(manifest.legacy_names)}) in a version {manifest.version!r} manifest"
+    return None
 
 
 _EXPECTED_FAILURES = (TransportError, PeerClosed, RequestTimeout, RpcError, ManifestError, trio.BrokenResourceError)

@@ -47,12 +47,17 @@ class OpenTransport:
     #: For logs and status: the command's name, or the URL without credentials.
     description: str
     process: trio.Process | None = None
+    #: The byte stream under a WebSocket: trio-websocket leaves it open when the server closed
+    #: first and its reader was cancelled, so we close it ourselves.
+    socket: trio.abc.AsyncResource | None = None
 
     async def aclose(self) -> None:
         """Close the stream; for a child process, stop it politely, then firmly."""
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_STREAM_CLOSE_GRACE):
                 await self.stream.aclose()
+            if self.socket is not None:
+                await trio.aclose_forcefully(self.socket)
             if self.process is not None:
                 await stop_process(self.process)
 
@@ -198,7 +203,7 @@ async def _dial_websocket(config: ServerConfig, nursery: trio.Nursery, max_messa
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
         raise _websocket_failure(exc, shown) from None
-    return OpenTransport(stream=WebSocketMessageStream(connection), description=shown)
+    return OpenTransport(stream=WebSocketMessageStream(connection), description=shown, socket=stream)
 
 
 def _websocket_failure(exc: BaseException, shown: str) -> BaseException:

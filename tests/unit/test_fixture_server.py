@@ -293,7 +293,7 @@ async def test_discord_prints_a_log_line_on_stdout_and_registers_after_the_polic
                     skipped = await wait_until(
                         lambda: [e for e in logs if e["event"] == "jsonrpc.line.skipped"]
                     )
-                    assert skipped[0]["line"] == "discord-mcpl: logged in as demo-bot"
+                    assert skipped[0]["line"] == "[discord-mcpl] Client initialized (MCPL mode)"
                     assert host.received == []
 
                     receipt = await peer.request("featureSets/update", {"effectiveCapabilities": ALL_LEAVES})

@@ -173,6 +173,20 @@ async def test_non_json_line_is_skipped_and_logged(wired) -> None:
     assert skipped and "Logged in as" in skipped[0]["line"]
 
 
+async def test_a_log_line_starting_with_a_bracket_is_skipped_never_answered(wired) -> None:
+    # Issue 11 item 1: discord-mcpl's stdio log line reads like the start of a batch.
+    peer, remote = wired
+    with structlog.testing.capture_logs() as logs, trio.fail_after(5):
+        await remote.send_raw(b"[discord-mcpl] Client initialized (MCPL mode)\n")
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"text": "ok"}})
+        # The first thing written back answers the echo: nothing answered the log line.
+        assert await remote.receive() == {"jsonrpc": "2.0", "id": 1, "result": "ok"}
+    skipped = [entry for entry in logs if entry["event"] == "jsonrpc.line.skipped"]
+    assert [entry["line"] for entry in skipped] == ["[discord-mcpl] Client initialized (MCPL mode)"]
+    assert not [entry for entry in logs if entry["event"] == "jsonrpc.message.malformed"]
+    assert (peer.statistics().skipped_lines, peer.statistics().malformed_messages) == (1, 0)
+
+
 async def test_oversized_message_is_refused_and_link_stays_up(nursery: trio.Nursery) -> None:
     left, right = trio.testing.memory_stream_pair()
     peer = Peer(NdjsonStream(left, left, max_message_bytes=1000), make_table())
