@@ -82,6 +82,9 @@ INBOUND_CAPABILITY: dict[str, str] = {
 MANIFEST_REFETCH_INTERVAL = 1.0
 #: A connection that stayed ready this long resets the backoff.
 STABLE_AFTER = 10.0
+#: Handshake answers that mean "not with that credential": with ``tokenIn = "auto"`` the next
+#: dial sends the token as ``?token=`` instead (connectome-host's way).
+_AUTH_REFUSED = (401, 403)
 
 
 class LinkState(enum.Enum):
@@ -324,6 +327,7 @@ class ServerLink:
                     expected = _expected_failure(exc)
                     if expected is not None:
                         self.last_error = _describe_failure(expected)
+                        self._maybe_token_in_query(expected)
                     else:
                         # A bug in handling one server must not take the daemon (and every
                         # other server) down with it: log it whole and retry like any failure.
@@ -340,6 +344,17 @@ class ServerLink:
         finally:
             if self.state is not LinkState.FAILED:
                 self._set_state(LinkState.CLOSED)
+
+    def _maybe_token_in_query(self, failure: BaseException) -> None:
+        """After a 401/403 to the header token (``tokenIn = "auto"``), dial with ``?token=``."""
+        config = self.config
+        if config.transport != "websocket" or not config.token or config.token_in != "auto":
+            return
+        if getattr(failure, "status_code", getattr(failure, "status", None)) not in _AUTH_REFUSED:
+            return
+        self.config = attrs.evolve(config, token_in="query")
+        self.attempts = 0  # not a failure of the server's: the next dial comes at once
+        self._log.info("link.token.query", refused=getattr(failure, "status_code", None), hint='set tokenIn = "query" to start there')
 
     def _backoff_delay(self) -> float:
         reconnect = self.config.reconnect

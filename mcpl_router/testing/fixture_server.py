@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import msgspec
@@ -562,7 +562,14 @@ class FixtureServer:
             self.log.warning("fixture.ws.rejected", reason="wrong path", path=request.path)
             await request.reject(404, body=b"not found: the MCPL endpoint is /mcpl")
             return
-        if self.options.token is not None and not self._bearer_ok(request.headers):
+        if self.options.token is not None and self.options.token_in == "query":
+            # As the servers written for connectome-host: the token rides in ?token=.
+            offered = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
+            if not hmac.compare_digest(offered.encode(), self.options.token.encode()):
+                self.log.warning("fixture.ws.rejected", reason="missing or wrong ?token=")
+                await request.reject(401, body=b"unauthorized: send ?token=<token>")
+                return
+        elif self.options.token is not None and not self._bearer_ok(request.headers):
             # Never log what was offered: it may be a real credential.
             self.log.warning("fixture.ws.rejected", reason="missing or wrong bearer token")
             await request.reject(401, body=b"unauthorized: send Authorization: Bearer <token>")
@@ -1263,6 +1270,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dm", action="append", default=[], metavar="ID=LABEL", help="a dm channel to register")
     parser.add_argument("--control-file", required=True, type=Path, help="where to write the ready file")
     parser.add_argument("--token", help="ws: require 'Authorization: Bearer TOKEN' on the handshake")
+    parser.add_argument("--token-in", choices=("header", "query"), default="header",
+                        help="ws: where --token must be: the Authorization header, or ?token= (connectome-host's way)")
     parser.add_argument("--eager", action="store_true", help="send channels/register and push/event before the policy")
     parser.add_argument("--register-form", choices=FORMS, default="request")
     parser.add_argument("--grace", type=float, default=20.0, help="discord: register after this many seconds without policy")

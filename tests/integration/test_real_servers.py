@@ -8,8 +8,12 @@ the server did with what it got is read from its own state (``reactions``, ``his
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -223,3 +227,71 @@ def _zero() -> Any:
     from mcpl_router.jsonrpc.peer import PeerStatistics
 
     return PeerStatistics(0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+# ---------------------------------------------------------------------- connectome-host's file
+
+
+async def test_connectome_hosts_mcpl_servers_json_runs_unchanged_from_another_directory(tmp_path: Path) -> None:
+    """Relative args, ``protocol: "legacy"``, a ``?token=`` WebSocket server and a tombstone."""
+    host_dir, elsewhere = tmp_path / "host", tmp_path / "elsewhere"
+    (host_dir / "servers").mkdir(parents=True)
+    elsewhere.mkdir()
+    # A server launched by a script next to the config, named by a ./ argument.
+    (host_dir / "servers" / "chat.py").write_text(
+        "import sys\nfrom mcpl_router.testing.fixture_server import main\nsys.exit(main())\n"
+    )
+    chat_control = tmp_path / "chat.control.json"
+    with trio.fail_after(90), tempfile.TemporaryDirectory(prefix="mr-ch-", dir="/tmp") as run_dir:
+        async with FixtureProcess.start(
+            transport="ws", personality="strict", channels=["world:lobby"], control_dir=tmp_path,
+            token="s3cret-in-query", token_in="query",
+        ) as world:
+            config_file = host_dir / "mcpl-servers.json"
+            config_file.write_text(json.dumps({"mcplServers": {
+                "chat": {
+                    "command": sys.executable,
+                    "args": ["./servers/chat.py", "--transport", "stdio", "--personality", "discord",
+                             "--channel", DISCORD_CHANNEL, "--grace", "1", "--exit-with-parent",
+                             "--control-file", str(chat_control)],
+                    "protocol": "legacy",
+                    "toolPrefix": "chat_",
+                    "reconnect": True,
+                    "channelSubscription": "auto",
+                },
+                "world": {"url": world.listen_url, "transport": "websocket", "token": "s3cret-in-query"},
+                "gone": {"disabled": True},
+            }}, indent=2))
+            env = {**os.environ, "XDG_RUNTIME_DIR": run_dir, "MCPL_ROUTER_STATE_DIR": run_dir}
+            cli = [sys.executable, "-m", "mcpl_router"]
+            checked = await trio.run_process(
+                [*cli, "check-config", str(config_file)], cwd=elsewhere, env=env, capture_stdout=True, capture_stderr=True
+            )
+            summary = checked.stdout.decode()
+            assert summary.startswith("OK: 3 servers (chat: stdio, world: websocket, gone: none, disabled)"), summary
+            assert "channelSubscription" in summary and "host setting" in summary
+            daemon = await trio.lowlevel.open_process(
+                [*cli, "run", "--config", str(config_file)], cwd=elsewhere, env=env, stderr=subprocess.DEVNULL
+            )
+            try:
+
+                async def servers() -> dict[str, str] | None:
+                    result = await trio.run_process(
+                        [*cli, "status", "--json", "--config", str(config_file)],
+                        cwd=elsewhere, env=env, capture_stdout=True, capture_stderr=True, check=False,
+                    )
+                    if result.returncode != 0:
+                        return None
+                    states = {s["serverId"]: s["state"] for s in json.loads(result.stdout)["servers"]}
+                    return states if set(states.values()) == {"ready"} else None
+
+                assert await wait_until(servers, timeout=40, interval=0.3) == {"chat": "ready", "world": "ready"}
+                assert (await world.state())["connected"] is True
+                async with control_of(chat_control) as chat:
+                    assert (await chat.state())["connected"] is True
+                daemon.send_signal(signal.SIGTERM)
+                assert await daemon.wait() == 0
+            finally:
+                if daemon.returncode is None:
+                    daemon.kill()
+                    await daemon.wait()
