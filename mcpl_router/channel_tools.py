@@ -36,7 +36,7 @@ from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.tool_calls import ToolCall, tool_result
-from mcpl_router.turn_runner import ACK_INTENT_DECLINED, acknowledge_message, publish_text
+from mcpl_router.turn_runner import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -130,17 +130,11 @@ class ChannelTools:
             return
         ref = ChannelRef(event.server_id, event.channel_id)
         registered = self._daemon.router.registry.is_registered(ref)
-        payload = event.payload if isinstance(event.payload, dict) else {}
-        message_id = payload.get("messageId") if event.kind == "message" else None
-        thread_id = payload.get("threadId") if event.kind == "message" else None
+        # A message's own ids, or those a push names in its origin (discord-mcpl's push for a
+        # message in a closed channel): the message a decline acknowledges by default.
+        message_id, thread_id = message_ids_of(event.payload)
         for agent in self._daemon.journal.woken_agents(seq):
-            set_ = self.defaults.woke(
-                agent,
-                ref,
-                message_id=message_id if isinstance(message_id, str) else None,
-                thread_id=thread_id if isinstance(thread_id, str) else None,
-                registered=registered,
-            )
+            set_ = self.defaults.woke(agent, ref, message_id=message_id, thread_id=thread_id, registered=registered)
             if not set_:
                 self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq)
 

@@ -70,6 +70,7 @@ __all__ = [
     "WAKE_UNKNOWN",
     "TurnManager",
     "acknowledge_message",
+    "message_ids_of",
     "publish_text",
 ]
 
@@ -139,7 +140,7 @@ class _TurnRun:
     last_locus: ChannelRef | None = None
 
 
-def _message_ids(payload: Any) -> tuple[str | None, str | None]:
+def message_ids_of(payload: Any) -> tuple[str | None, str | None]:
     """The (messageId, threadId) of a wake's newest message, wherever the payload holds it."""
     message: Any = payload
     if isinstance(payload, Mapping) and isinstance(payload.get("messages"), list) and payload["messages"]:
@@ -148,6 +149,11 @@ def _message_ids(payload: Any) -> tuple[str | None, str | None]:
         message = payload[-1]
     if not isinstance(message, Mapping):
         return None, None
+    origin = message.get("origin")
+    if "messageId" not in message and isinstance(origin, Mapping):
+        # A push names its message in `origin` (discord-mcpl's push for a closed channel,
+        # src/server.ts:3176): that is the message a decline or refusal reaction marks.
+        message = origin
     message_id = message.get("messageId")
     thread_id = message.get("threadId")
     return (
@@ -158,7 +164,7 @@ def _message_ids(payload: Any) -> tuple[str | None, str | None]:
 
 def wake_fact(wake: Any) -> WakeFact:
     """What routing needs of one of the sessions' ``Wake`` objects."""
-    message_id, thread_id = _message_ids(getattr(wake, "payload", None))
+    message_id, thread_id = message_ids_of(getattr(wake, "payload", None))
     channel = getattr(wake, "channel", None)
     return WakeFact(
         seq=int(wake.seq),

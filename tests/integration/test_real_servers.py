@@ -106,6 +106,23 @@ async def test_2_decline_acknowledges_with_the_reaction_discord_reads(tmp_path: 
                 assert sent["params"] == {"channelId": DISCORD_CHANNEL, "messageId": reaction["messageId"], "intent": "seen-not-opening", "value": "👍"}
 
 
+async def test_2_a_push_for_a_closed_channel_is_acknowledged_on_the_message_it_names(tmp_path: Path) -> None:
+    # Found in the by-hand run: discord-mcpl pushes a message in a closed channel as push/event
+    # naming it in origin.messageId (src/server.ts:3176); the decline marks that message.
+    with trio.fail_after(60):
+        async with _discord(tmp_path, "tcp") as (daemon, server):
+            async with host(daemon) as client:
+                origin = {"source": "discord", "messageId": "1234", "channelId": "2", "mcplChannelId": DISCORD_CHANNEL}
+                await server.push(origin=origin, tags=["chat:mention"])
+                wake = await client.next_wake()
+                assert wake.reason == "push"
+                turn = await client.call("turn/open", {"agent": AGENT, "wakes": [wake.seq]})
+                declined = await tool(client, turn["turnId"], "channel_decline", {"channelId": DISCORD_CHANNEL, "acknowledge": "👍"})
+                assert declined["structuredContent"]["acknowledged"] is True, declined
+                [reaction] = await wait_until(lambda: state_field(server, "reactions"), timeout=10)
+                assert (reaction["messageId"], reaction["representation"]) == ("1234", "👍")
+
+
 async def test_3_refusal_reaction_is_a_request_discord_handles(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with _discord(tmp_path, "tcp") as (daemon, server):

@@ -296,6 +296,9 @@ def test_a_wakes_message_ids_come_from_its_payload() -> None:
     assert fact == WakeFact(3, B_GENERAL, addressed=True, message_id="in-7", thread_id="th-1")
     batch = wake_fact(FakeWake(4, None, {"messages": [{"messageId": "x"}, {"messageId": "y"}]}, addressed=False))
     assert (batch.channel, batch.message_id, batch.addressed) == (None, "y", False)
+    # A push names its message in origin (discord-mcpl's push for a closed channel).
+    push = wake_fact(FakeWake(5, B_GENERAL, {"eventId": "discord_msg_9", "origin": {"messageId": "9", "threadId": "t"}}))
+    assert (push.message_id, push.thread_id) == ("9", "t")
 
 
 def test_host_typing_by_a_name_that_is_an_id_and_a_qualified_name_is_refused() -> None:
