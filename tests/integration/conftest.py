@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from mcpl_router.client import RouterClient
 from mcpl_router.config import parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, FixtureProcess, fixture_command, wait_until
@@ -97,3 +98,12 @@ async def servers_and_daemon(
 async def control_of(control_file: Path) -> AsyncIterator[FixtureControl]:
     async with FixtureControl.connect(control_file, timeout=15) as control:
         yield control
+
+
+@asynccontextmanager
+async def host_session(daemon: Daemon, agent: Mapping[str, Any] | str = "ann") -> AsyncIterator[RouterClient]:
+    """A host on the daemon's Unix socket that has claimed ``agent`` (a name or an AgentSpec)."""
+    assert daemon.host_socket_path is not None
+    async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+        await client.hello("test-host", [agent])
+        yield client

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, FixtureProcess, wait_until
 
 from .conftest import control_of, dialled_server, running_daemon, stdio_server, wait_channel, wait_ready
+from .conftest import host_session as host
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +46,6 @@ async def dialled(
     ) as fixture:
         async with running_daemon(workdir, {"s": dialled_server(fixture)}, unix_socket=True) as daemon:
             yield daemon, fixture
-
-
-@asynccontextmanager
-async def host(daemon: Daemon, agent: Mapping[str, Any] | str = AGENT) -> AsyncIterator[RouterClient]:
-    assert daemon.host_socket_path is not None
-    async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-        await client.hello("test-host", [agent])
-        yield client
 
 
 async def tool(client: RouterClient, turn_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
