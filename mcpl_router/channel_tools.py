@@ -120,7 +120,7 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ daemon events
 
-    def message_admitted(self, seq: int, event: InboundEvent) -> None:
+    def message_admitted(self, seq: int, event: InboundEvent, woken: list[str]) -> None:
         """An inbound event was journaled: it sets the default channel of each agent it woke.
 
         Only while its channel is registered: a message admitted after its server was removed
@@ -133,7 +133,7 @@ class ChannelTools:
         # A message's own ids, or those a push names in its origin (discord-mcpl's push for a
         # message in a closed channel): the message a decline acknowledges by default.
         message_id, thread_id = message_ids_of(event.payload)
-        for agent in self._daemon.journal.woken_agents(seq):
+        for agent in woken:
             set_ = self.defaults.woke(agent, ref, message_id=message_id, thread_id=thread_id, registered=registered)
             if not set_:
                 self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq)

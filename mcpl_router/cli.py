@@ -97,8 +97,9 @@ def _startup_refusal(exc: BaseException) -> BaseException | None:
     from mcpl_router.errors import first_leaf
     from mcpl_router.hosts.auth import HostAuthError
     from mcpl_router.hosts.listener import SocketSetupError
+    from mcpl_router.store.journal import JournalLocked
 
-    return first_leaf(exc, lambda leaf: isinstance(leaf, (SocketSetupError, HostAuthError)))
+    return first_leaf(exc, lambda leaf: isinstance(leaf, (SocketSetupError, HostAuthError, JournalLocked)))
 
 
 def _socket_path(args: argparse.Namespace) -> str:

@@ -114,9 +114,9 @@ _SERVER_COMPAT_KEYS: Final = ("requestTimeoutMs", "reconnectIntervalMs", "reconn
 # reported as ignored (check-config shows the warning) rather than silently dropped.
 _SERVER_IGNORED_HOST_KEYS: Final = ("channelSubscription", "access", "toolLifecycle")
 _RECONNECT_KEYS: Final = ("initialDelay", "maxDelay", "multiplier", "jitter", "maxAttempts")
-_HOST_KEYS: Final = ("websocket", "unixSocket", "token", "tokenFile", "allowNonLoopback")
+_HOST_KEYS: Final = ("websocket", "unixSocket", "token", "tokenFile", "allowNonLoopback", "stallTimeout")
 _HOST_WEBSOCKET_KEYS: Final = ("enabled", "bind", "port", "path")
-_JOURNAL_KEYS: Final = ("path",)
+_JOURNAL_KEYS: Final = ("path", "retention")
 _LOGGING_KEYS: Final = ("level", "format")
 _HEALTH_KEYS: Final = ("bind", "port")
 _AGENT_KEYS: Final = (
@@ -388,6 +388,8 @@ class HostConfig:
     token_file: Path | None
     token: str | None = attrs.field(default=None, repr=False)
     allow_non_loopback: bool = False
+    #: Seconds a host may leave what it is sent unread before it is disconnected.
+    stall_timeout: float = 30.0
 
     def redacted(self) -> dict[str, Any]:
         """The host section as status output may show it: ``token`` is ``"set"`` or absent."""
@@ -410,9 +412,11 @@ class HostConfig:
 
 @attrs.frozen
 class JournalConfig:
-    """Where the SQLite journal lives."""
+    """Where the SQLite journal lives, and how long it keeps what is done with."""
 
     path: Path
+    #: Seconds an acked event (and its deliveries) or a settled draft is kept before pruning.
+    retention: float = 24 * 3600.0
 
 
 @attrs.frozen
@@ -1200,9 +1204,10 @@ def _out_of_range(
 
 def _parse_journal(section: _Section, base_dir: Path, env: Mapping[str, str]) -> JournalConfig:
     path = section.string("path")
+    retention = section.number("retention", 24 * 3600.0, above=0)
     if path is None:
-        return JournalConfig(path=_state_dir(env) / "journal.sqlite3")
-    return JournalConfig(path=_resolve_path(path, base_dir, env))
+        return JournalConfig(path=_state_dir(env) / "journal.sqlite3", retention=retention)
+    return JournalConfig(path=_resolve_path(path, base_dir, env), retention=retention)
 
 
 def _parse_host(
@@ -1268,6 +1273,7 @@ def _parse_host(
     else:
         token_file = None
     allow_non_loopback = section.boolean("allowNonLoopback", False)
+    stall_timeout = section.number("stallTimeout", 30.0, above=0)
 
     if websocket is not None and not websocket.loopback:
         bind_key = _key(section.key_of("websocket"), "bind")
@@ -1292,6 +1298,7 @@ def _parse_host(
         token_file=token_file,
         token=token,
         allow_non_loopback=allow_non_loopback,
+        stall_timeout=stall_timeout,
     )
 
 

@@ -10,6 +10,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from mcpl_router import __version__
@@ -25,7 +26,7 @@ from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.speech_tools import SpeechTools
-from mcpl_router.store.journal import InboundEvent, Journal
+from mcpl_router.store.journal import Delivery, InboundEvent, Journal
 from mcpl_router.turn_runner import TurnManager
 
 #: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
@@ -46,11 +47,12 @@ class Daemon:
     def __init__(self, config: RouterConfig, *, observers: list[Observer] | None = None) -> None:
         self.config = config
         self.router = Router()
-        self.journal = Journal(config.journal.path)
+        self.journal = Journal(config.journal.path, retention=config.journal.retention)
         self.inbound = ServerInbound(
             self.router.registry,
             self.journal,
             on_channels_changed=self._channels_changed,
+            deliveries_for=lambda event: self.sessions.deliveries_for(event),
             on_accepted=self._accepted,
             on_tools_changed=lambda link: self.connector_tools.list_changed(link),
         )
@@ -66,13 +68,13 @@ class Daemon:
         #: ``ws://host:port/path`` once the host WebSocket listens (the actual port).
         self.host_websocket_url: str | None = None
         self._host_token: str | None = None
-        # Sessions own agents and wakes: the journal asks them whom each new event wakes inside
-        # its transaction, and they relay server and channel changes to hosts.
+        # Sessions own agents and wakes: the inbound handler asks them whom each new event wakes
+        # before its commit (the deliveries commit with it), and they relay server and channel
+        # changes to hosts.
         from mcpl_router.hosts.sessions import SessionManager
 
         self.sessions = SessionManager(self)
         self.host_connection_hooks = self
-        self.journal.set_router(self.sessions.route)
         self.observers.append(self.sessions.observe)
         self.turns = TurnManager(self)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
@@ -133,9 +135,9 @@ class Daemon:
             },
         )
 
-    def _accepted(self, seq: int, event: InboundEvent) -> None:
-        self.channel_tools.message_admitted(seq, event)
-        self.sessions.accepted(seq, event)
+    def _accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
+        self.channel_tools.message_admitted(seq, event, [delivery.agent for delivery in deliveries])
+        self.sessions.accepted(seq, event, deliveries)
         self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
@@ -156,6 +158,8 @@ class Daemon:
             "channels": len(self.router.registry.all_entries()),
             "lastSeq": self.journal.last_seq(),
             "agents": self.sessions.statistics(),
+            "hosts": self.sessions.host_statistics(),
+            "journal": attrs.asdict(self.journal.statistics()),
             "openTurns": len(self.turns.table.all()),
         }
 
@@ -188,6 +192,9 @@ class Daemon:
             if websocket is not None:
                 self._host_token = prepare_websocket(self, websocket)
             async with trio.open_nursery() as root:
+                # The journal's writer first and last: cancelled with the root, it still commits
+                # what was queued (acks, drafts) before the file is closed below.
+                await root.start(self.journal.run)
                 await root.start(self.sessions.run)
                 await root.start(self.turns.run)
                 await root.start(self.connector_tools.run)

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import structlog
+import structlog.tracebacks
 
 _SECRET_FIELD_WORDS = ("token", "secret", "password", "authorization", "apikey", "api_key")
 _json_encoder = msgspec.json.Encoder()
@@ -50,12 +51,21 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     global _json_encoder
     _json_encoder = msgspec.json.Encoder(enc_hook=_default)
     renderer: Any = _render_json if json else structlog.dev.ConsoleRenderer(colors=False)
+    # JSON lines carry a traceback as structured fields ("exception": frames, types, values);
+    # without this step a JSON line says only "exc_info": true and the traceback is lost.
+    # No locals: a frame's locals may hold a token.
+    tracebacks: list[Any] = (
+        [structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))]
+        if json
+        else []
+    )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _redact_secrets,
+            *tracebacks,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

@@ -36,6 +36,7 @@ from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tuneout import Summary, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
+from mcpl_router.routing.wakes import Wake
 from mcpl_router.tool_calls import ToolCall, tool_result
 
 if TYPE_CHECKING:
@@ -139,6 +140,10 @@ class TuneOuts:
         if held:
             self._log.info("tuneout.held", agent=wake.agent, server=channel.server_id, channel=channel.channel_id, seq=wake.seq)
         return held
+
+    def holds(self, wake: Wake) -> bool:
+        """Whether a wake read back from the journal is one a tune-out holds (not to be sent)."""
+        return self.table.holds(wake.agent, wake.channel, wake.seq)
 
     # ------------------------------------------------------------------ summary wakes
 

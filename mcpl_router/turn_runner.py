@@ -184,12 +184,14 @@ async def publish_text(
     conversation_id: str,
     round_: int,
     registered: bool,
-    timeout: float = PUBLISH_TIMEOUT,
+    timeout: float | None = None,
     thread_id: str | None = None,
 ) -> Delivery:
     """Publish ``text`` to ``ref`` through its own server's link; the outcome, never raised.
 
     ``thread_id`` (channel_publish's ``threadId``) posts into that thread of the channel.
+    ``timeout`` defaults to the server's own ``requestTimeout`` (as docs/config.md says of
+    every request sent to a server).
 
     ``delivered`` only on ``{delivered: true}``; ``failed`` when nothing left (no link, not
     granted, not registered) or the server answered no; ``unknown`` after a timeout, a lost
@@ -210,7 +212,8 @@ async def publish_text(
     if thread_id:
         params["threadId"] = thread_id
     try:
-        answer = await link.call("channels/publish", params, capability=PUBLISH, timeout=timeout)
+        deadline = link.config.request_timeout if timeout is None else timeout
+        answer = await link.call("channels/publish", params, capability=PUBLISH, timeout=deadline)
     except RpcError as error:
         if error.code != METHOD_NOT_FOUND:
             return outcome("failed", texts.REASON_SERVER_REFUSED)
@@ -287,7 +290,8 @@ class TurnManager:
     typing_interval: float = TYPING_INTERVAL
     lease: float = LEASE
     context_timeout: float = BEFORE_INFERENCE_TIMEOUT
-    publish_timeout: float = PUBLISH_TIMEOUT
+    #: None: each server's own ``requestTimeout``; a number overrides it for every server.
+    publish_timeout: float | None = None
     connection_poll: float = CONNECTION_POLL
     host_typing_lease: float = HOST_TYPING_LEASE
 
@@ -421,7 +425,7 @@ class TurnManager:
         spec = sessions.require_owner(connection, agent)
         facts: list[WakeFact] = []
         for seq in wakes:
-            wake = sessions.wake(seq, agent)
+            wake = await sessions.wake(seq, agent)
             if wake is None:
                 raise RpcError(
                     WAKE_UNKNOWN,
@@ -673,7 +677,7 @@ class TurnManager:
         inferred locus for the rest of the turn, with a notice, and its typing stops.
         """
         turn = run.turn
-        stored = self._daemon.journal.unacked_deliveries(turn.agent, after_seq=run.seen_seq)
+        stored = await self._daemon.journal.unacked_deliveries(turn.agent, after_seq=run.seen_seq, limit=10000)
         if not stored:
             return
         run.seen_seq = max(item.event.seq for item in stored)
@@ -765,6 +769,8 @@ class TurnManager:
             unsent = fresh
             self._mark_sending(unsent, ref)
         try:
+            if unsent is not None:
+                await self._journal().flush()  # the "sending" mark is on disk before the words leave
             delivery = await self._publish(run, ref, text, round_)
         except BaseException:
             if unsent is not None:
@@ -870,6 +876,12 @@ class TurnManager:
     async def publish_for(self, run: _TurnRun, ref: ChannelRef, text: str) -> Delivery:
         """Publish ``text`` for ``run``'s turn to ``ref`` on its own server (a speech tool's send)."""
         return await self._publish(run, ref, text, run.turn.round)
+
+    def _longest_publish(self) -> float:
+        """The longest a publish may take now (the bound on waiting for one at a turn's end)."""
+        if self.publish_timeout is not None:
+            return self.publish_timeout
+        return max((link.config.request_timeout for link in self._daemon.links.values()), default=PUBLISH_TIMEOUT)
 
     async def _publish(self, run: _TurnRun, ref: ChannelRef, text: str, round_: int) -> Delivery:
         return await publish_text(
@@ -1005,6 +1017,7 @@ class TurnManager:
         """
         self._mark_sending(draft, ref)
         try:
+            await self._journal().flush()  # the "sending" mark is on disk before the words leave
             delivery = await self.publish_for(run, ref, draft.text)
         except BaseException:
             self._attempted(draft, Delivery(ref, self._shown(ref), "unknown", run.turn.round, reason=texts.REASON_INTERRUPTED))
@@ -1190,7 +1203,7 @@ class TurnManager:
         run.cancel.cancel()
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
         acquired = False
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.publish_timeout + FINISH_GRACE):
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + self._longest_publish() + FINISH_GRACE):
             await run.lock.acquire()
             acquired = True
         if not acquired:

@@ -11,14 +11,16 @@ import errno
 import os
 import socket
 import stat
+from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import trio
 
 from mcpl_router.hosts.api import host_methods
 from mcpl_router.hosts.connection import HostConnection
-from mcpl_router.jsonrpc import MessageStream, NdjsonStream, Peer
+from mcpl_router.jsonrpc import Inbound, MessageStream, NdjsonStream, Peer, PeerLimits
 from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
@@ -90,6 +92,28 @@ async def _serve_connection(daemon: Daemon, stream: trio.SocketStream) -> None:
     await serve_host_stream(daemon, NdjsonStream(stream, stream, skip_log_lines=False), transport="unix")
 
 
+class _TurnOf(msgspec.Struct):
+    turnId: str | None = None  # noqa: N815 - the wire's name
+
+
+_turn_of = msgspec.json.Decoder(_TurnOf)
+
+
+def host_lane(inbound: Inbound) -> Hashable:
+    """A host message's ordering lane: its turn for ``turn/*`` calls, else the connection's.
+
+    Order is kept where it carries meaning (a turn's text before its round's end), so one
+    agent's slow ``turn/round`` never holds another agent's text on the same connection.
+    """
+    if inbound.params is None or not inbound.method.startswith("turn/"):
+        return None
+    try:
+        turn_id = _turn_of.decode(inbound.params).turnId
+    except (msgspec.MsgspecError, RecursionError):
+        return None  # its handler answers -32602
+    return None if turn_id is None else ("turn", turn_id)
+
+
 async def serve_host_stream(daemon: Daemon, stream: MessageStream, *, transport: str) -> None:
     """Serve one host connection on a framed stream until it closes."""
     connection = HostConnection(transport=transport)
@@ -98,6 +122,8 @@ async def serve_host_stream(daemon: Daemon, stream: MessageStream, *, transport:
         stream,
         methods,
         concurrent_methods=methods.concurrent_methods,
+        lane_of=host_lane,
+        limits=PeerLimits(stall_timeout=daemon.config.host.stall_timeout),
         log_fields={"transport": transport, "connection": connection.id},
     )
     connection.peer = peer

@@ -7,19 +7,18 @@ connection drops, its agents stay held for the same host (same ``host`` name) fo
 host that reconnects picks them up again; after that any host may claim them. Wakes for an agent
 nobody owns stay in the journal and are re-sent, in seq order, to the next session that claims it.
 
-Every wake is written to the journal in the same transaction as its inbound event (the journal
-calls :meth:`SessionManager.route`), so it is durable before the server is answered
-``accepted``; the notification goes out right after the commit.
+Every wake is written to the journal in the same transaction as its inbound event (the
+inbound handler asks :meth:`SessionManager.deliveries_for` before the commit), so it is durable
+before the server is answered ``accepted``; the notification goes out right after the commit.
 
-Backpressure: each connection has an outbox of :data:`OUTBOX_SIZE` notifications drained by one
-sender task, so notifications keep their order and the daemon never waits on a slow host. A host
-that lets its outbox fill is disconnected (``host.outbox.full``); nothing is lost, because its
-wakes stay unacked in the journal and come back when it reconnects.
+Delivery is flow-controlled per connection (:mod:`mcpl_router.hosts.outbox`): at most a window
+of wakes is outstanding until acked; the rest are read back from the journal in seq order as
+acks make room. A host that stops reading is disconnected by its connection's stall timeout;
+its wakes stay unacked in the journal and come back when it reconnects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
@@ -40,6 +39,7 @@ from mcpl_router.routing.wakes import (
     resolve_policy,
     wakes,
 )
+from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
 from mcpl_router.store.journal import Delivery, InboundEvent, StoredDelivery
 
 if TYPE_CHECKING:
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 #: How long a dropped connection's agents stay reserved for the same host.
 GRACE_SECONDS: Final = 10.0
-#: Notifications waiting for one host connection before it counts as too slow.
-OUTBOX_SIZE: Final = 4096
 
 AGENT_OWNED: Final = -32010
 UNKNOWN_AGENT: Final = -32011
@@ -173,12 +171,6 @@ class HostSession:
 
 
 @attrs.define(eq=False)
-class _Outbox:
-    send: trio.MemorySendChannel[tuple[str, Any]]
-    receive: trio.MemoryReceiveChannel[tuple[str, Any]]
-
-
-@attrs.define(eq=False)
 class _Hold:
     """An agent reserved for the host whose connection dropped, until ``deadline``."""
 
@@ -208,9 +200,10 @@ class SessionManager:
                     get_logger(agent=name).warning("agent.saved_spec.unreadable")
         self._owners: dict[str, HostConnection] = {}
         self._holds: dict[str, _Hold] = {}
-        self._outboxes: dict[HostConnection, _Outbox] = {}
-        # Wakes decided inside the journal's transaction, sent once it has committed.
-        self._fresh: dict[int, list[Wake]] = {}
+        self._outboxes: dict[HostConnection, HostOutbox] = {}
+        # Counters over every host connection that has closed (live ones are read when asked).
+        self._closed_totals = {"connections": 0, "stalledDisconnects": 0, "outboxFullDisconnects": 0,
+                               "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
 
@@ -271,10 +264,17 @@ class SessionManager:
         owner = self._owners.get(name)
         return owner is not None and self._enqueue(owner, method, params)
 
-    def wake(self, seq: int, agent: str) -> Wake | None:
+    async def wake(self, seq: int, agent: str) -> Wake | None:
         """The wake of ``agent`` by the event ``seq`` (acked or not), from the journal."""
-        stored = self._daemon.journal.delivery(seq, agent)
+        stored = await self._daemon.journal.delivery(seq, agent)
         return None if stored is None else _wake_of(stored)
+
+    def outbox_statistics(self) -> list[dict[str, Any]]:
+        """Each connection's wake window and queues (for ``status``)."""
+        return [
+            {"connection": connection.id, **attrs.asdict(outbox.statistics())}
+            for connection, outbox in self._outboxes.items()
+        ]
 
     async def broadcast(self, method: str, params: Any) -> None:
         """Queue a notification to every connection that said hello."""
@@ -284,15 +284,41 @@ class SessionManager:
     # -- connection hooks (called by the listener) --------------------------------------------
 
     def opened(self, connection: HostConnection) -> None:
-        send, receive = trio.open_memory_channel[tuple[str, Any]](OUTBOX_SIZE)
-        self._outboxes[connection] = _Outbox(send, receive)
-        if not self._spawn(self._drain, connection, receive):
+        outbox = HostOutbox(
+            connection,
+            self._daemon.journal,
+            render=self.wake_params,
+            wake_of=_wake_of,
+            held=self._daemon.tune_outs.holds,
+        )
+        self._outboxes[connection] = outbox
+        if not self._spawn(outbox.run):
             self._log.error("host.sessions.not_running", connection=connection.id)
 
+    def host_statistics(self) -> dict[str, Any]:
+        """Host connections now and in total: what a slow or hostile host has cost (``status``)."""
+        totals = dict(self._closed_totals)
+        live = [connection.peer.statistics() for connection in self._outboxes if connection.peer is not None]
+        for stats in live:
+            totals["malformedMessages"] += stats.malformed_messages
+            totals["backpressureWaits"] += stats.backpressure_waits
+            totals["outboxHighWaterBytes"] = max(totals["outboxHighWaterBytes"], stats.outbox_high_water_bytes)
+        return {"open": len(live), **totals, "outboxes": self.outbox_statistics()}
+
     def closed(self, connection: HostConnection) -> None:
+        if connection.peer is not None:
+            stats = connection.peer.statistics()
+            totals = self._closed_totals
+            totals["connections"] += 1
+            totals["stalledDisconnects"] += stats.stalled
+            totals["malformedMessages"] += stats.malformed_messages
+            totals["backpressureWaits"] += stats.backpressure_waits
+            totals["outboxHighWaterBytes"] = max(totals["outboxHighWaterBytes"], stats.outbox_high_water_bytes)
+            if stats.stalled:
+                self._log.warning("host.disconnected", connection=connection.id, reason=connection.peer.close_reason)
         outbox = self._outboxes.pop(connection, None)
         if outbox is not None:
-            outbox.send.close()
+            outbox.close()
         session: HostSession | None = connection.session
         if session is None:
             return
@@ -322,31 +348,21 @@ class SessionManager:
             del self._holds[name]
             self._log.info("agent.released", agent=name, host=hold.host)
 
-    async def _drain(self, connection: HostConnection, receive: trio.MemoryReceiveChannel[tuple[str, Any]]) -> None:
-        async with receive:
-            async for method, params in receive:
-                if not await connection.notify(method, params):
-                    # The connection is gone; its wakes stay unacked in the journal.
-                    return
-
     def _enqueue(self, connection: HostConnection, method: str, params: Any) -> bool:
         outbox = self._outboxes.get(connection)
         if outbox is None:
             return False
-        try:
-            outbox.send.send_nowait((method, params))
-        except trio.WouldBlock:
-            self._log.warning("host.outbox.full", connection=connection.id, method=method, size=OUTBOX_SIZE)
-            # Too slow to keep up: drop the connection rather than the messages. Its wakes are
-            # journaled and come back on reconnect.
-            self._outboxes.pop(connection, None)
-            outbox.send.close()
-            if connection.peer is not None:
-                self._spawn(connection.peer.aclose, "too slow: outbox full")
-            return False
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return False
-        return True
+        if outbox.notify(method, params):
+            return True
+        self._log.warning("host.outbox.full", connection=connection.id, method=method, size=NOTICE_LIMIT)
+        self._closed_totals["outboxFullDisconnects"] += 1
+        # Not reading: drop the connection rather than the messages. Its wakes are journaled
+        # and come back on reconnect.
+        self._outboxes.pop(connection, None)
+        outbox.close()
+        if connection.peer is not None:
+            self._spawn(connection.peer.aclose, "too slow: outbox full")
+        return False
 
     def _broadcast_nowait(self, method: str, params: Any) -> None:
         for connection in list(self._outboxes):
@@ -360,32 +376,30 @@ class SessionManager:
         if event in BROADCAST_EVENTS:
             self._broadcast_nowait(event, fields)
 
-    def route(self, seq: int, event: InboundEvent) -> list[Delivery]:
-        """Which agents a newly journaled event wakes (called inside the journal transaction)."""
+    def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
+        """Which agents an event wakes (decided before its commit and written with it)."""
         facts = self._facts(event)
         names = self._daemon.router.names
-        decided: list[Wake] = []
+        decided: list[Delivery] = []
         for spec in self._agents.values():
             policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, names.channels_named)
             if wakes(policy, facts):
-                decided.append(
-                    Wake(
-                        seq=seq,
-                        agent=spec.name,
-                        reason=facts.kind,
-                        channel=facts.channel,
-                        payload=event.payload,
-                        tags=facts.tags,
-                        addressed=facts.addressed,
-                    )
-                )
-        # Overwrites whatever a rolled-back transaction may have left under a reused seq.
-        self._fresh[seq] = decided
-        return [Delivery(w.agent, w.reason, w.tags, w.addressed) for w in decided]
+                decided.append(Delivery(spec.name, facts.kind, facts.tags, facts.addressed))
+        return decided
 
-    def accepted(self, seq: int, event: InboundEvent) -> None:
-        """The event ``seq`` committed: send its wakes to the agents' owners."""
-        for wake in self._fresh.pop(seq, ()):
+    def accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
+        """The event ``seq`` committed: hand its wakes to the agents' owners."""
+        channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
+        for delivery in deliveries:
+            wake = Wake(
+                seq=seq,
+                agent=delivery.agent,
+                reason=delivery.reason,
+                channel=channel,
+                payload=event.payload,
+                tags=delivery.tags,
+                addressed=delivery.addressed,
+            )
             if self._daemon.tune_outs.divert(wake):
                 continue  # its channel is tuned out: held for the summary wake (mcpl_router.tune_out)
             owner = self._owners.get(wake.agent)
@@ -393,8 +407,11 @@ class SessionManager:
             if owner is None:
                 log.info("wake.pending", reason="agent not owned")
                 continue
-            self._send_wake(owner, wake)
-            log.info("wake.sent", connection=owner.id)
+            outbox = self._outboxes.get(owner)
+            if outbox is None or not outbox.offer(wake):
+                log.info("wake.pending", reason="owner's connection is closing")
+                continue
+            log.debug("wake.offered", connection=owner.id)
 
     def _facts(self, event: InboundEvent) -> InboundFacts:
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
@@ -407,9 +424,6 @@ class SessionManager:
             tags=expand_tags(payload.get("tags")),
             is_dm=entry is not None and entry.descriptor.is_dm,
         )
-
-    def _send_wake(self, connection: HostConnection, wake: Wake) -> bool:
-        return self._enqueue(connection, "wake", self.wake_params(wake))
 
     def wake_params(self, wake: Wake) -> dict[str, Any]:
         """The ``wake`` notification's params."""
@@ -469,13 +483,21 @@ class SessionManager:
                     # The same host reconnected before we noticed its old connection drop: the
                     # newer connection is the host now.
                     previous.session.agents.discard(spec.name)
+                    previous_outbox = self._outboxes.get(previous)
+                    if previous_outbox is not None:
+                        previous_outbox.remove_agent(spec.name)
                     log.info("agent.taken_over", agent=spec.name, previous=previous.id)
                 self._owners[spec.name] = connection
                 claimed.append(spec.name)
             session.agents.add(spec.name)
             log.info("agent.claimed", agent=spec.name)
-        resent = self._resend(connection, claimed, after_seq=params.resume_from or 0)
-        log.info("session.hello", agents=sorted(session.agents), resent=resent)
+        outbox = self._outboxes.get(connection)
+        for name in claimed:
+            if outbox is not None:
+                # Replayed from the journal in seq order, paced by acks (hosts/outbox.py).
+                outbox.add_agent(name, after_seq=params.resume_from or 0)
+        pending = {name: self._daemon.journal.unacked_count(name) for name in claimed}
+        log.info("session.hello", agents=sorted(session.agents), unacked_to_replay=sum(pending.values()), by_agent=pending)
         return {
             "daemonVersion": __version__,
             "servers": self._daemon.servers_list(),
@@ -483,7 +505,7 @@ class SessionManager:
             "wakeSeq": self._daemon.journal.last_seq(),
         }
 
-    def ack(self, connection: HostConnection, params: AckParams) -> dict[str, Any]:
+    async def ack(self, connection: HostConnection, params: AckParams) -> dict[str, Any]:
         """``wake/ack``: the host has the wakes ``seqs`` (of its agents, or of ``agent``)."""
         seqs = list(params.seqs or [])
         if params.seq is not None:
@@ -493,8 +515,13 @@ class SessionManager:
         else:
             session: HostSession | None = connection.session
             agents = sorted(name for name in (session.agents if session else ()) if self._owners.get(name) is connection)
-        acked = self._daemon.journal.ack_deliveries(agents, seqs)
-        get_logger(connection=connection.id).debug("wake.acked", seqs=seqs, agents=agents, acked=acked)
+        outbox = self._outboxes.get(connection)
+        if outbox is not None:
+            # The window opens as soon as the host has them; the journal's copy is marked below.
+            for agent in agents:
+                outbox.acked(agent, seqs)
+        acked = await self._daemon.journal.ack_deliveries(agents, seqs)
+        get_logger(connection=connection.id).debug("wake.acked", seqs=len(seqs), agents=agents, acked=acked)
         return {"acked": acked}
 
     def _spec_for(self, params: AgentSpecParams) -> AgentSpec:
@@ -530,18 +557,6 @@ class SessionManager:
             f"Agent {name!r} is owned by host {host!r} (connection {owner.id}). One session owns an agent at a time.",
             {"agent": name, "owner": host, "connection": owner.id},
         )
-
-    def _resend(self, connection: HostConnection, agents: Iterable[str], *, after_seq: int) -> int:
-        journal = self._daemon.journal
-        pending = [stored for name in agents for stored in journal.unacked_deliveries(name, after_seq=after_seq)]
-        pending.sort(key=lambda stored: (stored.event.seq, stored.delivery.agent))
-        for stored in pending:
-            wake = _wake_of(stored)
-            if not self._send_wake(connection, wake):
-                break
-            get_logger(agent=wake.agent, seq=wake.seq, connection=connection.id).info("wake.resent")
-        return len(pending)
-
 
 def _host_of(connection: HostConnection) -> str | None:
     session: HostSession | None = connection.session
@@ -589,7 +604,7 @@ def add_session_methods(table: MethodTable, daemon: Daemon, connection: HostConn
         return manager.hello(connection, params)
 
     async def ack(params: AckParams, _inbound: Inbound) -> Any:
-        return manager.ack(connection, params)
+        return await manager.ack(connection, params)
 
     table.add("session/hello", hello, HelloParams)
     table.add("wake/ack", ack, AckParams)

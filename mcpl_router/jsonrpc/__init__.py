@@ -20,10 +20,12 @@ from mcpl_router.jsonrpc.framing import (
     WebSocketMessageStream,
 )
 from mcpl_router.jsonrpc.peer import (
+    Deferred,
     Inbound,
     MethodTable,
     Peer,
     PeerClosed,
+    PeerLimits,
     RequestTimeout,
 )
 
@@ -33,6 +35,7 @@ __all__ = [
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "Deferred",
     "ErrorObject",
     "Inbound",
     "MessageStream",
@@ -41,6 +44,7 @@ __all__ = [
     "OversizedMessage",
     "Peer",
     "PeerClosed",
+    "PeerLimits",
     "RequestTimeout",
     "RpcError",
     "WebSocketMessageStream",

@@ -7,6 +7,8 @@ itself costs one pass over the bytes.
 
 from __future__ import annotations
 
+import json
+import sys
 from typing import Any
 
 import msgspec
@@ -84,6 +86,59 @@ class RpcError(Exception):
 
 
 _envelope_decoder = msgspec.json.Decoder(Envelope)
+
+#: JSON nested deeper than this is refused. The decoder recurses once per level, so the bound
+#: is the interpreter's recursion limit less the stack already in use; the message says so.
+MAX_NESTING_HINT = sys.getrecursionlimit() - 100
+_TOO_DEEP = f"JSON nested too deeply (the limit is about {MAX_NESTING_HINT} levels of arrays and objects)."
+
+
+def describe_decode_failure(data: bytes, exc: BaseException) -> str:
+    """Say what is wrong with bytes the decoder refused, naming the field when it can.
+
+    Only on the error path: finding the field re-reads the bytes leniently.
+    """
+    if isinstance(exc, RecursionError):
+        return _TOO_DEEP
+    if "UTF-8" in str(exc):
+        path = _invalid_utf8_path(data)
+        where = f" at {path}" if path else ""
+        return f"invalid UTF-8{where} (JSON text must be UTF-8)."
+    return str(exc)
+
+
+def _invalid_utf8_path(data: bytes) -> str | None:
+    # surrogateescape turns each bad byte into a lone surrogate that the stdlib JSON parser
+    # carries through; the first string holding one is the field to name.
+    try:
+        value = json.loads(data.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        return None
+
+    def bad(text: str) -> bool:
+        return any("\udc80" <= char <= "\udcff" for char in text)
+
+    def walk(node: Any, path: str) -> str | None:
+        if isinstance(node, str):
+            return path if bad(node) else None
+        if isinstance(node, list):
+            for index, item in enumerate(node):
+                found = walk(item, f"{path}[{index}]")
+                if found:
+                    return found
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if bad(key):
+                    return f"{path}.<key>" if path else "<key>"
+                found = walk(item, f"{path}.{key}" if path else key)
+                if found:
+                    return found
+        return None
+
+    try:
+        return walk(value, "")
+    except RecursionError:
+        return None
 _encoder = msgspec.json.Encoder()
 
 
@@ -120,6 +175,10 @@ def decode_envelope(data: bytes) -> Envelope:
         ) from exc
     except msgspec.DecodeError as exc:
         raise EnvelopeProblem(RpcError(PARSE_ERROR, f"Parse error: {exc}"), None, True) from exc
+    except RecursionError as exc:
+        raise EnvelopeProblem(
+            RpcError(INVALID_REQUEST, f"Invalid request: {_TOO_DEEP}"), None, True
+        ) from exc
     if envelope.jsonrpc != "2.0":
         raise EnvelopeProblem(
             RpcError(INVALID_REQUEST, 'Invalid request: "jsonrpc" must be "2.0".'),
@@ -150,7 +209,7 @@ def decode_envelope(data: bytes) -> Envelope:
 def _salvage_id(data: bytes) -> RequestId | None:
     try:
         loose = msgspec.json.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     if isinstance(loose, dict):
         candidate = loose.get("id")

@@ -1,24 +1,37 @@
-"""The JSON-RPC peer: one connection, requests both ways, a read loop that never waits on handlers.
+"""The JSON-RPC peer: one connection, requests both ways, reads and writes that never lose a message.
 
 Both sides number their own requests, so ids collide: a message carrying ``result``/``error``
 answers one of *our* requests (looked up in our pending table by our id); a message carrying
 ``method`` is *theirs*, answered with its id echoed verbatim (``0`` and strings included).
 
-Inbound requests and notifications are dispatched **in arrival order** by one dispatcher task,
-because order carries meaning on MCPL links (a ``channels/register`` must land before the
-``channels/incoming`` that uses it). Methods named in ``concurrent_methods`` run in their own task
-instead, for handlers that wait a long time (a forwarded tool call). Responses to our requests
-are resolved inside the read loop, so a handler awaiting ``request()`` can never deadlock it.
+**Ordering.** Inbound requests and notifications are dispatched in arrival order *per lane*.
+``lane_of`` names a message's lane (the host socket keys ``turn/*`` calls by their turn, so one
+slow turn never holds another's text); without it there is one lane, which MCPL links need (a
+``channels/register`` must land before the ``channels/incoming`` that uses it). A lane's task
+exists while it has work. Methods named in ``concurrent_methods`` run in their own task, for
+handlers that wait a long time (a forwarded tool call). Answers to our own requests are resolved
+inside the read loop, so a handler awaiting :meth:`Peer.request` never deadlocks it. A handler
+may return a :class:`Deferred`: its lane moves on at once and the answer is sent when the
+deferred work finishes (the journal's group commit answers ``accepted`` this way).
 
-Backpressure policy: the ordered inbound queue holds ``inbound_queue_size`` messages. When it
-is full the read loop does not wait (waiting could deadlock a handler that awaits one of our
-requests): a request is answered -32000 "overloaded" and a notification is dropped with a
-``jsonrpc.inbound.dropped`` log line; both are counted in :meth:`Peer.statistics`.
+**Backpressure, never a drop.** Every queue is bounded (:class:`PeerLimits`). When a lane's
+queue, the lane count, the concurrent slots or the deferred slots are full, the read loop waits
+for room: the peer's sends back up into its socket, which is TCP's (or a pipe's) flow control.
+Nothing inbound is ever discarded. Outgoing messages go through one bounded outbox drained by
+one writer task, which joins queued messages into as few writes as the framing allows. A peer
+that leaves the outbox full (it does not read) for ``stall_timeout`` seconds is disconnected
+with a logged reason (``jsonrpc.peer.stalled``); what the daemon owed it (wakes) stays in the
+journal. Replies to malformed lines are queued like any other message, so a client that floods
+junk and never reads stops being read, and its memory stays bounded.
+
+**No input stops a connection.** Any failure decoding or handling one message becomes an
+error answer (or, for a notification, a logged event and a counter); the read loop goes on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Hashable
 from typing import Any, TypeVar
 
 import attrs
@@ -28,8 +41,8 @@ import trio
 from mcpl_router.jsonrpc.envelope import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     METHOD_NOT_FOUND,
-    OVERLOADED,
     PARSE_ERROR,
     Envelope,
     EnvelopeProblem,
@@ -41,6 +54,7 @@ from mcpl_router.jsonrpc.envelope import (
     ResultOut,
     RpcError,
     decode_envelope,
+    describe_decode_failure,
     encode,
 )
 from mcpl_router.jsonrpc.framing import MessageStream, OversizedMessage
@@ -48,11 +62,31 @@ from mcpl_router.logs import get_logger
 
 T = TypeVar("T")
 
-# So a wedged transport can't hold a sender (and so the whole link) forever.
-_WRITE_TIMEOUT = 10.0
 # Closing may wait on the other side (a WebSocket close handshake) whose reader may already be
 # cancelled; under a shield that wait must have its own end.
 _CLOSE_TIMEOUT = 1.0
+# The most one write joins: big enough that a burst is a handful of syscalls, small enough
+# that the bytes held outside the outbox while a write blocks stay bounded.
+_WRITE_BATCH_BYTES = 256 * 1024
+
+
+@attrs.frozen
+class PeerLimits:
+    """The bounds of one connection's queues (see the module docstring for the policies)."""
+
+    #: Inbound messages queued per lane before the read loop waits.
+    lane_queue: int = 256
+    #: Lanes with work at once before the read loop waits for one to finish.
+    max_lanes: int = 64
+    #: Concurrent-method handlers running at once.
+    max_concurrent: int = 64
+    #: Deferred answers outstanding at once.
+    max_deferred: int = 1024
+    #: Outgoing messages queued, and their bytes (a single larger message still goes alone).
+    outbox_messages: int = 4096
+    outbox_bytes: int = 8 * 1024 * 1024
+    #: How long the outbox may stay full, or one write block, before the peer is disconnected.
+    stall_timeout: float = 30.0
 
 
 class PeerClosed(Exception):
@@ -89,11 +123,22 @@ class Inbound:
             return msgspec.json.decode(raw, type=params_type)
         except msgspec.ValidationError as exc:
             raise RpcError(INVALID_PARAMS, f"Invalid params for {self.method}: {exc}", {"detail": str(exc)}) from exc
-        except msgspec.DecodeError as exc:  # pragma: no cover - the envelope already parsed it
-            raise RpcError(INVALID_PARAMS, f"Invalid params for {self.method}: {exc}") from exc
+        except (msgspec.DecodeError, RecursionError) as exc:
+            # The envelope skipped over the params without reading their strings: invalid
+            # UTF-8 or runaway nesting surfaces here.
+            detail = describe_decode_failure(bytes(raw), exc)
+            raise RpcError(INVALID_PARAMS, f"Invalid params for {self.method}: {detail}", {"detail": detail}) from exc
+
+
+@attrs.frozen
+class Deferred:
+    """A handler's answer that comes later: the lane moves on, the reply follows ``wait()``."""
+
+    wait: Callable[[], Awaitable[Any]]
 
 
 Handler = Callable[[Inbound], Awaitable[Any]]
+LaneOf = Callable[[Inbound], Hashable]
 
 
 @attrs.define
@@ -140,14 +185,31 @@ class MethodTable:
 @attrs.frozen
 class PeerStatistics:
     pending_requests: int
+    lanes: int
     inbound_queued: int
     requests_sent: int
     inbound_handled: int
-    overloaded_requests: int
-    dropped_notifications: int
+    #: Times the read loop waited for room (a lane, a slot): backpressure on the other side.
+    backpressure_waits: int
     skipped_lines: int
     malformed_messages: int
     oversized_messages: int
+    handler_failures: int
+    outbox_messages: int
+    outbox_bytes: int
+    #: The most bytes queued for this peer at once (what a peer that doesn't read costs).
+    outbox_high_water_bytes: int
+    #: Times a send waited because the outbox was full.
+    outbox_waits: int
+    #: 1 once the connection was closed because the peer stopped reading.
+    stalled: int
+
+
+@attrs.define(eq=False)
+class _Lane:
+    key: Hashable
+    send: trio.MemorySendChannel[Inbound]
+    receive: trio.MemoryReceiveChannel[Inbound]
 
 
 class Peer:
@@ -155,11 +217,14 @@ class Peer:
 
     Args:
         stream: the framed transport.
-        handler: awaited with each :class:`Inbound` request/notification; returns the result or
-            raises :class:`RpcError`. Any other exception answers -32603 and is logged.
-        name: a label for logs (``server="a"`` style fields go in ``log_fields``).
+        handler: awaited with each :class:`Inbound` request/notification; returns the result
+            (or a :class:`Deferred`) or raises :class:`RpcError`. Any other exception answers
+            -32603 and is logged with its traceback.
         request_timeout: the default deadline of :meth:`request`.
-        concurrent_methods: methods handled in their own task rather than in arrival order.
+        concurrent_methods: methods handled in their own task rather than in their lane.
+        lane_of: a message's lane key (order is kept within a lane); default: one lane.
+        limits: queue bounds and the stall timeout.
+        log_fields: fields on every log line (``server="a"``, ``connection=3``).
         stamp: called in the read loop for each inbound request/notification as it arrives;
             its value rides on :attr:`Inbound.stamp` (admission against the grant at receipt).
     """
@@ -171,32 +236,45 @@ class Peer:
         *,
         request_timeout: float = 30.0,
         concurrent_methods: Collection[str] = (),
-        inbound_queue_size: int = 256,
+        lane_of: LaneOf | None = None,
+        limits: PeerLimits | None = None,
         log_fields: dict[str, Any] | None = None,
         stamp: Callable[[], Any] | None = None,
     ) -> None:
         self._stream = stream
         self._handler = handler
         self._stamp = stamp
+        self._lane_of = lane_of
+        self.limits = limits or PeerLimits()
         self.request_timeout = request_timeout
         self._concurrent = frozenset(concurrent_methods)
         self._log = get_logger(**(log_fields or {}))
         self._next_id = 1
         self._pending: dict[int, trio.MemorySendChannel[Envelope | BaseException]] = {}
         self._answer_hooks: dict[int, Callable[[Envelope], None]] = {}
-        self._send_lock = trio.Lock()
-        self._inbound_send, self._inbound_receive = trio.open_memory_channel[Inbound](inbound_queue_size)
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._lane_slots = trio.Semaphore(self.limits.max_lanes)
+        self._concurrent_slots = trio.Semaphore(self.limits.max_concurrent)
+        self._deferred_slots = trio.Semaphore(self.limits.max_deferred)
+        self._outbox: deque[bytes] = deque()
+        self._outbox_bytes = 0
+        self._writing_bytes = 0
+        self._outbox_ready = trio.Event()
+        self._outbox_room = trio.Event()
         self._closed = False
         self._close_reason = "connection closed"
         self._nursery: trio.Nursery | None = None
         self._counts = {
             "requests_sent": 0,
             "inbound_handled": 0,
-            "overloaded_requests": 0,
-            "dropped_notifications": 0,
+            "backpressure_waits": 0,
             "skipped_lines": 0,
             "malformed_messages": 0,
             "oversized_messages": 0,
+            "handler_failures": 0,
+            "outbox_high_water_bytes": 0,
+            "outbox_waits": 0,
+            "stalled": 0,
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -205,12 +283,16 @@ class Peer:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def close_reason(self) -> str:
+        return self._close_reason
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Read until the stream ends; then fail every pending request with :class:`PeerClosed`."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._dispatch_in_order)
+                nursery.start_soon(self._write_loop)
                 task_status.started()
                 try:
                     await self._read_loop()
@@ -218,23 +300,33 @@ class Peer:
                     # The connection is gone: handlers still running can't answer anyone.
                     nursery.cancel_scope.cancel()
         finally:
-            self._closed = True
-            self._fail_pending(PeerClosed(self._close_reason))
+            self._mark_closed(self._close_reason)
             with trio.CancelScope(shield=True, deadline=trio.current_time() + _CLOSE_TIMEOUT):
                 await self._stream.aclose()
 
     async def aclose(self, reason: str = "closed by us") -> None:
         """Close the connection; :meth:`run` returns soon after."""
-        self._close_reason = reason
-        self._closed = True
-        self._fail_pending(PeerClosed(reason))
+        self._mark_closed(reason)
         await self._stream.aclose()
 
+    def _mark_closed(self, reason: str) -> None:
+        if not self._closed:
+            self._close_reason = reason
+        self._closed = True
+        self._fail_pending(PeerClosed(self._close_reason))
+        # Wake every sender waiting for room: they see the connection is gone.
+        self._outbox.clear()
+        self._outbox_bytes = 0
+        self._outbox_room.set()
+        self._outbox_ready.set()
+
     def statistics(self) -> PeerStatistics:
-        stats = self._inbound_receive.statistics()
         return PeerStatistics(
             pending_requests=len(self._pending),
-            inbound_queued=stats.current_buffer_used,
+            lanes=len(self._lanes),
+            inbound_queued=sum(lane.receive.statistics().current_buffer_used for lane in self._lanes.values()),
+            outbox_messages=len(self._outbox),
+            outbox_bytes=self._outbox_bytes + self._writing_bytes,
             **self._counts,
         )
 
@@ -271,7 +363,8 @@ class Peer:
         sent = False
         try:
             with trio.move_on_after(deadline) as scope:
-                await self._send(RequestOut(id=request_id, method=method, params=msgspec.UNSET if params is None else params))
+                await self._enqueue(encode(RequestOut(id=request_id, method=method, params=msgspec.UNSET if params is None else params)))
+                # Queued is as good as sent: from here the outcome is unknown until answered.
                 sent = True
                 self._counts["requests_sent"] += 1
                 answer = await answer_receive.receive()
@@ -290,33 +383,95 @@ class Peer:
             if result_type is None:
                 return msgspec.json.decode(raw)
             return msgspec.json.decode(raw, type=result_type)
-        except msgspec.ValidationError as exc:
-            raise RpcError(INVALID_PARAMS, f"Malformed result for {method}: {exc}") from exc
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+            raise RpcError(INVALID_PARAMS, f"Malformed result for {method}: {describe_decode_failure(bytes(raw), exc)}") from exc
 
     async def notify(self, method: str, params: Any = None) -> None:
-        """Send a notification (no answer expected)."""
+        """Send a notification (no answer expected); waits while the outbox is full."""
         if self._closed:
             raise PeerClosed(self._close_reason)
-        await self._send(NotificationOut(method=method, params=msgspec.UNSET if params is None else params))
+        await self._enqueue(encode(NotificationOut(method=method, params=msgspec.UNSET if params is None else params)))
 
-    async def _send(self, message: RequestOut | NotificationOut | ResultOut | ErrorOut) -> None:
-        data = encode(message)
-        try:
-            with trio.fail_after(_WRITE_TIMEOUT):
-                async with self._send_lock:
-                    await self._stream.send_message(data)
-        except trio.TooSlowError:
-            self._log.error("jsonrpc.write.timeout", timeout=_WRITE_TIMEOUT)
-            self._close_reason = "write timed out"
-            await self.aclose("write timed out")
-            raise PeerClosed("write timed out") from None
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._closed = True
-            raise PeerClosed(f"connection closed while sending: {exc}") from exc
+    def _has_room(self, size: int) -> bool:
+        limits = self.limits
+        if not self._outbox:
+            return True  # one message, however large, always goes (the framing bounds it)
+        return len(self._outbox) < limits.outbox_messages and self._outbox_bytes + size <= limits.outbox_bytes
+
+    async def _enqueue(self, data: bytes) -> None:
+        """Queue one encoded message for the writer, waiting (bounded) while the outbox is full."""
+        # Every send is a checkpoint, taken before the message is queued: a cancelled sender
+        # never leaves behind a message it believes unsent.
+        await trio.lowlevel.checkpoint()
+        if not self._has_room(len(data)) and not self._closed:
+            self._counts["outbox_waits"] += 1
+            with trio.move_on_after(self.limits.stall_timeout) as scope:
+                while not self._closed and not self._has_room(len(data)):
+                    await self._outbox_room.wait()
+            if scope.cancelled_caught:
+                await self._stall(f"not reading: its outbox stayed full for {self.limits.stall_timeout:g}s")
+        if self._closed:
+            raise PeerClosed(self._close_reason)
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        total = self._outbox_bytes + self._writing_bytes
+        if total > self._counts["outbox_high_water_bytes"]:
+            self._counts["outbox_high_water_bytes"] = total
+        self._outbox_ready.set()
+
+    async def _write_loop(self) -> None:
+        while True:
+            while not self._outbox:
+                if self._closed:
+                    return
+                self._outbox_ready = trio.Event()
+                await self._outbox_ready.wait()
+            if self._closed:
+                return
+            batch: list[bytes] = []
+            size = 0
+            while self._outbox and (not batch or size + len(self._outbox[0]) <= _WRITE_BATCH_BYTES):
+                data = self._outbox.popleft()
+                batch.append(data)
+                size += len(data)
+            self._outbox_bytes -= size
+            self._writing_bytes = size
+            self._outbox_room.set()
+            self._outbox_room = trio.Event()
+            try:
+                with trio.move_on_after(self.limits.stall_timeout) as scope:
+                    await self._stream.send_messages(batch)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._mark_closed(f"connection closed while sending: {exc}")
+                return
+            finally:
+                self._writing_bytes = 0
+            if scope.cancelled_caught:
+                await self._stall(f"not reading: one write blocked for {self.limits.stall_timeout:g}s")
+                return
+
+    async def _stall(self, reason: str) -> None:
+        if self._closed:
+            return
+        self._counts["stalled"] = 1
+        self._log.error(
+            "jsonrpc.peer.stalled",
+            reason=reason,
+            queued_messages=len(self._outbox),
+            queued_bytes=self._outbox_bytes + self._writing_bytes,
+        )
+        await self.aclose(f"disconnected: {reason}")
 
     async def _reply(self, reply: ResultOut | ErrorOut) -> None:
         try:
-            await self._send(reply)
+            data = encode(reply)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # A handler returned something JSON can't carry: a bug, answered as one.
+            self._counts["handler_failures"] += 1
+            self._log.error("jsonrpc.result.unencodable", id=reply.id, error=f"{type(exc).__name__}: {exc}")
+            data = encode(ErrorOut(id=reply.id, error=ErrorObject(code=INTERNAL_ERROR, message="Internal error: the result could not be encoded")))
+        try:
+            await self._enqueue(data)
         except PeerClosed:
             self._log.info("jsonrpc.reply.undeliverable", id=reply.id)
 
@@ -329,25 +484,27 @@ class Peer:
             except OversizedMessage as exc:
                 self._counts["oversized_messages"] += 1
                 self._log.warning("jsonrpc.message.oversized", size=exc.size, limit=exc.limit)
-                # Spawned, never awaited here: a peer that isn't reading must not stop our reads.
-                self._spawn_reply(ErrorOut(id=None, error=ErrorObject(code=-32600, message=f"Invalid request: {exc}")))
+                await self._reply(ErrorOut(id=None, error=ErrorObject(code=INVALID_REQUEST, message=f"Invalid request: {exc}")))
                 continue
             except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
                 return
-            self._on_message(data)
+            await self._on_message(data)
             # A checkpoint per message keeps one busy peer from starving its neighbours.
             await trio.lowlevel.checkpoint()
 
-    def _on_message(self, data: bytes) -> None:
-        if self._stream.line_oriented and _is_log_line(data):
-            # Real servers print log lines on stdout: skip them, never answer them (an answer
-            # lands on the server's stdin as garbage), never drop the link for them.
-            self._counts["skipped_lines"] += 1
-            self._log.info("jsonrpc.line.skipped", line=data[:500].decode("utf-8", "replace"))
+    async def _on_message(self, data: bytes) -> None:
+        if self._stream.line_oriented and data.lstrip()[:1] not in (b"{", b"["):
+            # Real servers print log lines on stdout: skip them, never drop the link for them.
+            self._skip_line(data)
             return
         try:
             envelope = decode_envelope(data)
         except EnvelopeProblem as problem:
+            if self._stream.line_oriented and (problem.error.code == PARSE_ERROR or data.lstrip()[:1] == b"["):
+                # Not JSON at all (``[server] started``), or an array no MCPL peer sends: a log
+                # line on a line-oriented stream. Skipped and logged, never answered.
+                self._skip_line(data)
+                return
             self._counts["malformed_messages"] += 1
             self._log.warning(
                 "jsonrpc.message.malformed",
@@ -356,39 +513,59 @@ class Peer:
                 sample=data[:200].decode("utf-8", "replace"),
             )
             if problem.answerable:
-                self._spawn_reply(ErrorOut(id=problem.reply_id, error=problem.error.to_object()))
+                await self._reply(ErrorOut(id=problem.reply_id, error=problem.error.to_object()))
             return
         if envelope.method is msgspec.UNSET:
             self._on_answer(envelope)
             return
         is_notification = envelope.id is msgspec.UNSET
-        request_id = None if is_notification else envelope.id
         inbound = Inbound(
             method=envelope.method,
             params=None if envelope.params is msgspec.UNSET else envelope.params,
-            id=request_id,
+            id=None if is_notification else envelope.id,
             is_notification=is_notification,
             stamp=self._stamp() if self._stamp is not None else None,
         )
         assert self._nursery is not None
         if inbound.method in self._concurrent:
-            self._nursery.start_soon(self._handle, inbound)
+            await self._acquire(self._concurrent_slots)
+            self._nursery.start_soon(self._handle_concurrent, inbound)
             return
+        key = self._lane_key(inbound)
+        lane = self._lanes.get(key)
+        if lane is None:
+            await self._acquire(self._lane_slots)
+            send, receive = trio.open_memory_channel[Inbound](self.limits.lane_queue)
+            lane = _Lane(key, send, receive)
+            self._lanes[key] = lane
+            self._nursery.start_soon(self._run_lane, lane)
         try:
-            self._inbound_send.send_nowait(inbound)
+            lane.send.send_nowait(inbound)
         except trio.WouldBlock:
-            if inbound.is_notification:
-                self._counts["dropped_notifications"] += 1
-                self._log.error("jsonrpc.inbound.dropped", method=inbound.method, reason="inbound queue full")
-            else:
-                self._counts["overloaded_requests"] += 1
-                self._log.warning("jsonrpc.inbound.overloaded", method=inbound.method)
-                self._spawn_reply(
-                    ErrorOut(
-                        id=inbound.id,
-                        error=ErrorObject(code=OVERLOADED, message="Overloaded: too many requests in flight; retry later."),
-                    )
-                )
+            # The lane's handler is slower than the peer sends: stop reading until it catches
+            # up (the peer's writes back up into the socket). Never a drop.
+            self._counts["backpressure_waits"] += 1
+            await lane.send.send(inbound)
+
+    def _skip_line(self, data: bytes) -> None:
+        self._counts["skipped_lines"] += 1
+        self._log.info("jsonrpc.line.skipped", line=data[:500].decode("utf-8", "replace"))
+
+    def _lane_key(self, inbound: Inbound) -> Hashable:
+        if self._lane_of is None:
+            return None
+        try:
+            return self._lane_of(inbound)
+        except Exception:
+            # A key we can't read puts the message in the shared lane; its handler answers.
+            return None
+
+    async def _acquire(self, slots: trio.Semaphore) -> None:
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            self._counts["backpressure_waits"] += 1
+            await slots.acquire()
 
     def _on_answer(self, envelope: Envelope) -> None:
         answer_id = envelope.id
@@ -408,38 +585,70 @@ class Peer:
             # A duplicate answer, or the requester gave up (deadline) a moment ago.
             self._log.warning("jsonrpc.response.unclaimed", id=answer_id)
 
-    def _spawn_reply(self, reply: ResultOut | ErrorOut) -> None:
-        assert self._nursery is not None
-        self._nursery.start_soon(self._reply, reply)
+    async def _run_lane(self, lane: _Lane) -> None:
+        try:
+            while True:
+                try:
+                    inbound = lane.receive.receive_nowait()
+                except trio.WouldBlock:
+                    # Idle: the lane ends. No await between the check and the removal, so the
+                    # read loop never puts a message into a lane that is gone.
+                    if self._lanes.get(lane.key) is lane:
+                        del self._lanes[lane.key]
+                    return
+                await self._handle(inbound)
+        finally:
+            self._lane_slots.release()
 
-    async def _dispatch_in_order(self) -> None:
-        async for inbound in self._inbound_receive:
+    async def _handle_concurrent(self, inbound: Inbound) -> None:
+        try:
             await self._handle(inbound)
+        finally:
+            self._concurrent_slots.release()
 
     async def _handle(self, inbound: Inbound) -> None:
         self._counts["inbound_handled"] += 1
         try:
             result = await self._handler(inbound)
-        except RpcError as error:
-            if inbound.is_notification:
-                self._log.warning(
-                    "jsonrpc.notification.refused", method=inbound.method, code=error.code, detail=error.message
-                )
-                return
-            await self._reply(ErrorOut(id=inbound.id, error=error.to_object()))
-            return
         except Exception as exc:
-            self._log.exception("jsonrpc.handler.crashed", method=inbound.method)
-            if not inbound.is_notification:
-                await self._reply(
-                    ErrorOut(
-                        id=inbound.id,
-                        error=ErrorObject(code=INTERNAL_ERROR, message=f"Internal error handling {inbound.method}: {type(exc).__name__}"),
-                    )
-                )
+            await self._answer_failure(inbound, exc)
+            return
+        if isinstance(result, Deferred):
+            await self._acquire(self._deferred_slots)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._finish_deferred, inbound, result)
             return
         if not inbound.is_notification:
             await self._reply(ResultOut(id=inbound.id, result=result))
+
+    async def _finish_deferred(self, inbound: Inbound, deferred: Deferred) -> None:
+        try:
+            try:
+                result = await deferred.wait()
+            except Exception as exc:
+                await self._answer_failure(inbound, exc)
+                return
+            if not inbound.is_notification:
+                await self._reply(ResultOut(id=inbound.id, result=result))
+        finally:
+            self._deferred_slots.release()
+
+    async def _answer_failure(self, inbound: Inbound, exc: Exception) -> None:
+        if isinstance(exc, RpcError):
+            if inbound.is_notification:
+                self._log.warning("jsonrpc.notification.refused", method=inbound.method, code=exc.code, detail=exc.message)
+                return
+            await self._reply(ErrorOut(id=inbound.id, error=exc.to_object()))
+            return
+        self._counts["handler_failures"] += 1
+        self._log.error("jsonrpc.handler.crashed", method=inbound.method, exc_info=exc)
+        if not inbound.is_notification:
+            await self._reply(
+                ErrorOut(
+                    id=inbound.id,
+                    error=ErrorObject(code=INTERNAL_ERROR, message=f"Internal error handling {inbound.method}: {type(exc).__name__}"),
+                )
+            )
 
     def _fail_pending(self, error: BaseException) -> None:
         for waiter in list(self._pending.values()):
@@ -449,32 +658,16 @@ class Peer:
                 pass
 
 
-def _is_log_line(line: bytes) -> bool:
-    """True for a stdout line that is no JSON-RPC message at all: text, not JSON.
-
-    A line starting with ``{`` is taken as a message (a broken one is answered -32700). One
-    starting with ``[`` is a batch only if it is JSON: discord-mcpl logs
-    ``[discord-mcpl] Client initialized (MCPL mode)`` on stdout, which is a log line.
-    """
-    first = line.lstrip()[:1]
-    if first == b"{":
-        return False
-    if first != b"[":
-        return True
-    try:
-        msgspec.json.decode(line)
-    except msgspec.DecodeError:
-        return True
-    return False
-
-
 __all__ = [
+    "Deferred",
     "Handler",
     "Inbound",
+    "LaneOf",
     "MethodTable",
     "PARSE_ERROR",
     "Peer",
     "PeerClosed",
+    "PeerLimits",
     "PeerStatistics",
     "RequestTimeout",
 ]

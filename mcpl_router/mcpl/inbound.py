@@ -8,12 +8,14 @@ journals the accepted ones (one transaction per batch) and only then answers ``a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, RpcError
+from mcpl_router.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, Inbound, RpcError
+from mcpl_router.jsonrpc.envelope import describe_decode_failure
+from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.wire import (
@@ -28,7 +30,7 @@ from mcpl_router.mcpl.wire import (
 )
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
-from mcpl_router.store.journal import InboundEvent, Journal
+from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, Recorded, content_digest
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -52,6 +54,22 @@ def registration_policy(link: ServerLink, inbound: Inbound | None = None) -> Reg
     )
 
 
+#: Fields that change when a server re-sends the very same message (when it was sent, transport
+#: details), so they are not part of what the message says.
+_VOLATILE_FIELDS = frozenset({"timestamp", "metadata", "receivedAt", "sentAt"})
+
+
+def substance_digest(payload: Any) -> bytes:
+    """What a message (or push) says, for telling a re-send from a new message under an old id.
+
+    A server retrying a message sends the same content; one that restarted its counter sends
+    other content under an id it used before.
+    """
+    if isinstance(payload, dict):
+        payload = {key: value for key, value in payload.items() if key not in _VOLATILE_FIELDS}
+    return content_digest(payload)
+
+
 def message_dedup_key(channel_id: str, message_id: str) -> str:
     """A message's identity on its server: message ids are often unique only per chat.
 
@@ -68,7 +86,9 @@ class ServerInbound:
         journal: where accepted inbound events are committed before ``accepted`` is answered.
         on_channels_changed: told of every ref added or withdrawn (to stop typing and streams,
             to notify hosts).
-        on_accepted: told of each newly journaled event (seq + event) to wake hosts.
+        deliveries_for: which agents an event wakes (decided before the commit, written with it).
+        on_accepted: told of each newly journaled event (seq, event, its deliveries) right
+            after its commit, in seq order, to wake hosts.
         on_tools_changed: told of a server's ``notifications/tools/list_changed`` (the
             connector tools fetch its list again).
     """
@@ -79,13 +99,15 @@ class ServerInbound:
         journal: Journal,
         *,
         on_channels_changed: Callable[[str, list[ChannelRef], list[ChannelRef]], None] | None = None,
-        on_accepted: Callable[[int, InboundEvent], None] | None = None,
+        deliveries_for: Callable[[InboundEvent], list[Delivery]] | None = None,
+        on_accepted: Callable[[int, InboundEvent, list[Delivery]], None] | None = None,
         on_tools_changed: Callable[[ServerLink], None] | None = None,
     ) -> None:
         self.registry = registry
         self.journal = journal
         self._on_channels_changed = on_channels_changed or (lambda server, added, removed: None)
-        self._on_accepted = on_accepted or (lambda seq, event: None)
+        self._deliveries_for = deliveries_for or (lambda event: [])
+        self._on_accepted = on_accepted or (lambda seq, event, deliveries: None)
         self._on_tools_changed = on_tools_changed or (lambda link: None)
         self._handlers = {
             "channels/register": self._register,
@@ -106,11 +128,11 @@ class ServerInbound:
                 get_logger(server=link.server_id).debug("server.notification", method=inbound.method)
                 return None
             raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")
-        return handler(link, inbound)
+        return await handler(link, inbound)
 
     # -- channels ----------------------------------------------------------------------------
 
-    def _register(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _register(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(RegisterParams)
         form = "notification" if inbound.is_notification else "request"
         descriptors = [_plain_or_none(raw) for raw in params.channels]
@@ -120,7 +142,7 @@ class ServerInbound:
             self._on_channels_changed(link.server_id, added, [])
         return {"results": [r.to_wire() for r in results]}
 
-    def _changed(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _changed(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(ChangedParams)
         form = "notification" if inbound.is_notification else "request"
         removed = [item for item in params.removed if isinstance(item, str)]
@@ -144,12 +166,12 @@ class ServerInbound:
             self._on_channels_changed(link.server_id, added, list(outcome.withdrawn))
         return {"results": [r.to_wire() for r in outcome.results]}
 
-    def _list(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _list(self, link: ServerLink, inbound: Inbound) -> Any:
         return {"channels": [entry.descriptor.to_wire() for entry in self.registry.channels_for(link.server_id)]}
 
     # -- inbound messages --------------------------------------------------------------------
 
-    def _incoming(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _incoming(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(IncomingParams)
         form = "notification" if inbound.is_notification else "request"
         policy = registration_policy(link, inbound)
@@ -159,12 +181,14 @@ class ServerInbound:
         for index, raw in enumerate(params.messages):
             try:
                 message = decode_item(raw, IncomingMessage)
-            except msgspec.ValidationError as exc:
+                payload = raw_to_plain(raw)
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+                detail = str(exc) if isinstance(exc, msgspec.ValidationError) else describe_decode_failure(bytes(raw), exc)
                 message_id = _message_id_of(raw)
-                log.warning("channels.incoming.malformed", index=index, message_id=message_id, detail=str(exc))
+                log.warning("channels.incoming.malformed", index=index, message_id=message_id, detail=detail)
                 results.append(
                     {"messageId": message_id, "accepted": False, "code": INVALID_ITEM,
-                     "reason": f"Malformed message at messages[{index}]: {exc}"}
+                     "reason": f"Malformed message at messages[{index}]: {detail}"}
                 )
                 continue
             admission = self.registry.admit_incoming(link.server_id, message.channel_id, policy, form=form)
@@ -178,27 +202,35 @@ class ServerInbound:
                 channel_id=message.channel_id,
                 kind="message",
                 dedup_key=message_dedup_key(message.channel_id, message.message_id),
-                payload=raw_to_plain(raw),
+                payload=payload,
+                digest=substance_digest(payload),
             )
             pending.append((len(results), message.message_id, event))
             results.append(None)
-        if pending:
-            # Durable before we say "accepted": a crash after this line loses nothing.
-            recorded = self.journal.record_inbound([event for _, _, event in pending])
-            for (slot, message_id, event), outcome in zip(pending, recorded, strict=True):
-                results[slot] = {
-                    "messageId": message_id,
-                    "accepted": True,
-                    "conversationId": _conversation_id(event),
-                }
-                if outcome.duplicate:
-                    log.info("channels.incoming.duplicate", channel=event.channel_id, message_id=message_id, seq=outcome.seq)
-                else:
-                    log.info("channels.incoming.accepted", channel=event.channel_id, message_id=message_id, seq=outcome.seq)
-                    self._on_accepted(outcome.seq, event)
-        return {"results": results}
+        if not pending:
+            return {"results": results}
+        batch = [(event, self._deliveries_for(event)) for _, _, event in pending]
 
-    def _push(self, link: ServerLink, inbound: Inbound) -> Any:
+        def committed(recorded: list[Recorded]) -> None:
+            # On the trio thread right after the commit, in commit order: wakes go out in seq order.
+            for (_slot, message_id, event), (_, deliveries), outcome in zip(pending, batch, recorded, strict=True):
+                self._log_outcome(log, "channels.incoming", outcome, channel=event.channel_id, message_id=message_id)
+                if not outcome.duplicate:
+                    self._on_accepted(outcome.seq, event, deliveries)
+
+        # Queued for the next group commit; this link's next message is dispatched meanwhile,
+        # and "accepted" goes out only once the commit holding these messages is durable.
+        wait = await self.journal.submit_inbound(batch, committed)
+
+        async def answer() -> Any:
+            await _durable(wait)
+            for slot, message_id, event in pending:
+                results[slot] = {"messageId": message_id, "accepted": True, "conversationId": _conversation_id(event)}
+            return {"results": results}
+
+        return Deferred(answer)
+
+    async def _push(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(PushParams)
         log = get_logger(server=link.server_id)
         origin = params.origin or _EMPTY_ORIGIN
@@ -216,20 +248,51 @@ class ServerInbound:
                 self._on_channels_changed(link.server_id, [placed.ref], [])
             if placed.ref is None:
                 log.info("push.channel.unresolved", event_id=params.event_id, reason=placed.reason)
+        payload = raw_to_plain(inbound.params) if inbound.params is not None else None
         event = InboundEvent(
             server_id=link.server_id,
             channel_id=channel.channel_id if channel else None,
             kind="push",
             dedup_key=params.event_id,
-            payload=raw_to_plain(inbound.params) if inbound.params is not None else None,
+            payload=payload,
+            digest=substance_digest(payload),
         )
-        [outcome] = self.journal.record_inbound([event])
+        deliveries = self._deliveries_for(event)
+
+        def committed(recorded: list[Recorded]) -> None:
+            [outcome] = recorded
+            self._log_outcome(log, "push", outcome, channel=event.channel_id, event_id=params.event_id)
+            if not outcome.duplicate:
+                self._on_accepted(outcome.seq, event, deliveries)
+
+        wait = await self.journal.submit_inbound([(event, deliveries)], committed)
+
+        async def answer() -> Any:
+            await _durable(wait)
+            return {"accepted": True}
+
+        return Deferred(answer)
+
+    @staticmethod
+    def _log_outcome(log: Any, prefix: str, outcome: Recorded, **fields: Any) -> None:
         if outcome.duplicate:
-            log.info("push.duplicate", event_id=params.event_id, seq=outcome.seq)
-        else:
-            log.info("push.accepted", event_id=params.event_id, channel=event.channel_id, seq=outcome.seq)
-            self._on_accepted(outcome.seq, event)
-        return {"accepted": True}
+            log.info(f"{prefix}.duplicate", seq=outcome.seq, **fields)
+            return
+        if outcome.reused_id:
+            # Same id, different content: a server that restarted its counter. Accepted as new.
+            log.warning(f"{prefix}.reused_id", detail="server reused message id", seq=outcome.seq, **fields)
+        log.info(f"{prefix}.accepted", seq=outcome.seq, **fields)
+
+
+async def _durable(wait: Callable[[], Awaitable[list[Recorded]]]) -> list[Recorded]:
+    try:
+        return await wait()
+    except JournalFailure as exc:
+        raise RpcError(
+            INTERNAL_ERROR,
+            f"Not accepted: the daemon could not commit it to its journal ({exc}). Nothing was recorded; retry later.",
+            {"retry": True},
+        ) from exc
 
 
 _EMPTY_ORIGIN = PushOrigin()

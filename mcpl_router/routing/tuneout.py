@@ -160,6 +160,11 @@ class TuneOutTable:
         tune_out.hold(seq)
         return True
 
+    def holds(self, agent: str, ref: ChannelRef | None, seq: int) -> bool:
+        """Whether the wake ``seq`` of ``agent`` from ``ref`` is held now (nothing changes)."""
+        tune_out = None if ref is None else self._tune_outs.get((agent, ref))
+        return tune_out is not None and seq in tune_out.held
+
     def due(self, now: float) -> list[Summary]:
         """Summaries due at ``now``, ending the tune-outs whose duration or wake count ran out.
 

@@ -1,23 +1,53 @@
-"""The journal: inbound events committed before the server is told ``accepted``.
+"""The journal: inbound events committed before the server is told ``accepted``, off the event loop.
 
-SQLite in WAL mode. A whole ``channels/incoming`` batch commits in one transaction. The
-unique key (server, kind, dedup key) makes a re-sent message or event a duplicate: answered
-``accepted`` again, never recorded (or woken) twice.
+SQLite in WAL mode with ``synchronous=FULL``. All writes go through one writer task
+(:meth:`Journal.run`) that takes whatever has queued up and commits it in **one transaction**
+in a worker thread (group commit): inbound batches, acks, drafts, declines. Each inbound batch
+learns its seqs only once the transaction holding it has committed, so ``accepted`` is still
+answered only after the commit; everything that arrived meanwhile shares the next one. The
+trio thread never waits on SQLite or fsync.
 
-The calls are synchronous: a WAL commit with ``synchronous=NORMAL`` costs well under a
-millisecond, cheaper than a thread hop, and keeps the journal on the task that owns the state.
+Every per-message statement is an indexed search (``tests/unit/test_journal.py`` asserts the
+query plans), and what was acked or settled is pruned after ``retention`` seconds, so the cost
+of a message does not grow with the journal's history. Counts the daemon reads often (each
+agent's unacked wakes, the last seq) and the drafts and declines the turn code reads are kept
+in memory and written behind, in order, by the same writer.
+
+The file is locked (``<journal>.lock``, holding the owner's pid): a second daemon on the same
+journal is refused at start with :class:`JournalLocked`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
 import sqlite3
 import time
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import msgspec
+import trio
+
+from mcpl_router.logs import get_logger
+
+#: Inbound batches (and other writes) that may wait for the writer before submitters wait.
+WRITE_QUEUE: Final = 4096
+#: The most operations one transaction takes.
+MAX_BATCH_OPS: Final = 2048
+#: Acked events (and their deliveries) older than this are pruned; so are settled drafts.
+DEFAULT_RETENTION: Final = 24 * 3600.0
+#: How often the writer prunes, and how many rows one pruning transaction takes.
+PRUNE_INTERVAL: Final = 60.0
+PRUNE_CHUNK: Final = 5000
+
+SCHEMA_VERSION: Final = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbound (
@@ -26,11 +56,14 @@ CREATE TABLE IF NOT EXISTS inbound (
     channel TEXT,
     kind TEXT NOT NULL,
     dedup TEXT NOT NULL,
+    -- What the message said (a digest): a re-send is the same id with the same digest.
+    digest BLOB,
     payload BLOB NOT NULL,
     received_at REAL NOT NULL,
-    acked INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (server, kind, dedup)
+    acked INTEGER NOT NULL DEFAULT 0
 );
+CREATE INDEX IF NOT EXISTS inbound_dedup ON inbound (server, kind, dedup, seq);
+CREATE INDEX IF NOT EXISTS inbound_prunable ON inbound (acked, received_at);
 -- One row per agent an inbound event woke; written in the event's own transaction, so a wake
 -- is durable before the server hears "accepted". Re-sent to the agent's owner until acked.
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -43,6 +76,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     PRIMARY KEY (agent, seq)
 );
 CREATE INDEX IF NOT EXISTS deliveries_unacked ON deliveries (agent, acked, seq);
+CREATE INDEX IF NOT EXISTS deliveries_by_seq ON deliveries (seq, acked);
 -- Agents hosts declared, so wakes for them are kept while their host is away (and across
 -- restarts). Config agents are not stored: the config declares them at every start.
 CREATE TABLE IF NOT EXISTS agents (
@@ -59,14 +93,68 @@ CREATE TABLE IF NOT EXISTS declines (
 );
 -- Drafts: plain speech held instead of posted (mcpl_router.routing.drafts), one row each,
 -- rewritten whole on every change (an attempt is saved before its publish goes out).
+-- settled_at: when it was delivered or dismissed (NULL while it is live), for pruning.
 CREATE TABLE IF NOT EXISTS drafts (
     id TEXT PRIMARY KEY,
     agent TEXT NOT NULL,
     created_at REAL NOT NULL,
-    row BLOB NOT NULL
+    row BLOB NOT NULL,
+    settled_at REAL
 );
 CREATE INDEX IF NOT EXISTS drafts_by_agent ON drafts (agent, created_at);
+CREATE INDEX IF NOT EXISTS drafts_settled ON drafts (settled_at);
 """
+
+_SETTLED_STATES: Final = frozenset({"delivered", "dismissed"})
+
+# The statements run once per message or per ack: each must be an indexed search.
+SQL_FIND_DUPLICATE: Final = "SELECT seq, digest FROM inbound WHERE server = ? AND kind = ? AND dedup = ? ORDER BY seq DESC LIMIT 1"
+SQL_INSERT_EVENT: Final = (
+    "INSERT INTO inbound (server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SQL_INSERT_DELIVERY: Final = "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)"
+SQL_ACK_DELIVERY: Final = "UPDATE deliveries SET acked = 1 WHERE agent = ? AND seq = ? AND acked = 0"
+SQL_ACK_EVENT: Final = (
+    "UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0"
+    " AND NOT EXISTS (SELECT 1 FROM deliveries WHERE seq = ? AND acked = 0)"
+)
+SQL_UNACKED_DELIVERIES: Final = (
+    "SELECT d.agent, d.reason, d.tags, d.addressed, i.seq, i.server, i.channel, i.kind, i.payload, i.received_at"
+    " FROM deliveries d JOIN inbound i ON i.seq = d.seq"
+    " WHERE d.agent = ? AND d.acked = 0 AND d.seq > ? ORDER BY d.seq LIMIT ?"
+)
+SQL_DELIVERY: Final = "SELECT reason, tags, addressed FROM deliveries WHERE agent = ? AND seq = ?"
+SQL_EVENT: Final = "SELECT seq, server, channel, kind, payload, received_at FROM inbound WHERE seq = ?"
+SQL_SAVE_DRAFT: Final = (
+    "INSERT INTO drafts (id, agent, created_at, row, settled_at) VALUES (?, ?, ?, ?, ?)"
+    " ON CONFLICT (id) DO UPDATE SET row = excluded.row, settled_at = excluded.settled_at"
+)
+SQL_PRUNABLE_EVENTS: Final = "SELECT seq FROM inbound WHERE acked = 1 AND received_at < ? ORDER BY acked, received_at LIMIT ?"
+SQL_PRUNE_DELIVERIES: Final = "DELETE FROM deliveries WHERE seq = ?"
+SQL_PRUNE_EVENT: Final = "DELETE FROM inbound WHERE seq = ?"
+SQL_PRUNE_DRAFTS: Final = "DELETE FROM drafts WHERE settled_at IS NOT NULL AND settled_at < ?"
+
+#: Every statement above that runs per message, per ack or per turn (for the query-plan test).
+HOT_STATEMENTS: Final = {
+    "find duplicate": (SQL_FIND_DUPLICATE, ("s", "message", "k")),
+    "ack delivery": (SQL_ACK_DELIVERY, ("kai", 1)),
+    "ack event": (SQL_ACK_EVENT, (1, 1)),
+    "unacked deliveries": (SQL_UNACKED_DELIVERIES, ("kai", 0, 100)),
+    "one delivery": (SQL_DELIVERY, ("kai", 1)),
+    "one event": (SQL_EVENT, (1,)),
+    "prunable events": (SQL_PRUNABLE_EVENTS, (0.0, 10)),
+    "prune deliveries": (SQL_PRUNE_DELIVERIES, (1,)),
+    "prune event": (SQL_PRUNE_EVENT, (1,)),
+    "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
+}
+
+
+class JournalLocked(Exception):
+    """Another daemon holds this journal; the message names the file and its pid."""
+
+
+class JournalFailure(Exception):
+    """A write could not be committed (disk full, I/O error); nothing of it was accepted."""
 
 
 @attrs.frozen
@@ -80,12 +168,9 @@ class InboundEvent:
     kind: str  # "message" | "push"
     dedup_key: str
     payload: Any
-
-
-@attrs.frozen
-class Recorded:
-    seq: int
-    duplicate: bool
+    #: What the message said (see :func:`content_digest`); a re-send under the same key with
+    #: the same digest is a duplicate, a different one a new message. None: the whole payload's.
+    digest: bytes | None = None
 
 
 @attrs.frozen
@@ -99,15 +184,11 @@ class Delivery:
 
 
 @attrs.frozen
-class StoredDelivery:
-    """An unacked delivery with its event, for re-sending."""
-
-    delivery: Delivery
-    event: StoredEvent
-
-
-#: Decides, inside the event's transaction, which agents a newly recorded event wakes.
-DeliveryRouter = Callable[[int, InboundEvent], Sequence[Delivery]]
+class Recorded:
+    seq: int
+    duplicate: bool
+    #: A different message under an id already seen (a server that restarted its counter).
+    reused_id: bool = False
 
 
 @attrs.frozen
@@ -120,237 +201,631 @@ class StoredEvent:
     received_at: float
 
 
-class Journal:
-    """The daemon's journal file. Owned by the daemon; opened once, closed at shutdown."""
+@attrs.frozen
+class StoredDelivery:
+    """A delivery with its event, for re-sending."""
 
-    def __init__(self, path: str | Path) -> None:
+    delivery: Delivery
+    event: StoredEvent
+
+
+@attrs.frozen
+class JournalStatistics:
+    last_seq: int
+    queued_writes: int
+    commits: int
+    #: Operations in the last commit, and the most one commit held.
+    last_batch: int
+    largest_batch: int
+    #: Seconds the last commit took in its thread (fsync included).
+    last_commit_seconds: float
+    pruned_events: int
+    pruned_drafts: int
+    #: The last commit's error while it keeps failing; None when healthy.
+    failing: str | None
+
+
+def content_digest(payload: Any) -> bytes:
+    """What a message or event said, for telling a re-send from a new message under an old id."""
+    return hashlib.blake2b(msgspec.json.encode(payload, order="sorted"), digest_size=16).digest()
+
+
+# -- the writer's operations ---------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Op:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: BaseException | None = None
+
+    def apply(self, db: sqlite3.Connection, journal: Journal) -> None:
+        raise NotImplementedError
+
+    def committed(self, journal: Journal) -> None:
+        """On the trio thread, in commit order, once the transaction holding this is durable."""
+
+    async def wait(self) -> None:
+        await self.done.wait()
+        if self.error is not None:
+            raise JournalFailure(str(self.error)) from self.error
+
+
+@attrs.define(eq=False)
+class _InboundOp(_Op):
+    events: Sequence[tuple[InboundEvent, Sequence[Delivery]]] = ()
+    on_committed: Callable[[list[Recorded]], None] | None = None
+    results: list[Recorded] = attrs.field(factory=list)
+
+    def apply(self, db: sqlite3.Connection, journal: Journal) -> None:
+        now = time.time()
+        encode = journal._encoder.encode
+        for event, deliveries in self.events:
+            digest = event.digest if event.digest is not None else content_digest(event.payload)
+            row = db.execute(SQL_FIND_DUPLICATE, (event.server_id, event.kind, event.dedup_key)).fetchone()
+            if row is not None and (row[1] is None or row[1] == digest):
+                # A journal from before digests were kept counts a re-used id as a re-send.
+                self.results.append(Recorded(seq=row[0], duplicate=True))
+                continue
+            cursor = db.execute(
+                SQL_INSERT_EVENT,
+                (event.server_id, event.channel_id, event.kind, event.dedup_key, digest, encode(event.payload), now,
+                 # An event that woke nobody is owed to nobody: acked as it is written.
+                 0 if deliveries else 1),
+            )
+            seq = int(cursor.lastrowid or 0)
+            db.executemany(
+                SQL_INSERT_DELIVERY,
+                [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in deliveries],
+            )
+            self.results.append(Recorded(seq=seq, duplicate=False, reused_id=row is not None))
+
+    def committed(self, journal: Journal) -> None:
+        for (_event, deliveries), recorded in zip(self.events, self.results, strict=True):
+            if not recorded.duplicate:
+                journal._last_seq = max(journal._last_seq, recorded.seq)
+                for delivery in deliveries:
+                    journal._unacked[delivery.agent] += 1
+        if self.on_committed is not None:
+            self.on_committed(self.results)
+
+
+@attrs.define(eq=False)
+class _AckOp(_Op):
+    agents: Sequence[str] = ()
+    seqs: Sequence[int] = ()
+    newly: Counter[str] = attrs.field(factory=Counter)
+
+    def apply(self, db: sqlite3.Connection, journal: Journal) -> None:
+        for agent in self.agents:
+            for seq in self.seqs:
+                self.newly[agent] += db.execute(SQL_ACK_DELIVERY, (agent, seq)).rowcount
+        db.executemany(SQL_ACK_EVENT, [(seq, seq) for seq in set(self.seqs)])
+
+    def committed(self, journal: Journal) -> None:
+        for agent, count in self.newly.items():
+            journal._unacked[agent] = max(0, journal._unacked[agent] - count)
+
+
+@attrs.define(eq=False)
+class _WriteOp(_Op):
+    """A write-behind statement (drafts, declines, agents): in order, no caller waits on it."""
+
+    sql: str = ""
+    args: tuple[Any, ...] = ()
+
+    def apply(self, db: sqlite3.Connection, journal: Journal) -> None:
+        db.execute(self.sql, self.args)
+
+
+@attrs.define(eq=False)
+class _BarrierOp(_Op):
+    """Nothing to write: done once everything queued before it has committed."""
+
+    def apply(self, db: sqlite3.Connection, journal: Journal) -> None:
+        return None
+
+
+# -- the journal ---------------------------------------------------------------------------------
+
+
+class Journal:
+    """The daemon's journal file. Opened once (and locked), written by :meth:`run`, closed last.
+
+    Args:
+        path: the SQLite file (its directory is created 0700; the file is 0600).
+        retention: seconds an acked event, or a settled draft, is kept before it is pruned. A
+            server re-sending a message older than this is taken as a new message.
+    """
+
+    def __init__(self, path: str | Path, *, retention: float = DEFAULT_RETENTION) -> None:
         self.path = Path(path)
-        if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._db = sqlite3.connect(str(path), isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self.retention = retention
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._log = get_logger(journal=str(self.path))
+        self._lock_file = _lock(self.path)
+        try:
+            self._db = self._connect()
+            self._migrate()
+            # The trio thread's own connection: reads for start-up, status and tests only.
+            self._reader = self._connect()
+        except BaseException:
+            self._lock_file.close()
+            raise
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f"{self.path}{suffix}", 0o600)
+        self._encoder = msgspec.json.Encoder()
+        self._thread_reader: sqlite3.Connection | None = None
+        self._read_limiter = trio.CapacityLimiter(1)
+        self._queue_send, self._queue_receive = trio.open_memory_channel[_Op](WRITE_QUEUE)
+        self._backlog: deque[_Op] = deque()
+        self._running = False
+        self._stopped = False
+        self._closed = False
+        self._stats = {"commits": 0, "last_batch": 0, "largest_batch": 0, "pruned_events": 0, "pruned_drafts": 0}
+        self._last_commit_seconds = 0.0
+        self.failing: str | None = None
+        db = self._db
+        self._last_seq = int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM inbound").fetchone()[0])
+        self._unacked: Counter[str] = Counter(
+            dict(db.execute("SELECT agent, COUNT(*) FROM deliveries WHERE acked = 0 GROUP BY agent").fetchall())
+        )
+        self._declines: dict[tuple[str, str, str], float] = {
+            (agent, server, channel): at
+            for agent, server, channel, at in db.execute("SELECT agent, server, channel, declined_at FROM declines ORDER BY declined_at")
+        }
+        self._drafts: dict[str, dict[str, Any]] = {}
+        cutoff = time.time() - retention
+        for raw, settled_at in db.execute("SELECT row, settled_at FROM drafts ORDER BY created_at, id").fetchall():
+            if settled_at is not None and settled_at < cutoff:
+                continue  # pruned at the writer's first pass
+            self._drafts[msgspec.json.decode(raw)["id"]] = msgspec.json.decode(raw)
+        self._settle_interrupted_drafts()
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit is on disk before we answer "accepted", across a power loss too
         # (NORMAL in WAL mode survives a process crash but may roll back on an OS crash).
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._encoder = msgspec.json.Encoder()
-        self.settle_interrupted_drafts()
-        #: Set by the daemon (see :meth:`set_router`); None records events without deliveries.
-        self._router: DeliveryRouter | None = None
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=5000")
+        # 64 MiB of page cache: the indexes a message touches stay in memory as the file grows.
+        db.execute("PRAGMA cache_size=-65536")
+        return db
 
-    def set_router(self, router: DeliveryRouter | None) -> None:
-        """Have :meth:`record_inbound` write each new event's deliveries in its transaction.
+    def _migrate(self) -> None:
+        db = self._db
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if version < 1 and "inbound" in tables:
+            # Version 0 made (server, kind, dedup) unique and kept no digest: rebuild inbound
+            # without the constraint, and give drafts their settled time.
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ALTER TABLE inbound RENAME TO inbound_v0")
+            # Statement by statement: executescript would commit the transaction halfway.
+            db.execute("DROP INDEX IF EXISTS inbound_dedup")
+            db.execute("DROP INDEX IF EXISTS inbound_prunable")
+            for statement in _statements(_SCHEMA):
+                if "drafts_settled" not in statement:
+                    db.execute(statement)
+            db.execute(
+                "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked)"
+                " SELECT seq, server, channel, kind, dedup, NULL, payload, received_at, acked FROM inbound_v0"
+            )
+            db.execute("DROP TABLE inbound_v0")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(drafts)")}
+            if "settled_at" not in columns:
+                db.execute("ALTER TABLE drafts ADD COLUMN settled_at REAL")
+            db.execute("COMMIT")
+            self._log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
+        db.executescript(_SCHEMA)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-        ``router(seq, event)`` is called for every newly recorded event (never a duplicate),
-        inside the transaction; if it raises, the whole batch rolls back and nothing is
-        accepted.
-        """
-        self._router = router
+    # -- the writer --------------------------------------------------------------------------
 
-    def record_inbound(self, events: list[InboundEvent]) -> list[Recorded]:
-        """Commit a batch in one transaction; a duplicate gets the seq it was first given.
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Commit queued writes in groups until cancelled; prune every :data:`PRUNE_INTERVAL`."""
+        self._running = True
+        task_status.started()
+        next_prune = trio.current_time()
+        try:
+            while True:
+                batch: list[_Op] = []
+                if not self._backlog:
+                    with trio.move_on_at(next_prune):
+                        batch.append(await self._queue_receive.receive())
+                while len(batch) < MAX_BATCH_OPS:
+                    try:
+                        batch.append(self._queue_receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                # The overflow of write-behind ops came after everything in the queue.
+                while self._backlog and len(batch) < MAX_BATCH_OPS:
+                    batch.append(self._backlog.popleft())
+                if batch:
+                    # Shielded: a commit under way finishes and its callers are told, even at
+                    # shutdown (the thread can't be stopped halfway anyway).
+                    with trio.CancelScope(shield=True):
+                        await self._commit(batch)
+                if trio.current_time() >= next_prune:
+                    with trio.CancelScope(shield=True):
+                        await self._prune()
+                    next_prune = trio.current_time() + PRUNE_INTERVAL
+        finally:
+            self._running = False
+            self._stopped = True
+            # What was queued when the daemon stopped is still written: drafts and acks saved
+            # during the drain must not be lost to the shutdown.
+            with trio.CancelScope(shield=True):
+                remaining: list[_Op] = list(self._backlog)
+                self._backlog.clear()
+                while True:
+                    try:
+                        remaining.append(self._queue_receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                if remaining:
+                    await self._commit(remaining)
 
-        With a router set (:meth:`set_router`), each new event's deliveries commit with it.
-        """
-        results: list[Recorded] = []
+    async def _commit(self, batch: list[_Op]) -> None:
+        started = time.perf_counter()
+        try:
+            await trio.to_thread.run_sync(self._commit_in_thread, batch)
+        except Exception as exc:  # sqlite3.Error, OSError: the whole transaction rolled back
+            self.failing = f"{type(exc).__name__}: {exc}"
+            self._log.error("journal.commit.failed", ops=len(batch), error=self.failing)
+            for op in batch:
+                op.error = exc
+        else:
+            if self.failing is not None:
+                self._log.info("journal.commit.recovered")
+            self.failing = None
+        self._last_commit_seconds = time.perf_counter() - started
+        self._stats["commits"] += 1
+        self._stats["last_batch"] = len(batch)
+        self._stats["largest_batch"] = max(self._stats["largest_batch"], len(batch))
+        for op in batch:
+            if op.error is None:
+                try:
+                    op.committed(self)
+                except Exception:
+                    self._log.exception("journal.committed_callback.crashed", op=type(op).__name__)
+            op.done.set()
+
+    def _commit_in_thread(self, batch: list[_Op]) -> None:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            for event in events:
-                row = db.execute(
-                    "SELECT seq FROM inbound WHERE server = ? AND kind = ? AND dedup = ?",
-                    (event.server_id, event.kind, event.dedup_key),
-                ).fetchone()
-                if row is not None:
-                    results.append(Recorded(seq=row[0], duplicate=True))
-                    continue
-                cursor = db.execute(
-                    "INSERT INTO inbound (server, channel, kind, dedup, payload, received_at) VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        event.server_id,
-                        event.channel_id,
-                        event.kind,
-                        event.dedup_key,
-                        self._encoder.encode(event.payload),
-                        time.time(),
-                    ),
-                )
-                seq = int(cursor.lastrowid or 0)
-                if self._router is not None:
-                    self._insert_deliveries(seq, self._router(seq, event))
-                results.append(Recorded(seq=seq, duplicate=False))
+            for op in batch:
+                # Each op in its own savepoint: one op's failure is its own, not the batch's.
+                db.execute("SAVEPOINT op")
+                try:
+                    op.apply(db, self)
+                except sqlite3.IntegrityError as exc:
+                    db.execute("ROLLBACK TO op")
+                    op.error = exc
+                db.execute("RELEASE op")
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
-        return results
 
-    def unacked(self, *, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        rows = self._db.execute(
-            "SELECT seq, server, channel, kind, payload, received_at FROM inbound"
-            " WHERE acked = 0 AND seq > ? ORDER BY seq LIMIT ?",
-            (after_seq, limit),
-        ).fetchall()
-        return [
-            StoredEvent(seq, server, channel, kind, msgspec.json.decode(payload), received_at)
-            for seq, server, channel, kind, payload, received_at in rows
-        ]
+    async def _prune(self) -> None:
+        try:
+            while True:
+                events, drafts = await trio.to_thread.run_sync(self._prune_chunk, time.time() - self.retention)
+                self._stats["pruned_events"] += events
+                self._stats["pruned_drafts"] += drafts
+                if events:
+                    self._log.info("journal.pruned", events=events, drafts=drafts)
+                if events < PRUNE_CHUNK:
+                    break
+        except Exception as exc:
+            self._log.error("journal.prune.failed", error=f"{type(exc).__name__}: {exc}")
+        cutoff = time.time() - self.retention
+        for draft_id, row in list(self._drafts.items()):
+            settled_at = row.get("settledAt")
+            if isinstance(settled_at, (int, float)) and settled_at < cutoff:
+                del self._drafts[draft_id]
 
-    def get(self, seq: int) -> StoredEvent | None:
-        """One journaled inbound event by its seq."""
-        row = self._db.execute(
-            "SELECT seq, server, channel, kind, payload, received_at FROM inbound WHERE seq = ?", (seq,)
-        ).fetchone()
-        if row is None:
-            return None
-        seq_, server, channel, kind, payload, received_at = row
-        return StoredEvent(seq_, server, channel, kind, msgspec.json.decode(payload), received_at)
+    def _prune_chunk(self, cutoff: float) -> tuple[int, int]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            seqs = [(seq,) for (seq,) in db.execute(SQL_PRUNABLE_EVENTS, (cutoff, PRUNE_CHUNK)).fetchall()]
+            db.executemany(SQL_PRUNE_DELIVERIES, seqs)
+            db.executemany(SQL_PRUNE_EVENT, seqs)
+            drafts = db.execute(SQL_PRUNE_DRAFTS, (cutoff,)).rowcount
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return len(seqs), drafts
 
-    def ack(self, seqs: list[int]) -> int:
-        """Mark events delivered; returns how many were newly acked."""
-        if not seqs:
-            return 0
-        cursor = self._db.executemany("UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0", [(s,) for s in seqs])
-        return cursor.rowcount
+    async def _submit(self, op: _Op) -> _Op:
+        if self._closed or self._stopped:
+            raise JournalFailure("the journal is closed (the daemon is stopping)")
+        await self._queue_send.send(op)
+        return op
 
-    def _insert_deliveries(self, seq: int, deliveries: Sequence[Delivery]) -> None:
-        self._db.executemany(
-            "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)",
-            [(d.agent, seq, d.reason, self._encoder.encode(list(d.tags)), int(d.addressed)) for d in deliveries],
-        )
+    def _submit_nowait(self, op: _Op) -> None:
+        """Queue a write-behind op; past the queue's bound it waits in an overflow kept in order.
 
-    def unacked_count(self, agent: str) -> int:
-        """How many of ``agent``'s wakes are not acked yet (for ``status``)."""
-        row = self._db.execute("SELECT COUNT(*) FROM deliveries WHERE agent = ? AND acked = 0", (agent,)).fetchone()
-        return int(row[0])
+        Write-behind callers can't wait (they change state with no await between check and
+        change), so the overflow is unbounded by count but bounded by what they do: one draft,
+        decline or agent per tool call or hello. It is logged and counted when used.
+        """
+        if self._closed or self._stopped:
+            self._log.error("journal.write_after_close", op=type(op).__name__)
+            return
+        if not self._backlog:
+            try:
+                self._queue_send.send_nowait(op)
+                return
+            except trio.WouldBlock:
+                self._log.warning("journal.queue.full", queued=WRITE_QUEUE)
+        self._backlog.append(op)
 
-    def unacked_deliveries(self, agent: str, *, after_seq: int = 0, limit: int = 10000) -> list[StoredDelivery]:
-        """``agent``'s unacked deliveries with their events, in seq order."""
-        rows = self._db.execute(
-            "SELECT d.agent, d.reason, d.tags, d.addressed,"
-            " i.seq, i.server, i.channel, i.kind, i.payload, i.received_at"
-            " FROM deliveries d JOIN inbound i ON i.seq = d.seq"
-            " WHERE d.agent = ? AND d.acked = 0 AND d.seq > ? ORDER BY d.seq LIMIT ?",
-            (agent, after_seq, limit),
-        ).fetchall()
-        return [
-            StoredDelivery(
-                Delivery(agent_, reason, tuple(msgspec.json.decode(tags)), bool(addressed)),
-                StoredEvent(seq, server, channel, kind, msgspec.json.decode(payload), received_at),
-            )
-            for agent_, reason, tags, addressed, seq, server, channel, kind, payload, received_at in rows
-        ]
+    # -- inbound and acks (awaited: these answer servers and hosts) ----------------------------
 
-    def delivery(self, seq: int, agent: str) -> StoredDelivery | None:
-        """One delivery (acked or not) with its event."""
-        row = self._db.execute(
-            "SELECT reason, tags, addressed FROM deliveries WHERE seq = ? AND agent = ?", (seq, agent)
-        ).fetchone()
-        event = self.get(seq)
-        if row is None or event is None:
-            return None
-        reason, tags, addressed = row
-        return StoredDelivery(Delivery(agent, reason, tuple(msgspec.json.decode(tags)), bool(addressed)), event)
+    async def submit_inbound(
+        self,
+        events: Sequence[tuple[InboundEvent, Sequence[Delivery]]],
+        on_committed: Callable[[list[Recorded]], None] | None = None,
+    ) -> Callable[[], Any]:
+        """Queue a batch (each event with the agents it wakes) for the next group commit.
 
-    def ack_deliveries(self, agents: Sequence[str], seqs: Sequence[int]) -> int:
-        """Mark ``agents``' deliveries of ``seqs`` acked; returns how many were newly acked.
+        Returns ``wait``: awaiting it gives the batch's :class:`Recorded` list once it is
+        durable, or raises :class:`JournalFailure`. ``on_committed`` is called with the same
+        list on the trio thread right after the commit, in commit order across batches (wakes
+        go out from there, in seq order). Waits only while the write queue is full.
+        """
+        op = await self._submit(_InboundOp(events=events, on_committed=on_committed))
+        assert isinstance(op, _InboundOp)
 
-        An event whose every delivery is acked is marked acked too (see :meth:`unacked`).
+        async def wait() -> list[Recorded]:
+            await op.wait()
+            return op.results
+
+        return wait
+
+    async def record_inbound(self, events: Sequence[tuple[InboundEvent, Sequence[Delivery]]]) -> list[Recorded]:
+        """Record a batch and wait until it is durable (see :meth:`submit_inbound`)."""
+        wait = await self.submit_inbound(events)
+        return await wait()
+
+    async def ack_deliveries(self, agents: Sequence[str], seqs: Sequence[int]) -> int:
+        """Mark ``agents``' deliveries of ``seqs`` acked, durably; returns how many were newly acked.
+
+        An event whose every delivery is acked is marked acked too (and pruned later).
         """
         if not agents or not seqs:
+            await trio.lowlevel.checkpoint()
             return 0
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            pairs = [(seq, agent) for seq in seqs for agent in agents]
-            newly = 0
-            for pair in pairs:
-                newly += db.execute("UPDATE deliveries SET acked = 1 WHERE seq = ? AND agent = ? AND acked = 0", pair).rowcount
-            db.executemany(
-                "UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0"
-                " AND NOT EXISTS (SELECT 1 FROM deliveries WHERE seq = inbound.seq AND acked = 0)",
-                [(seq,) for seq in set(seqs)],
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return newly
+        op = await self._submit(_AckOp(agents=list(agents), seqs=list(seqs)))
+        await op.wait()
+        assert isinstance(op, _AckOp)
+        return sum(op.newly.values())
+
+    async def flush(self) -> None:
+        """Wait until every write queued so far (write-behind ones too) has committed."""
+        op = _BarrierOp()
+        if self._backlog:
+            self._backlog.append(op)  # after the overflow it must wait for
+        else:
+            await self._submit(op)
+        await op.wait()
+
+    # -- reads in a thread (per turn, per replay page) ------------------------------------------
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        def run() -> Any:
+            if self._thread_reader is None:
+                self._thread_reader = self._connect()
+            return fn(self._thread_reader)
+
+        return await trio.to_thread.run_sync(run, limiter=self._read_limiter)
+
+    async def unacked_deliveries(self, agent: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredDelivery]:
+        """``agent``'s unacked deliveries with their events, in seq order, at most ``limit``."""
+        rows = await self._read(lambda db: db.execute(SQL_UNACKED_DELIVERIES, (agent, after_seq, limit)).fetchall())
+        return [_stored_delivery(row) for row in rows]
+
+    async def delivery(self, seq: int, agent: str) -> StoredDelivery | None:
+        """One delivery (acked or not) with its event."""
+        return await self._read(lambda db: _read_delivery(db, seq, agent))
+
+    # -- synchronous reads (start-up, status, tests; never per message) -------------------------
+
+    def last_seq(self) -> int:
+        """The newest committed seq (kept in memory)."""
+        return self._last_seq
+
+    def unacked_count(self, agent: str) -> int:
+        """How many of ``agent``'s wakes are not acked yet (kept in memory)."""
+        return self._unacked.get(agent, 0)
+
+    def events(self, *, after_seq: int = 0, limit: int = 1000, unacked_only: bool = False) -> list[StoredEvent]:
+        """Recorded events in seq order (not yet pruned); ``unacked_only``: those still owed to
+        an agent. For tests and tools, not the daemon's per-message paths."""
+        rows = self._reader.execute(
+            "SELECT seq, server, channel, kind, payload, received_at FROM inbound"
+            f" WHERE seq > ?{' AND acked = 0' if unacked_only else ''} ORDER BY seq LIMIT ?",
+            (after_seq, limit),
+        ).fetchall()
+        return [StoredEvent(seq, server, channel, kind, msgspec.json.decode(payload), at) for seq, server, channel, kind, payload, at in rows]
+
+    def delivery_now(self, seq: int, agent: str) -> StoredDelivery | None:
+        """:meth:`delivery` on the calling thread (tests)."""
+        return _read_delivery(self._reader, seq, agent)
+
+    def statistics(self) -> JournalStatistics:
+        return JournalStatistics(
+            last_seq=self._last_seq,
+            queued_writes=self._queue_send.statistics().current_buffer_used + len(self._backlog),
+            last_commit_seconds=self._last_commit_seconds,
+            failing=self.failing,
+            **self._stats,
+        )
+
+    # -- agents, declines, drafts (in memory, written behind in order) --------------------------
 
     def save_agent(self, name: str, spec: Any) -> None:
         """Remember a host-declared agent's spec (plain JSON values)."""
-        self._db.execute(
-            "INSERT INTO agents (name, spec) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
-            (name, self._encoder.encode(spec)),
+        self._submit_nowait(
+            _WriteOp(
+                sql="INSERT INTO agents (name, spec) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET spec = excluded.spec",
+                args=(name, self._encoder.encode(spec)),
+            )
         )
 
     def saved_agents(self) -> dict[str, Any]:
-        """Every remembered host-declared agent's spec, by name."""
-        rows = self._db.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
+        """Every remembered host-declared agent's spec, by name (read at start)."""
+        rows = self._reader.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
         return {name: msgspec.json.decode(spec) for name, spec in rows}
-
-    def save_draft(self, row: dict[str, Any]) -> None:
-        """Insert or replace one draft (its :meth:`~mcpl_router.routing.drafts.Draft.row`)."""
-        self._db.execute(
-            "INSERT INTO drafts (id, agent, created_at, row) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (id) DO UPDATE SET row = excluded.row",
-            (row["id"], row["agent"], float(row["createdAt"]), self._encoder.encode(row)),
-        )
-
-    def settle_interrupted_drafts(self) -> list[str]:
-        """At open (daemon start): a draft whose last attempt is still ``sending`` was cut off
-        by a stop or crash mid-publish; its outcome is unknown, so it becomes ``unconfirmed``
-        (never stuck "being sent"; resending needs confirmDuplicate). The ids settled."""
-        settled: list[str] = []
-        for (raw,) in self._db.execute("SELECT row FROM drafts").fetchall():
-            row = msgspec.json.decode(raw)
-            attempts = row.get("attempts") or []
-            if not attempts or attempts[-1].get("outcome") != "sending":
-                continue
-            attempts[-1] = {**attempts[-1], "outcome": "unknown", "reason": "interrupted"}
-            row["attempts"] = attempts
-            if row.get("state") == "held":
-                row["state"] = "unconfirmed"
-            self.save_draft(row)
-            settled.append(row["id"])
-        return settled
-
-    def drafts_of(self, agent: str) -> list[dict[str, Any]]:
-        """Every draft row of ``agent``, oldest first."""
-        rows = self._db.execute("SELECT row FROM drafts WHERE agent = ? ORDER BY created_at, id", (agent,)).fetchall()
-        return [msgspec.json.decode(row) for (row,) in rows]
-
-    def draft(self, draft_id: str) -> dict[str, Any] | None:
-        """One draft row by id."""
-        row = self._db.execute("SELECT row FROM drafts WHERE id = ?", (draft_id,)).fetchone()
-        return None if row is None else msgspec.json.decode(row[0])
-
-    def woken_agents(self, seq: int) -> list[str]:
-        """The agents the event ``seq`` woke (its deliveries), by name."""
-        rows = self._db.execute("SELECT agent FROM deliveries WHERE seq = ? ORDER BY agent", (seq,)).fetchall()
-        return [agent for (agent,) in rows]
 
     def record_decline(self, agent: str, server_id: str, channel_id: str) -> None:
         """Remember that ``agent`` declined channel ``channel_id`` of server ``server_id``."""
-        self._db.execute(
-            "INSERT INTO declines (agent, server, channel, declined_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (agent, server, channel) DO UPDATE SET declined_at = excluded.declined_at",
-            (agent, server_id, channel_id, time.time()),
+        now = time.time()
+        self._declines.pop((agent, server_id, channel_id), None)
+        self._declines[(agent, server_id, channel_id)] = now
+        self._submit_nowait(
+            _WriteOp(
+                sql="INSERT INTO declines (agent, server, channel, declined_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (agent, server, channel) DO UPDATE SET declined_at = excluded.declined_at",
+                args=(agent, server_id, channel_id, now),
+            )
         )
 
     def forget_decline(self, agent: str, server_id: str, channel_id: str) -> None:
         """Forget a decline (the agent opened the channel after all)."""
-        self._db.execute(
-            "DELETE FROM declines WHERE agent = ? AND server = ? AND channel = ?", (agent, server_id, channel_id)
+        self._declines.pop((agent, server_id, channel_id), None)
+        self._submit_nowait(
+            _WriteOp(sql="DELETE FROM declines WHERE agent = ? AND server = ? AND channel = ?", args=(agent, server_id, channel_id))
         )
 
     def declines(self) -> list[tuple[str, str, str]]:
-        """Every recorded decline as ``(agent, server, channel)``."""
-        return [tuple(row) for row in self._db.execute("SELECT agent, server, channel FROM declines ORDER BY declined_at")]
+        """Every recorded decline as ``(agent, server, channel)``, oldest first."""
+        return list(self._declines)
 
-    def last_seq(self) -> int:
-        row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM inbound").fetchone()
-        return int(row[0])
+    def save_draft(self, row: dict[str, Any]) -> None:
+        """Insert or replace one draft (its :meth:`~mcpl_router.routing.drafts.Draft.row`).
+
+        In memory at once; on disk at the next commit (:meth:`flush` waits for it).
+        """
+        previous = self._drafts.get(row["id"])
+        settled_at = previous.get("settledAt") if previous is not None else None
+        if row.get("state") in _SETTLED_STATES:
+            settled_at = settled_at if isinstance(settled_at, (int, float)) else time.time()
+        else:
+            settled_at = None
+        stored = {**row, "settledAt": settled_at} if settled_at is not None else {k: v for k, v in row.items() if k != "settledAt"}
+        self._drafts[row["id"]] = stored
+        self._submit_nowait(
+            _WriteOp(
+                sql=SQL_SAVE_DRAFT,
+                args=(row["id"], row["agent"], float(row["createdAt"]), self._encoder.encode(stored), settled_at),
+            )
+        )
+
+    def drafts_of(self, agent: str) -> list[dict[str, Any]]:
+        """Every kept draft row of ``agent``, oldest first."""
+        return sorted(
+            (row for row in self._drafts.values() if row["agent"] == agent),
+            key=lambda row: (float(row["createdAt"]), row["id"]),
+        )
+
+    def draft(self, draft_id: str) -> dict[str, Any] | None:
+        """One draft row by id."""
+        return self._drafts.get(draft_id)
+
+    def _settle_interrupted_drafts(self) -> list[str]:
+        """At open (daemon start): a draft whose last attempt is still ``sending`` was cut off
+        by a stop or crash mid-publish; its outcome is unknown, so it becomes ``unconfirmed``
+        (never stuck "being sent"; resending needs confirmDuplicate). The ids settled."""
+        settled: list[str] = []
+        for row in list(self._drafts.values()):
+            attempts = row.get("attempts") or []
+            if not attempts or attempts[-1].get("outcome") != "sending":
+                continue
+            attempts[-1] = {**attempts[-1], "outcome": "unknown", "reason": "interrupted"}
+            fixed = {**row, "attempts": attempts}
+            if fixed.get("state") == "held":
+                fixed["state"] = "unconfirmed"
+            self._drafts[row["id"]] = fixed
+            # Written now, synchronously: the writer isn't running yet.
+            self._db.execute(
+                SQL_SAVE_DRAFT,
+                (fixed["id"], fixed["agent"], float(fixed["createdAt"]), self._encoder.encode(fixed), None),
+            )
+            settled.append(row["id"])
+        return settled
 
     def close(self) -> None:
-        self._db.close()
+        """Close the files (after :meth:`run` ended) and release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._backlog:
+            self._log.error("journal.closed_with_unwritten", ops=len(self._backlog))
+        for connection in (self._reader, self._thread_reader, self._db):
+            if connection is not None:
+                connection.close()
+        self._lock_file.close()
+
+
+def _statements(script: str) -> list[str]:
+    """The SQL statements of ``script``, one by one (comments may hold semicolons)."""
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--"):
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    return statements
+
+
+def _stored_delivery(row: tuple[Any, ...]) -> StoredDelivery:
+    agent, reason, tags, addressed, seq, server, channel, kind, payload, received_at = row
+    return StoredDelivery(
+        Delivery(agent, reason, tuple(msgspec.json.decode(tags)), bool(addressed)),
+        StoredEvent(seq, server, channel, kind, msgspec.json.decode(payload), received_at),
+    )
+
+
+def _read_delivery(db: sqlite3.Connection, seq: int, agent: str) -> StoredDelivery | None:
+    row = db.execute(SQL_DELIVERY, (agent, seq)).fetchone()
+    event = db.execute(SQL_EVENT, (seq,)).fetchone()
+    if row is None or event is None:
+        return None
+    reason, tags, addressed = row
+    return _stored_delivery((agent, reason, tags, addressed, *event))
+
+
+def _lock(path: Path) -> Any:
+    """Take ``<path>.lock`` (flock) and write our pid in it, or raise :class:`JournalLocked`."""
+    lock_path = Path(f"{path}.lock")
+    handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held open while we run
+    try:
+        os.chmod(lock_path, 0o600)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+            raise JournalLocked(
+                f"the journal {path} is in use by another daemon (pid {holder}); stop that daemon, "
+                "or give this one its own journal.path"
+            ) from None
+        raise
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

@@ -219,6 +219,12 @@ class FixtureControl:
         ``content`` from a ``text`` shorthand)."""
         return await self.call("incoming", messages=[dict(m) for m in messages], **_given(form=form))
 
+    async def flood(self, count: int, *, outstanding: int = 128, per_request: int = 1, prefix: str = "flood", **fields: Any) -> dict[str, Any]:
+        """Have the fixture send ``count`` ``channels/incoming`` requests, ``outstanding`` at once
+        (a pipelining server): ``{accepted, refused, failed, seconds}``."""
+        params = {"count": count, "outstanding": outstanding, "perRequest": per_request, "prefix": prefix, **fields}
+        return await self._peer.request("flood", params, timeout=600)
+
     async def push(self, event_id: str | None = None, **fields: Any) -> Any:
         """Send ``push/event`` (``origin``, ``payload``, ``tags``, ``featureSet``, ``form``)."""
         return await self.call("push", **_given(eventId=event_id), **fields)
@@ -230,6 +236,10 @@ class FixtureControl:
     async def send_raw(self, data: str, *, repeat: int = 1, suffix: str = "") -> dict[str, Any]:
         """Write ``data * repeat + suffix`` verbatim to the host transport (no newline added)."""
         return await self.call("sendRaw", data=data, repeat=repeat, suffix=suffix)
+
+    async def send_bytes(self, data: bytes) -> dict[str, Any]:
+        """Write ``data`` verbatim to the host transport: bytes a string can't carry (bad UTF-8)."""
+        return await self.call("sendRaw", hex=data.hex())
 
     async def manifest_changed(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the manifest and announce it with ``mcpl/manifestChanged`` (if a host is up)."""

@@ -298,6 +298,8 @@ class _MessageProbe(msgspec.Struct):
     id: int | str | None | msgspec.UnsetType = msgspec.UNSET
     method: str | msgspec.UnsetType = msgspec.UNSET
     params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _probe_decoder = msgspec.json.Decoder(_MessageProbe)
@@ -364,6 +366,11 @@ class _HookedStream:
         if hook is not None and hook.then is not None:
             hook.then()
 
+    async def send_messages(self, messages: list[bytes]) -> None:
+        # One at a time: each answer may have an after-reply hook to run right behind it.
+        for data in messages:
+            await self.send_message(data)
+
     async def send_raw(self, data: bytes) -> None:
         """Write ``data`` verbatim (no framing added)."""
         async with self._lock:
@@ -411,7 +418,6 @@ class FixtureServer:
     behaviour: _Behaviour = attrs.field(factory=_Behaviour)
     recordings: list[dict[str, Any]] = attrs.field(factory=list)
     eager_answers: list[dict[str, Any]] = attrs.field(factory=list)
-    stray_answers: list[dict[str, Any]] = attrs.field(factory=list)
     #: discord: what reached "the platform" for each channels/acknowledge it handled.
     reactions: list[dict[str, Any]] = attrs.field(factory=list)
     #: discord: the history limit each channels/open asked for, as the server read it.
@@ -686,12 +692,18 @@ class _HostSession:
 
     def _on_receive(self, data: bytes) -> None:
         probe = _probe(data)
-        if probe is not None and probe.method is msgspec.UNSET and probe.id is None:
-            # An answer to no request of ours (id null): the host answered something we never
-            # sent as a request, e.g. a log line it took for a malformed batch.
-            self.server.stray_answers.append({"epoch": self.epoch, "message": msgspec.json.decode(data), "at": _now()})
+        if probe is None:
             return
-        if probe is None or probe.method is msgspec.UNSET:
+        if probe.method is msgspec.UNSET:
+            if isinstance(probe.id, str) or probe.id is None:
+                # The answer to a request a test wrote raw (string ids; ours are numbers), or
+                # an error with no id: recorded, so a test can read what the host answered.
+                answer: dict[str, Any] = {"epoch": self.epoch, "kind": "answer", "method": None, "id": probe.id, "at": _now()}
+                if probe.result is not msgspec.UNSET:
+                    answer["result"] = msgspec.json.decode(probe.result)
+                if probe.error is not msgspec.UNSET:
+                    answer["error"] = msgspec.json.decode(probe.error)
+                self.server.record(answer)
             return
         is_request = probe.id is not msgspec.UNSET
         entry: dict[str, Any] = {
@@ -1089,6 +1101,7 @@ class _ControlSession:
             ("push", self._push),
             ("call", self._call),
             ("manifestChanged", self._manifest_changed),
+            ("flood", self._flood),
         ):
             table.add(method, handler, dict[str, Any], concurrent=True)
         table.add("sendRaw", self._send_raw, dict[str, Any])
@@ -1139,6 +1152,45 @@ class _ControlSession:
         filled = [self._complete_message(m) for m in messages]
         return await session.send("channels/incoming", {"messages": filled}, self._form(params), timeout=params.get("timeout"))
 
+    async def _flood(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
+        """Send ``count`` ``channels/incoming`` requests with up to ``outstanding`` in flight.
+
+        A pipelining server, for load tests and benchmarks: the control channel's cost is paid
+        once, not per message. Answers how many messages were accepted and how long it took.
+        """
+        session = self.server.require_session()
+        count = int(params.get("count", 1))
+        outstanding = max(1, int(params.get("outstanding", 128)))
+        per_request = max(1, int(params.get("perRequest", 1)))
+        channel = params.get("channelId", "general")
+        prefix = str(params.get("prefix", "flood"))
+        tags = params.get("tags", ["chat:mention"])
+        slots = trio.Semaphore(outstanding)
+        totals = {"accepted": 0, "refused": 0, "failed": 0}
+
+        async def one(index: int) -> None:
+            try:
+                messages = [
+                    self._complete_message({"channelId": channel, "messageId": f"{prefix}-{index}-{n}", "text": "x", "tags": tags})
+                    for n in range(per_request)
+                ]
+                try:
+                    answer = await session.peer.request("channels/incoming", {"messages": messages}, timeout=120)
+                except (RpcError, PeerClosed, RequestTimeout):
+                    totals["failed"] += per_request
+                    return
+                for result in answer.get("results", []) if isinstance(answer, dict) else []:
+                    totals["accepted" if isinstance(result, dict) and result.get("accepted") else "refused"] += 1
+            finally:
+                slots.release()
+
+        started = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                await slots.acquire()
+                nursery.start_soon(one, index)
+        return {**totals, "seconds": trio.current_time() - started}
+
     def _complete_message(self, message: Any) -> Any:
         if not isinstance(message, dict):
             return message
@@ -1171,9 +1223,14 @@ class _ControlSession:
     async def _send_raw(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
         session = self.server.require_session()
         data = params.get("data")
-        if not isinstance(data, str):
-            raise RpcError(-32602, "sendRaw needs data: str")
-        payload = (data * int(params.get("repeat", 1)) + str(params.get("suffix", ""))).encode()
+        raw_hex = params.get("hex")
+        if isinstance(raw_hex, str):
+            # Bytes no JSON string can carry (invalid UTF-8), given as hex.
+            payload = bytes.fromhex(raw_hex)
+        elif isinstance(data, str):
+            payload = (data * int(params.get("repeat", 1)) + str(params.get("suffix", ""))).encode()
+        else:
+            raise RpcError(-32602, "sendRaw needs data: str (or hex: str)")
         try:
             await session.transport.send_raw(payload)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -1227,7 +1284,6 @@ class _ControlSession:
             "receipt": session.receipt if session else None,
             "channels": list(session.channels) if session else [],
             "eagerAnswers": server.eager_answers,
-            "strayAnswers": server.stray_answers,
             "reactions": server.reactions,
             "chatStore": server.chat_store,
             "historyRequests": server.history_requests,

@@ -7,6 +7,11 @@ Assertions about what a server received are read from the server's own recording
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -43,10 +48,16 @@ def dialled_server(fixture: FixtureProcess, **options: Any) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def running_daemon(workdir: Path, servers: dict[str, dict[str, Any]], *, unix_socket: bool = False) -> AsyncIterator[Daemon]:
+async def running_daemon(
+    workdir: Path, servers: dict[str, dict[str, Any]], *, unix_socket: bool = False, host: dict[str, Any] | None = None
+) -> AsyncIterator[Daemon]:
     data = {
         "mcplServers": servers,
-        "host": {"unixSocket": str(workdir / "run" / "host.sock") if unix_socket else False, "websocket": {"enabled": False}},
+        "host": {
+            "unixSocket": str(workdir / "run" / "host.sock") if unix_socket else False,
+            "websocket": {"enabled": False},
+            **(host or {}),
+        },
         "journal": {"path": str(workdir / "journal.sqlite3")},
     }
     config = parse_config(data, source="<test>", base_dir=workdir)
@@ -98,6 +109,99 @@ async def servers_and_daemon(
 async def control_of(control_file: Path) -> AsyncIterator[FixtureControl]:
     async with FixtureControl.connect(control_file, timeout=15) as control:
         yield control
+
+
+# -- the daemon as a real process (kill -9, a second daemon, raw bytes on its sockets) ------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_config(
+    workdir: Path,
+    fixture_url: str | None,
+    *,
+    servers: dict[str, dict[str, Any]] | None = None,
+    host: dict[str, Any] | None = None,
+) -> Path:
+    """A config file for a daemon process: server ``s`` at ``fixture_url`` (or ``servers``),
+    the host Unix socket in ``workdir/run``, the journal in ``workdir``, debug JSON logs."""
+    if servers is None:
+        servers = {} if fixture_url is None else {"s": {"url": fixture_url, "reconnect": FAST_RECONNECT}}
+    config = {
+        "mcplServers": servers,
+        "host": {"unixSocket": str(workdir / "run" / "host.sock"), "websocket": {"enabled": False}, **(host or {})},
+        "journal": {"path": str(workdir / "journal.sqlite3")},
+        "logging": {"level": "debug", "format": "json"},
+    }
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "router.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+class DaemonProcess:
+    """``mcpl-router run`` as a subprocess; its stderr goes to ``log`` (appended across runs)."""
+
+    def __init__(self, config: Path, log: Path) -> None:
+        self.config = config
+        self.log = log
+        self.process: trio.Process | None = None
+
+    async def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "mcpl_router", "run", "--config", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                cwd=ROOT,
+            )
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+
+    async def wait(self) -> int:
+        assert self.process is not None
+        return await self.process.wait()
+
+    async def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(10):
+            await process.wait()
+        if process.poll() is None:
+            process.kill()
+            await process.wait()
+
+
+@asynccontextmanager
+async def daemon_process(config: Path, log: Path) -> AsyncIterator[DaemonProcess]:
+    daemon = DaemonProcess(config, log)
+    try:
+        yield daemon
+    finally:
+        with trio.CancelScope(shield=True):
+            await daemon.stop()
+
+
+async def wait_daemon_ready(socket: str, *, servers: int = 1) -> None:
+    """Until the daemon answers on ``socket`` with ``servers`` ready (and ``general`` registered)."""
+
+    async def ready() -> bool:
+        try:
+            async with RouterClient.connect_unix(socket, timeout=5) as probe:
+                status = await probe.call("status")
+                channels = await probe.call("channels/list")
+        except OSError:
+            return False
+        if servers == 0:
+            return True
+        return status["ready"] == servers and any(row["channelId"] == "general" for row in channels["channels"])
+
+    await wait_until(ready, timeout=20, interval=0.05)
 
 
 @asynccontextmanager

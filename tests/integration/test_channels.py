@@ -88,12 +88,12 @@ async def test_a_message_is_admitted_only_into_its_own_servers_channel(tmp_path:
             await fx[second].register(["general"])
             answer = await fx[second].incoming([message])
             assert answer["results"][0]["accepted"] is True
-            stored = daemon.journal.unacked()
+            stored = daemon.journal.events()
             assert [(e.server_id, e.channel_id) for e in stored] == [(second, "general")]
             # The same message again is a duplicate: accepted, not stored twice.
             again = await fx[second].incoming([message])
             assert again["results"][0]["accepted"] is True
-            assert len(daemon.journal.unacked()) == 1
+            assert len(daemon.journal.events()) == 1
 
 
 @ORDERS
@@ -108,7 +108,7 @@ async def test_a_push_belongs_to_the_pushing_server(tmp_path: Path, first: str) 
             lazy = daemon.router.registry.get(ChannelRef(second, "general"))
             assert lazy is not None and lazy.lazy
             assert daemon.router.registry.get(ChannelRef(first, "general")) is before
-            [event] = daemon.journal.unacked()
+            [event] = daemon.journal.events()
             assert (event.server_id, event.channel_id, event.kind) == (second, "general", "push")
 
 
@@ -180,5 +180,5 @@ async def test_one_message_id_in_two_channels_is_two_messages(tmp_path: Path) ->
             for channel in ("group:111", "group:222", "group:111"):
                 answer = await fx["a"].incoming([{"channelId": channel, "messageId": "42", "text": "hi"}])
                 assert answer["results"][0]["accepted"] is True
-            stored = daemon.journal.unacked()
+            stored = daemon.journal.events()
             assert [(e.server_id, e.channel_id) for e in stored] == [("a", "group:111"), ("a", "group:222")]

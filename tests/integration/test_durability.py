@@ -7,100 +7,22 @@ the daemon's Unix socket.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
 
 from mcpl_router.client import RouterClient, WakeNotice
-from mcpl_router.store.journal import Delivery, InboundEvent, Journal
-from mcpl_router.testing.control import FixtureProcess, wait_until
+from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure
+from mcpl_router.testing.journal import open_journal
+from mcpl_router.testing.control import FixtureProcess
 
-from .conftest import FAST_RECONNECT, control_of, running_daemon, stdio_server, wait_channel
+from .conftest import control_of, daemon_process, running_daemon, stdio_server, wait_channel, wait_daemon_ready, write_config
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def write_config(workdir: Path, fixture_url: str) -> Path:
-    config = {
-        "mcplServers": {"s": {"url": fixture_url, "reconnect": FAST_RECONNECT}},
-        "host": {"unixSocket": str(workdir / "run" / "host.sock"), "websocket": {"enabled": False}},
-        "journal": {"path": str(workdir / "journal.sqlite3")},
-        "logging": {"level": "debug", "format": "json"},
-    }
-    path = workdir / "router.json"
-    path.write_text(json.dumps(config))
-    return path
-
-
-class DaemonProcess:
-    """``mcpl-router run`` as a subprocess; its stderr goes to ``log`` (appended across runs)."""
-
-    def __init__(self, config: Path, log: Path) -> None:
-        self.config = config
-        self.log = log
-        self.process: trio.Process | None = None
-
-    async def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "mcpl_router", "run", "--config", str(self.config)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                cwd=ROOT,
-            )
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-
-    async def wait(self) -> int:
-        assert self.process is not None
-        return await self.process.wait()
-
-    async def stop(self) -> None:
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(10):
-            await process.wait()
-        if process.poll() is None:
-            process.kill()
-            await process.wait()
-
-
-@asynccontextmanager
-async def daemon_process(config: Path, log: Path) -> AsyncIterator[DaemonProcess]:
-    daemon = DaemonProcess(config, log)
-    try:
-        yield daemon
-    finally:
-        with trio.CancelScope(shield=True):
-            await daemon.stop()
-
-
-async def wait_daemon_ready(socket: str) -> None:
-    async def ready() -> bool:
-        try:
-            async with RouterClient.connect_unix(socket, timeout=5) as probe:
-                status = await probe.call("status")
-                channels = await probe.call("channels/list")
-        except OSError:
-            return False
-        return status["ready"] == 1 and any(row["channelId"] == "general" for row in channels["channels"])
-
-    await wait_until(ready, timeout=20, interval=0.05)
 
 
 async def test_kill9_after_accepted_then_wake_exactly_once(short_tmp: Path) -> None:
@@ -186,35 +108,28 @@ def _event(message_id: str) -> InboundEvent:
     return InboundEvent("s", "general", "message", message_id, {"messageId": message_id, "tags": ["chat:mention"]})
 
 
-def test_deliveries_commit_with_their_event_or_not_at_all(tmp_path: Path) -> None:
+async def test_deliveries_commit_with_their_event_or_not_at_all(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
-    journal = Journal(path)
-    journal.set_router(lambda seq, event: [Delivery("kai", "message", ("chat:addressed",), True), Delivery("bo", "message", (), False)])
-    [first] = journal.record_inbound([_event("m-1")])
+    both = [Delivery("kai", "message", ("chat:addressed",), True), Delivery("bo", "message", (), False)]
+    async with open_journal(path) as journal:
+        [first] = await journal.record_inbound([(_event("m-1"), both)])
+        # A batch whose statement fails leaves nothing behind: no event, no delivery.
+        with pytest.raises(JournalFailure):
+            await journal.record_inbound([(_event("m-2"), [Delivery("kai", "message", (), False)] * 2), (_event("m-3"), None)])  # type: ignore[list-item]
+        assert journal.last_seq() == first.seq
+        [duplicate] = await journal.record_inbound([(_event("m-1"), [Delivery("kai", "message", (), False)])])
+        assert duplicate.duplicate and duplicate.seq == first.seq
 
-    def broken(seq: int, event: InboundEvent) -> list[Delivery]:
-        raise RuntimeError("policy bug")
-
-    journal.set_router(broken)
-    with pytest.raises(RuntimeError):
-        journal.record_inbound([_event("m-2"), _event("m-3")])
-    # The failed batch left nothing behind: no event, no delivery, so nothing was "accepted".
-    assert journal.last_seq() == first.seq
-    journal.set_router(lambda seq, event: [Delivery("kai", "message", (), False)])
-    [duplicate] = journal.record_inbound([_event("m-1")])
-    assert duplicate.duplicate and duplicate.seq == first.seq
-    journal.close()
-
-    reopened = Journal(path)
-    [kept] = reopened.unacked_deliveries("kai")
-    assert kept.event.seq == first.seq and kept.delivery.tags == ("chat:addressed",) and kept.delivery.addressed
-    assert reopened.ack_deliveries(["kai"], [first.seq]) == 1
-    assert reopened.ack_deliveries(["kai"], [first.seq]) == 0
-    assert reopened.unacked_deliveries("kai") == []
-    # The event stays unacked while another agent's delivery of it is.
-    assert [e.seq for e in reopened.unacked()] == [first.seq]
-    assert reopened.ack_deliveries(["bo"], [first.seq]) == 1
-    assert reopened.unacked() == []
-    stored = reopened.delivery(first.seq, "bo")
-    assert stored is not None and stored.event.payload["messageId"] == "m-1"
-    reopened.close()
+    async with open_journal(path) as reopened:
+        [kept] = await reopened.unacked_deliveries("kai")
+        assert kept.event.seq == first.seq and kept.delivery.tags == ("chat:addressed",) and kept.delivery.addressed
+        assert reopened.unacked_count("kai") == 1 and reopened.unacked_count("bo") == 1
+        assert await reopened.ack_deliveries(["kai"], [first.seq]) == 1
+        assert await reopened.ack_deliveries(["kai"], [first.seq]) == 0
+        assert await reopened.unacked_deliveries("kai") == []
+        # The event stays unacked while another agent's delivery of it is.
+        assert [e.seq for e in reopened.events(unacked_only=True)] == [first.seq]
+        assert await reopened.ack_deliveries(["bo"], [first.seq]) == 1
+        assert reopened.events(unacked_only=True) == []
+        stored = await reopened.delivery(first.seq, "bo")
+        assert stored is not None and stored.event.payload["messageId"] == "m-1"

@@ -148,7 +148,7 @@ async def test_wake_on_b_general_names_b(short_tmp: Path, order: tuple[str, str]
                 assert wake.reason == "message" and wake.agent == "kai"
                 assert wake.tags == ("chat:mention", "chat:addressed") and wake.addressed
                 assert wake.messages[0]["content"][0]["text"] == "hi kai"
-                stored = daemon.sessions.wake(wake.seq, "kai")
+                stored = await daemon.sessions.wake(wake.seq, "kai")
                 assert stored is not None and stored.channel == ChannelRef("b", "general")
                 assert await host.ack([wake.seq]) == 1
 

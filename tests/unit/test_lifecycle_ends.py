@@ -11,6 +11,7 @@ from typing import Any
 
 import trio
 
+from mcpl_router.config import ServerConfig
 from mcpl_router.mcpl.context import send_lifecycle
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing.turns import Turn, TurnRouting
@@ -30,6 +31,7 @@ class StandInLink:
         self.grant = _AllGranted()
         self.epoch = 1
         self.phases: list[str] = []
+        self.config = ServerConfig(id=server_id, transport="stdio", command="true")
 
     async def send_notification(self, method: str, params: dict[str, Any], capability: str | None = None) -> None:
         await trio.sleep(self.send_delay)

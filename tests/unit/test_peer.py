@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import msgspec
@@ -9,9 +10,12 @@ import pytest
 import structlog
 import trio
 import trio.testing
+from trio.testing import wait_all_tasks_blocked
 
 from mcpl_router.jsonrpc import (
     INVALID_PARAMS,
+    Deferred,
+    PeerLimits,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
@@ -81,6 +85,15 @@ async def wired(nursery: trio.Nursery):
     return peer, Remote(right)
 
 
+@pytest.fixture
+async def wired_host(nursery: trio.Nursery):
+    """A host-style connection: every line must be JSON-RPC (no log lines to skip)."""
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left, skip_log_lines=False), make_table(), request_timeout=5)
+    await nursery.start(peer.run)
+    return peer, Remote(right)
+
+
 async def test_their_request_is_answered_with_their_id_even_zero_and_strings(wired) -> None:
     _peer, remote = wired
     with trio.fail_after(5):
@@ -110,8 +123,8 @@ async def test_colliding_ids_are_kept_apart(wired, nursery: trio.Nursery) -> Non
     assert results == [{"ok": True}]
 
 
-async def test_malformed_json_gets_parse_error_and_link_stays_up(wired) -> None:
-    _peer, remote = wired
+async def test_malformed_json_gets_parse_error_and_link_stays_up(wired_host) -> None:
+    _peer, remote = wired_host
     with trio.fail_after(5):
         await remote.send_raw(b'{"jsonrpc": "2.0", "id": 3, "method": \n')
         answer = await remote.receive()
@@ -131,8 +144,8 @@ async def test_malformed_json_gets_parse_error_and_link_stays_up(wired) -> None:
     ],
     ids=["no-method", "wrong-version", "method-not-string", "method-and-result", "batch"],
 )
-async def test_invalid_requests_get_invalid_request(wired, message: object, expected_id: object) -> None:
-    _peer, remote = wired
+async def test_invalid_requests_get_invalid_request(wired_host, message: object, expected_id: object) -> None:
+    _peer, remote = wired_host
     with trio.fail_after(5):
         await remote.send(message)
         answer = await remote.receive()
@@ -173,18 +186,18 @@ async def test_non_json_line_is_skipped_and_logged(wired) -> None:
     assert skipped and "Logged in as" in skipped[0]["line"]
 
 
-async def test_a_log_line_starting_with_a_bracket_is_skipped_never_answered(wired) -> None:
-    # Issue 11 item 1: discord-mcpl's stdio log line reads like the start of a batch.
+async def test_a_line_that_is_not_json_rpc_is_never_answered_on_a_line_oriented_stream(wired) -> None:
+    """``[server] started`` looks like a batch and truncated JSON like a message: both are log
+    lines on a server's stdout, skipped and logged; the server is never written an answer."""
     peer, remote = wired
     with structlog.testing.capture_logs() as logs, trio.fail_after(5):
         await remote.send_raw(b"[discord-mcpl] Client initialized (MCPL mode)\n")
+        await remote.send_raw(b'{"half a line\n')
         await remote.send({"jsonrpc": "2.0", "id": 1, "method": "echo", "params": {"text": "ok"}})
-        # The first thing written back answers the echo: nothing answered the log line.
+        # The first thing written back is the answer to id 1: nothing answered the log lines.
         assert await remote.receive() == {"jsonrpc": "2.0", "id": 1, "result": "ok"}
-    skipped = [entry for entry in logs if entry["event"] == "jsonrpc.line.skipped"]
-    assert [entry["line"] for entry in skipped] == ["[discord-mcpl] Client initialized (MCPL mode)"]
+    assert peer.statistics().skipped_lines == 2
     assert not [entry for entry in logs if entry["event"] == "jsonrpc.message.malformed"]
-    assert (peer.statistics().skipped_lines, peer.statistics().malformed_messages) == (1, 0)
 
 
 async def test_oversized_message_is_refused_and_link_stays_up(nursery: trio.Nursery) -> None:
@@ -266,26 +279,135 @@ async def test_inbound_order_is_preserved(nursery: trio.Nursery) -> None:
     assert seen == methods
 
 
-async def test_full_inbound_queue_answers_overloaded(nursery: trio.Nursery) -> None:
+async def test_a_full_lane_is_backpressure_and_nothing_is_dropped(nursery: trio.Nursery) -> None:
+    """Issue 9: past a full queue the read loop waits; requests and notifications all arrive."""
     release = trio.Event()
+    seen: list[str] = []
 
     async def handler(inbound: Inbound) -> str:
         await release.wait()
+        seen.append(inbound.method)
         return inbound.method
 
     left, right = trio.testing.memory_stream_pair()
-    peer = Peer(NdjsonStream(left, left), handler, inbound_queue_size=1)
+    peer = Peer(NdjsonStream(left, left), handler, limits=PeerLimits(lane_queue=1))
     await nursery.start(peer.run)
     remote = Remote(right)
     with trio.fail_after(5):
-        for i in range(3):  # one handled (blocked), one queued, one refused
-            await remote.send({"jsonrpc": "2.0", "id": i, "method": f"m{i}"})
-        refused = await remote.receive()
-        assert refused["id"] == 2 and refused["error"]["code"] == -32000
+        for i in range(20):
+            await remote.send({"jsonrpc": "2.0", "method": f"n{i}"})
+        await remote.send({"jsonrpc": "2.0", "id": 99, "method": "last"})
+        await wait_all_tasks_blocked()
+        assert peer.statistics().backpressure_waits >= 1
         release.set()
-        answers = {(await remote.receive())["id"] for _ in range(2)}
-        assert answers == {0, 1}
-    assert peer.statistics().overloaded_requests == 1
+        answer = await remote.receive()
+    assert answer == {"jsonrpc": "2.0", "id": 99, "result": "last"}
+    assert seen == [f"n{i}" for i in range(20)] + ["last"]
+
+
+async def test_one_slow_lane_does_not_hold_another(nursery: trio.Nursery) -> None:
+    release = trio.Event()
+
+    async def handler(inbound: Inbound) -> str:
+        if inbound.method == "slow":
+            await release.wait()
+        return inbound.method
+
+    def lane_of(inbound: Inbound) -> object:
+        return msgspec.json.decode(inbound.params)["lane"]
+
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), handler, lane_of=lane_of, limits=PeerLimits(lane_queue=2))
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    with trio.fail_after(5):
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "slow", "params": {"lane": "ann"}})
+        for i in range(50):  # far more than one lane's queue: the other lane keeps flowing
+            await remote.send({"jsonrpc": "2.0", "id": 100 + i, "method": "fast", "params": {"lane": "bob"}})
+        answers = [await remote.receive() for _ in range(50)]
+        assert [a["id"] for a in answers] == [100 + i for i in range(50)]
+        release.set()
+        assert (await remote.receive())["id"] == 1
+    await wait_all_tasks_blocked()
+    assert peer.statistics().lanes == 0  # idle lanes end
+
+
+async def test_a_deferred_answer_lets_the_lane_move_on(nursery: trio.Nursery) -> None:
+    release = trio.Event()
+
+    async def handler(inbound: Inbound) -> object:
+        if inbound.method == "later":
+            async def wait() -> str:
+                await release.wait()
+                return "done"
+
+            return Deferred(wait)
+        return inbound.method
+
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), handler)
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    with trio.fail_after(5):
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "later"})
+        await remote.send({"jsonrpc": "2.0", "id": 2, "method": "now"})
+        assert (await remote.receive())["id"] == 2
+        release.set()
+        assert await remote.receive() == {"jsonrpc": "2.0", "id": 1, "result": "done"}
+
+
+async def test_nesting_too_deep_is_refused_and_the_connection_stays_up(wired_host) -> None:
+    _peer, remote = wired_host
+    with trio.fail_after(5):
+        deep = b'{"jsonrpc":"2.0","id":1,"method":"echo","params":' + b"[" * 5000 + b"]" * 5000 + b"}\n"
+        await remote.send_raw(deep)
+        answer = await remote.receive()
+        assert answer["error"]["code"] == INVALID_REQUEST and "nested too deeply" in answer["error"]["message"]
+        await remote.send({"jsonrpc": "2.0", "id": 2, "method": "echo", "params": {"text": "alive"}})
+        assert (await remote.receive())["result"] == "alive"
+
+
+async def test_invalid_utf8_in_params_names_the_field(wired_host) -> None:
+    _peer, remote = wired_host
+    with trio.fail_after(5):
+        await remote.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"text":"a\xed\xb3\xbf"}}\n')
+        answer = await remote.receive()
+        assert answer["id"] == 1 and answer["error"]["code"] == INVALID_PARAMS
+        assert "invalid UTF-8 at text" in answer["error"]["message"]
+
+
+async def test_a_peer_that_never_reads_is_bounded_then_disconnected(nursery: trio.Nursery) -> None:
+    """Issue 9: junk from a client that never reads costs a bounded outbox, then a logged close."""
+    # Lockstep: a write blocks until the other side reads, as a full socket buffer does.
+    left, right = trio.testing.lockstep_stream_pair()
+    limits = PeerLimits(outbox_messages=16, outbox_bytes=4096, stall_timeout=0.5)
+    peer = Peer(NdjsonStream(left, left, skip_log_lines=False), make_table(), limits=limits)
+    done = trio.Event()
+
+    async def serve() -> None:
+        await peer.run()
+        done.set()
+
+    nursery.start_soon(serve)
+    sent = 0
+    with structlog.testing.capture_logs() as logs, trio.fail_after(10):
+        async with trio.open_nursery() as flood:
+
+            async def junk() -> None:
+                nonlocal sent
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    while not done.is_set():
+                        await right.send_all(b"junk!\n" * 50)
+                        sent += 50
+
+            flood.start_soon(junk)
+            await done.wait()
+            flood.cancel_scope.cancel()
+    stats = peer.statistics()
+    assert stats.stalled == 1 and sent > limits.outbox_messages
+    # Bounded: the queue's bytes plus one write batch, whatever was sent.
+    assert stats.outbox_high_water_bytes <= limits.outbox_bytes + 256 * 1024
+    assert [entry for entry in logs if entry["event"] == "jsonrpc.peer.stalled"]
 
 
 async def test_two_peers_talk_and_every_message_says_jsonrpc_2_0(nursery: trio.Nursery) -> None:
@@ -297,6 +419,10 @@ async def test_two_peers_talk_and_every_message_says_jsonrpc_2_0(nursery: trio.N
         async def send_message(self, data: bytes) -> None:
             wire.append(data)
             await super().send_message(data)
+
+        async def send_messages(self, messages: list[bytes]) -> None:
+            wire.extend(messages)
+            await super().send_messages(messages)
 
     box: list[Peer] = []
     a = Peer(Tapped(left, left), make_table(box))

@@ -17,6 +17,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
 from mcpl_router.routing.turns import TurnRouting, WakeFact
 from mcpl_router.testing.descriptors import channel_descriptor
+from mcpl_router.testing.journal import open_journal
 
 FULL = RegistrationPolicy.permissive()
 A_GENERAL = ChannelRef("a", "general")
@@ -226,17 +227,13 @@ def test_receipt_wording() -> None:
     assert texts.prose_receipt([], [texts.note_named(2)]).startswith("[delivered] nothing — 2 plain-speech segment(s) kept in your context, sent to no one")
 
 
-def test_drafts_survive_reopening_the_journal(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from mcpl_router.store.journal import Journal
-
+async def test_drafts_survive_reopening_the_journal(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "journal.sqlite3"
-    journal = Journal(path)
     draft = Draft("d-abcde", "ann", "kept", prose.REASON_NO_DESTINATION, 1.0)
-    journal.save_draft(draft.row())
-    journal.close()
-    reopened = Journal(path)
-    assert [Draft.from_row(row) for row in reopened.drafts_of("ann")] == [draft]
-    reopened.close()
+    async with open_journal(path) as journal:
+        journal.save_draft(draft.row())
+    async with open_journal(path) as reopened:
+        assert [Draft.from_row(row) for row in reopened.drafts_of("ann")] == [draft]
 
 
 # ---------------------------------------------------------------------- invitation, mid-turn hold
@@ -287,21 +284,18 @@ def test_an_at_id_target_two_servers_dms_answer_to_is_refused_with_both(first: s
     assert prose.resolve_target("<@999>", names, None).why == texts.BOUNCE_UNKNOWN_TARGET
 
 
-def test_a_draft_left_sending_by_a_stopped_daemon_is_unconfirmed_at_the_next_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_draft_left_sending_by_a_stopped_daemon_is_unconfirmed_at_the_next_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from mcpl_router.routing.drafts import Attempt
-    from mcpl_router.store.journal import Journal
 
     path = tmp_path / "journal.sqlite3"
-    journal = Journal(path)
     cut_off = Draft("d-abcde", "ann", "cut off", prose.REASON_NO_DESTINATION, 1.0,
                     attempts=[Attempt("b", "general", "b:general", 2.0, "sending")])
     untouched = Draft("d-fghjk", "ann", "untouched", prose.REASON_NO_DESTINATION, 3.0)
-    journal.save_draft(cut_off.row())
-    journal.save_draft(untouched.row())
-    journal.close()
-    reopened = Journal(path)
-    settled, kept = (Draft.from_row(row) for row in reopened.drafts_of("ann"))
+    async with open_journal(path) as journal:
+        journal.save_draft(cut_off.row())
+        journal.save_draft(untouched.row())
+    async with open_journal(path) as reopened:
+        settled, kept = (Draft.from_row(row) for row in reopened.drafts_of("ann"))
     assert not settled.sending and settled.state == "unconfirmed"
     assert [(a.outcome, a.reason) for a in settled.attempts] == [("unknown", texts.REASON_INTERRUPTED)]
     assert kept == untouched
-    reopened.close()

@@ -8,6 +8,7 @@ import attrs
 import pytest
 import trio
 
+from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import RequestTimeout, RpcError
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.link import LinkState
@@ -236,6 +237,7 @@ class PublishLink:
     grant: Grant = attrs.field(factory=lambda: Grant(effective=frozenset({"channels.publish"})))
     state: LinkState = LinkState.READY
     notified: list[tuple[str, object]] = attrs.field(factory=list)
+    config: ServerConfig = attrs.field(factory=lambda: ServerConfig(id="b", transport="stdio", command="true"))
 
     async def call(self, method: str, params: object = None, *, capability: str | None, timeout: float | None = None) -> object:
         await trio.lowlevel.checkpoint()

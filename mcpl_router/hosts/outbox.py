@@ -1,0 +1,232 @@
+"""What the daemon owes one host connection: its notifications in order, and its wakes paced.
+
+Wakes are **flow-controlled**, not queued: at most ``window`` wakes are outstanding (sent and not
+acked) per connection. A fresh wake goes straight out while the connection keeps up; past the
+window it stays where it already is, durable in the journal, and the outbox reads it back in
+seq order, a page at a time, as acks make room. A backlog of any size (the 20,000 unacked wakes
+of a host that was away) is replayed the same way after ``session/hello``, so a host that reads
+and acks gets every wake, once, in order, and is never disconnected for the size of its backlog.
+
+Other notifications (notices, traces, ``server/state``, ``channels/changed``, summary wakes)
+queue in order, up to :data:`NOTICE_LIMIT`. Sending waits on the connection's own bounded
+outbox (:class:`~mcpl_router.jsonrpc.Peer`): a host that stops reading for the peer's stall
+timeout is disconnected there. A host that lets :data:`NOTICE_LIMIT` notifications pile up
+is disconnected too (``host.outbox.full``); everything it was owed that matters is in the
+journal.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import trio
+
+from mcpl_router.logs import get_logger
+from mcpl_router.routing.wakes import Wake
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.store.journal import Journal, StoredDelivery
+
+#: Wakes outstanding (sent, not acked) per connection before the rest wait in the journal.
+WAKE_WINDOW: Final = 1024
+#: Wakes read back from the journal per query.
+REPLAY_PAGE: Final = 256
+#: Other notifications waiting for one connection before it counts as not reading.
+NOTICE_LIMIT: Final = 4096
+
+
+@attrs.define
+class _Cursor:
+    """One agent's place in its wakes on this connection."""
+
+    #: The highest seq sent (or the resume point): the journal is read after it.
+    sent_through: int
+    #: True while the journal may hold wakes past ``sent_through`` that were not sent.
+    replaying: bool = True
+    #: Counts wakes offered while replaying, so a page read meanwhile can't miss one.
+    offers: int = 0
+    sent: int = 0
+
+
+@attrs.frozen
+class OutboxStatistics:
+    agents: int
+    in_flight: int
+    fresh_queued: int
+    notices_queued: int
+    replaying: int
+    wakes_sent: int
+    wakes_replayed: int
+
+
+class HostOutbox:
+    """The wakes and notifications owed to one connection, sent by :meth:`run` in its own task.
+
+    Args:
+        connection: the host connection (``notify`` returns False once it is gone).
+        journal: where unsent wakes are read back from.
+        render: a wake's notification params (shown names and invitations as of sending).
+        wake_of: a stored delivery as a wake.
+        held: whether a wake is held back (a tuned-out channel's; it stays unacked).
+    """
+
+    def __init__(
+        self,
+        connection: HostConnection,
+        journal: Journal,
+        *,
+        render: Callable[[Wake], dict[str, Any]],
+        wake_of: Callable[[StoredDelivery], Wake],
+        held: Callable[[Wake], bool],
+        window: int = WAKE_WINDOW,
+    ) -> None:
+        self.connection = connection
+        self._journal = journal
+        self._render = render
+        self._wake_of = wake_of
+        self._held = held
+        self.window = window
+        self._cursors: dict[str, _Cursor] = {}
+        self._in_flight: set[tuple[int, str]] = set()
+        self._fresh: deque[Wake] = deque()
+        self._notices: deque[tuple[str, Any]] = deque()
+        self._changed = trio.Event()
+        self.closed = False
+        self._counts = {"wakes_sent": 0, "wakes_replayed": 0}
+        self._log = get_logger(connection=connection.id)
+
+    # -- what the sessions tell it -------------------------------------------------------------
+
+    def add_agent(self, agent: str, *, after_seq: int = 0) -> None:
+        """This connection now owns ``agent``: replay its unacked wakes after ``after_seq``."""
+        self._cursors[agent] = _Cursor(sent_through=after_seq)
+        self._poke()
+
+    def remove_agent(self, agent: str) -> None:
+        """Another connection took ``agent``: nothing more of it goes out here."""
+        self._cursors.pop(agent, None)
+        self._in_flight = {key for key in self._in_flight if key[1] != agent}
+        self._fresh = deque(wake for wake in self._fresh if wake.agent != agent)
+
+    def offer(self, wake: Wake) -> bool:
+        """A wake just committed for one of our agents; False if this connection doesn't own it."""
+        cursor = self._cursors.get(wake.agent)
+        if cursor is None or self.closed:
+            return False
+        if cursor.replaying:
+            cursor.offers += 1  # the replay reads it from the journal, in order
+        elif len(self._in_flight) + len(self._fresh) < self.window:
+            self._fresh.append(wake)
+        else:
+            # The window is full: from here this agent's wakes come from the journal, in order.
+            cursor.replaying = True
+            cursor.offers += 1
+            self._fresh = deque(w for w in self._fresh if w.agent != wake.agent)
+            self._log.info("wake.window.full", agent=wake.agent, window=self.window, seq=wake.seq)
+        self._poke()
+        return True
+
+    def notify(self, method: str, params: Any) -> bool:
+        """Queue a notification; False when the queue is full (the caller disconnects)."""
+        if self.closed:
+            return False
+        if len(self._notices) >= NOTICE_LIMIT:
+            return False
+        self._notices.append((method, params))
+        self._poke()
+        return True
+
+    def acked(self, agent: str, seqs: list[int]) -> None:
+        for seq in seqs:
+            self._in_flight.discard((seq, agent))
+        self._poke()
+
+    def close(self) -> None:
+        self.closed = True
+        self._poke()
+
+    def statistics(self) -> OutboxStatistics:
+        return OutboxStatistics(
+            agents=len(self._cursors),
+            in_flight=len(self._in_flight),
+            fresh_queued=len(self._fresh),
+            notices_queued=len(self._notices),
+            replaying=sum(1 for cursor in self._cursors.values() if cursor.replaying),
+            **self._counts,
+        )
+
+    def _poke(self) -> None:
+        self._changed.set()
+
+    # -- the sender ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Send until the connection closes."""
+        while not self.closed:
+            await self._changed.wait()
+            self._changed = trio.Event()
+            while not self.closed and await self._send_some():
+                pass
+
+    async def _send_some(self) -> bool:
+        """Send what is owed and fits; True if anything went out (there may be more)."""
+        progressed = False
+        while self._notices:
+            method, params = self._notices.popleft()
+            if not await self._send(method, params):
+                return False
+            progressed = True
+        while self._fresh and len(self._in_flight) < self.window:
+            wake = self._fresh.popleft()
+            cursor = self._cursors.get(wake.agent)
+            if cursor is None or cursor.replaying or wake.seq <= cursor.sent_through:
+                continue
+            if not await self._send_wake(wake, cursor):
+                return False
+            progressed = True
+        for agent, cursor in list(self._cursors.items()):
+            room = self.window - len(self._in_flight)
+            if room <= 0:
+                break
+            if not cursor.replaying:
+                continue
+            limit = min(room, REPLAY_PAGE)
+            offers = cursor.offers
+            page = await self._journal.unacked_deliveries(agent, after_seq=cursor.sent_through, limit=limit)
+            if self._cursors.get(agent) is not cursor:
+                continue  # taken by another connection while we read
+            for stored in page:
+                wake = self._wake_of(stored)
+                if (wake.seq, agent) in self._in_flight or wake.seq <= cursor.sent_through:
+                    continue
+                if self._held(wake):
+                    cursor.sent_through = wake.seq  # held for a tune-out's summary; stays unacked
+                    continue
+                if not await self._send_wake(wake, cursor):
+                    return False
+                self._counts["wakes_replayed"] += 1
+                progressed = True
+            if len(page) < limit and cursor.offers == offers:
+                cursor.replaying = False
+                self._log.info("wake.replay.caught_up", agent=agent, sent=cursor.sent, through=cursor.sent_through)
+            elif page:
+                progressed = True
+        return progressed
+
+    async def _send_wake(self, wake: Wake, cursor: _Cursor) -> bool:
+        cursor.sent_through = max(cursor.sent_through, wake.seq)
+        self._in_flight.add((wake.seq, wake.agent))
+        cursor.sent += 1
+        self._counts["wakes_sent"] += 1
+        return await self._send("wake", self._render(wake))
+
+    async def _send(self, method: str, params: Any) -> bool:
+        if await self.connection.notify(method, params):
+            return True
+        # Gone: what it was owed that matters (its wakes) stays unacked in the journal.
+        self.closed = True
+        return False

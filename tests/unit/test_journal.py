@@ -1,0 +1,127 @@
+"""The journal: indexed per-message statements, group commit, pruning, duplicates, the lock."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from mcpl_router.mcpl.inbound import substance_digest
+from mcpl_router.store.journal import HOT_STATEMENTS, Delivery, InboundEvent, Journal, JournalLocked
+from mcpl_router.testing.journal import open_journal
+
+KAI = Delivery("kai", "message", ("chat:mention",), True)
+
+
+def message(message_id: str, text: str = "hi", **extra: object) -> InboundEvent:
+    payload = {"channelId": "general", "messageId": message_id, "content": [{"type": "text", "text": text}], **extra}
+    return InboundEvent("s", "general", "message", message_id, payload, digest=substance_digest(payload))
+
+
+@pytest.mark.parametrize("name", sorted(HOT_STATEMENTS))
+def test_every_per_message_statement_is_an_indexed_search(tmp_path: Path, name: str) -> None:
+    """No statement run per message, per ack or per turn scans a table that grows with history."""
+    journal = Journal(tmp_path / "journal.sqlite3")
+    try:
+        sql, args = HOT_STATEMENTS[name]
+        db = sqlite3.connect(str(journal.path))
+        plan = [row[3] for row in db.execute(f"EXPLAIN QUERY PLAN {sql}", args)]
+        db.close()
+    finally:
+        journal.close()
+    assert plan, name
+    scans = [step for step in plan if step.startswith("SCAN")]
+    assert not scans, f"{name}: {plan}"
+    assert any("USING" in step for step in plan), f"{name}: {plan}"
+
+
+async def test_batches_that_arrive_together_share_one_commit(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+        waits = []
+        for n in range(50):
+            waits.append(await journal.submit_inbound([(message(f"m-{n}"), [KAI])]))
+        before = journal.statistics().commits
+        results = [await wait() for wait in waits]
+        stats = journal.statistics()
+    assert [r[0].seq for r in results] == list(range(1, 51))  # in submission order
+    assert stats.commits - before < 50 and stats.largest_batch > 1
+
+
+async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_is_new(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+        [first] = await journal.record_inbound([(message("in-1", "hello", timestamp="t1"), [KAI])])
+        # A retry: the same content (its send time may differ) is the same message.
+        [again] = await journal.record_inbound([(message("in-1", "hello", timestamp="t2"), [KAI])])
+        assert again.duplicate and again.seq == first.seq
+        # A server that restarted its counter: the same id, other content, is a new message.
+        [reused] = await journal.record_inbound([(message("in-1", "a different message"), [KAI])])
+        assert not reused.duplicate and reused.reused_id and reused.seq > first.seq
+        assert journal.unacked_count("kai") == 2
+
+
+async def test_acked_events_and_settled_drafts_are_pruned_and_live_ones_kept(tmp_path: Path) -> None:
+    async with open_journal(tmp_path / "journal.sqlite3", retention=0.05) as journal:
+        [done, owed] = await journal.record_inbound([(message("m-1"), [KAI]), (message("m-2"), [KAI])])
+        await journal.ack_deliveries(["kai"], [done.seq])
+        journal.save_draft({"id": "d-aaaaa", "agent": "kai", "createdAt": 1.0, "text": "x", "state": "dismissed"})
+        journal.save_draft({"id": "d-bbbbb", "agent": "kai", "createdAt": 2.0, "text": "y", "state": "held"})
+        await journal.flush()
+        await trio.sleep(0.1)
+        await journal._prune()
+        assert [e.seq for e in journal.events()] == [owed.seq]
+        assert [row["id"] for row in journal.drafts_of("kai")] == ["d-bbbbb"]
+        assert journal.statistics().pruned_events == 1 and journal.statistics().pruned_drafts == 1
+        assert [s.event.seq for s in await journal.unacked_deliveries("kai")] == [owed.seq]
+
+
+async def test_a_journal_from_before_digests_is_migrated_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    db = sqlite3.connect(str(path))
+    db.executescript(
+        """
+        CREATE TABLE inbound (seq INTEGER PRIMARY KEY AUTOINCREMENT, server TEXT NOT NULL, channel TEXT,
+            kind TEXT NOT NULL, dedup TEXT NOT NULL, payload BLOB NOT NULL, received_at REAL NOT NULL,
+            acked INTEGER NOT NULL DEFAULT 0, UNIQUE (server, kind, dedup));
+        CREATE TABLE deliveries (agent TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, tags BLOB NOT NULL,
+            addressed INTEGER NOT NULL, acked INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (agent, seq));
+        CREATE TABLE drafts (id TEXT PRIMARY KEY, agent TEXT NOT NULL, created_at REAL NOT NULL, row BLOB NOT NULL);
+        """
+    )
+    db.execute("INSERT INTO inbound (server, channel, kind, dedup, payload, received_at) VALUES ('s', 'general', 'message', 'in-1', '{}', ?)", (time.time(),))
+    db.execute("INSERT INTO deliveries (agent, seq, reason, tags, addressed) VALUES ('kai', 1, 'message', '[]', 0)")
+    db.commit()
+    db.close()
+    async with open_journal(path) as journal:
+        assert journal.unacked_count("kai") == 1 and journal.last_seq() == 1
+        # An event kept without a digest counts a re-sent id as the same message.
+        [again] = await journal.record_inbound([(message("in-1"), [KAI])])
+        assert again.duplicate and again.seq == 1
+
+
+def test_a_second_journal_on_the_same_file_is_refused_naming_the_file_and_pid(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    journal = Journal(path)
+    try:
+        with pytest.raises(JournalLocked) as refused:
+            Journal(path)
+        import os
+
+        assert str(path) in str(refused.value) and f"pid {os.getpid()}" in str(refused.value)
+    finally:
+        journal.close()
+    Journal(path).close()  # released with the first
+
+
+async def test_a_failed_commit_is_an_error_for_its_callers_not_silence(tmp_path: Path) -> None:
+    with capture_logs() as logs:
+        async with open_journal(tmp_path / "journal.sqlite3") as journal:
+            journal._db.execute("DROP TABLE deliveries")  # the disk "fails" under the next commit
+            with pytest.raises(Exception) as failed:
+                await journal.record_inbound([(message("m-1"), [KAI])])
+            assert "deliveries" in str(failed.value)
+            assert journal.statistics().failing is not None
+    assert [entry for entry in logs if entry["event"] == "journal.commit.failed"]
