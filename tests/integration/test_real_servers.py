@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
@@ -26,7 +25,7 @@ from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, FixtureProcess, wait_until
 
-from .conftest import control_of, dialled_server, running_daemon, stdio_server, wait_channel, wait_ready
+from .conftest import control_of, daemon_process, dialled_server, running_daemon, stdio_server, wait_channel, wait_ready
 from .conftest import host_session as host
 
 pytestmark = pytest.mark.integration
@@ -281,10 +280,8 @@ async def test_connectome_hosts_mcpl_servers_json_runs_unchanged_from_another_di
             summary = checked.stdout.decode()
             assert summary.startswith("OK: 3 servers (chat: stdio, world: websocket, gone: none, disabled)"), summary
             assert "channelSubscription" in summary and "host setting" in summary
-            daemon = await trio.lowlevel.open_process(
-                [*cli, "run", "--config", str(config_file)], cwd=elsewhere, env=env, stderr=subprocess.DEVNULL
-            )
-            try:
+            async with daemon_process(config_file, tmp_path / "daemon.log", cwd=elsewhere, env=env) as daemon:
+                await daemon.start()
 
                 async def servers() -> dict[str, str] | None:
                     result = await trio.run_process(
@@ -300,9 +297,6 @@ async def test_connectome_hosts_mcpl_servers_json_runs_unchanged_from_another_di
                 assert (await world.state())["connected"] is True
                 async with control_of(chat_control) as chat:
                     assert (await chat.state())["connected"] is True
-                daemon.send_signal(signal.SIGTERM)
+                assert daemon.process is not None
+                daemon.process.send_signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
-            finally:
-                if daemon.returncode is None:
-                    daemon.kill()
-                    await daemon.wait()
