@@ -95,7 +95,7 @@ async def test_privileged_method_before_the_policy_is_refused(tmp_path: Path, tr
             await wait_channel(daemon, "s", "general")
 
 
-@pytest.mark.parametrize("personality", ["legacy", "discord"])
+@pytest.mark.parametrize("personality", ["legacy", "discord", "editor"])
 async def test_legacy_server_refused_in_deny_mode(tmp_path: Path, personality: str) -> None:
     with trio.fail_after(30):
         async with one_server(tmp_path, "tcp", personality, options={"legacy": "deny"}) as (daemon, _server):
