@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
-from mcpl_router.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, PeerClosed, RequestTimeout, RpcError
+from mcpl_router.jsonrpc import INVALID_PARAMS, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import BEFORE_INFERENCE_TIMEOUT, HookFacts, before_inference, send_lifecycle
-from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.mcpl.link import NOTIFIED, CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.drafts import Attempt, Draft, new_draft_id
 from mcpl_router.routing.refs import ChannelRef
@@ -213,22 +213,16 @@ async def publish_text(
         params["threadId"] = thread_id
     try:
         deadline = link.config.request_timeout if timeout is None else timeout
-        answer = await link.call("channels/publish", params, capability=PUBLISH, timeout=deadline)
-    except RpcError as error:
-        if error.code != METHOD_NOT_FOUND:
-            return outcome("failed", texts.REASON_SERVER_REFUSED)
-        try:
-            await link.send_notification("channels/publish", params, capability=PUBLISH)
-        except (LinkUnavailable, CapabilityNotGranted):
-            return outcome("failed", texts.REASON_NO_LINK)
-        except PeerClosed:
-            return outcome("unknown", texts.REASON_NO_RECEIPT)
-        return outcome("unknown", texts.REASON_NO_RECEIPT)
+        answer = await link.request_or_notify("channels/publish", params, capability=PUBLISH, timeout=deadline)
+    except RpcError:
+        return outcome("failed", texts.REASON_SERVER_REFUSED)
     except RequestTimeout as exc:
         return outcome("unknown" if exc.sent else "failed", texts.REASON_TIMEOUT)
     except (LinkUnavailable, CapabilityNotGranted):
         return outcome("failed", texts.REASON_NO_LINK)
     except PeerClosed:
+        return outcome("unknown", texts.REASON_NO_RECEIPT)
+    if answer is NOTIFIED:
         return outcome("unknown", texts.REASON_NO_RECEIPT)
     if isinstance(answer, dict) and answer.get("delivered") is True:
         message_id = answer.get("messageId")
@@ -251,7 +245,8 @@ async def acknowledge_message(
     The shape is what discord-mcpl reads (``src/server.ts:78-83``): a **Request**
     ``{channelId, messageId, intent, value}``, where ``value`` is the reaction (without it the
     server falls back to its own 👀). discord-mcpl drops an acknowledge sent as a Notification,
-    so the Request comes first; a server that answers it -32601 gets it once as a Notification.
+    so the Request comes first; a server that answers it -32601 gets Notifications from then on
+    (:meth:`ServerLink.request_or_notify`).
     Returns a stable reason when it wasn't done: ``timeout``, ``unconfirmed`` (sent, no
     answer), ``server-refused`` (an error, or ``acknowledged: false``), ``server-unavailable``.
     """
@@ -259,17 +254,9 @@ async def acknowledge_message(
     if value is not None:
         params["value"] = value
     try:
-        answer = await link.call("channels/acknowledge", params, capability=ACKNOWLEDGE, timeout=timeout)
-    except RpcError as error:
-        if error.code != METHOD_NOT_FOUND:
-            return texts.REASON_SERVER_REFUSED
-        try:
-            await link.send_notification("channels/acknowledge", params, capability=ACKNOWLEDGE)
-        except (LinkUnavailable, CapabilityNotGranted):
-            return texts.REASON_NO_LINK
-        except PeerClosed:
-            return texts.REASON_UNCONFIRMED
-        return None
+        answer = await link.request_or_notify("channels/acknowledge", params, capability=ACKNOWLEDGE, timeout=timeout)
+    except RpcError:
+        return texts.REASON_SERVER_REFUSED
     except RequestTimeout as exc:
         return texts.REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
     except (LinkUnavailable, CapabilityNotGranted):

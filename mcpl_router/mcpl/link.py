@@ -87,6 +87,10 @@ STABLE_AFTER = 10.0
 _AUTH_REFUSED = (401, 403)
 
 
+#: What :meth:`ServerLink.request_or_notify` returns when the method went as a Notification.
+NOTIFIED: Any = enum.Enum("Notified", "NOTIFIED").NOTIFIED
+
+
 class LinkState(enum.Enum):
     CONNECTING = "connecting"
     READY = "ready"
@@ -213,6 +217,8 @@ class ServerLink:
         self.receipt: Any = None
         self.legacy = False
         self.legacy_mapping: dict[str, str] = {}
+        #: Methods this epoch's server answered -32601 as Requests: sent as Notifications now.
+        self._notification_only: set[str] = set()
         self.epoch = 0
         self.attempts = 0
         self.last_error: str | None = None
@@ -299,6 +305,24 @@ class ServerLink:
         self._check_capability(capability)
         return await peer.request(method, params, timeout=timeout, result_type=result_type)
 
+    async def request_or_notify(self, method: str, params: Any, *, capability: str, timeout: float | None = None) -> Any:
+        """Send ``method`` as a Request; the result, or :data:`NOTIFIED`.
+
+        A server that takes ``method`` only as a Notification (mcpl-editor's ``channels/publish``)
+        answers the Request -32601: it then gets the Notification, and in the rest of this epoch
+        only that, without a refused Request first. Raises as :meth:`call` does otherwise.
+        """
+        if method not in self._notification_only:
+            try:
+                return await self.call(method, params, capability=capability, timeout=timeout)
+            except RpcError as error:
+                if error.code != METHOD_NOT_FOUND:
+                    raise
+                self._notification_only.add(method)
+                self._log.info("link.notification_only", method=method, epoch=self.epoch)
+        await self.send_notification(method, params, capability=capability)
+        return NOTIFIED
+
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         """Send a notification needing ``capability`` (checked against the current grant first)."""
         peer = self._live_peer()
@@ -367,6 +391,7 @@ class ServerLink:
         self.grant = Grant.nothing()  # every new transport epoch starts with nothing granted
         self.legacy = False
         self.legacy_mapping = {}
+        self._notification_only = set()
         self.receipt = None
         self._ready_since = None
         transport: OpenTransport | None = None

@@ -199,6 +199,12 @@ async def test_6_editor_chat_wakes_an_agent_and_the_reply_lands_in_its_chat_stor
                 [stored] = await wait_until(lambda: state_field(server, "chatStore"), timeout=10)
                 assert stored["text"] == "hello from ann"
                 assert [e["kind"] for e in await server.recorded("channels/publish")] == ["request", "notification"]
+                # Learned for the epoch: the next publish goes straight as a Notification.
+                again = await client.call("channels/publish", {"agent": AGENT, "channel": EDITOR_CHANNEL, "content": "and again"})
+                assert again["delivered"] is False and again["reason"] == "unconfirmed"
+                stored = await wait_until(lambda: _stored(server, 2), timeout=10)
+                assert [m["text"] for m in stored] == ["hello from ann", "and again"]
+                assert [e["kind"] for e in await server.recorded("channels/publish")] == ["request", "notification", "notification"]
                 # It has no typing handler and advertised none: never granted, never sent.
                 assert not link.grant.allows("channels.typing")
                 assert await server.recorded("channels/typing") == []
@@ -231,6 +237,11 @@ async def test_heartbeat_answers_the_policy_32601_pushes_and_wakes_again_after_k
                 await wait_ready(daemon, "s", epoch=2)
                 again = await client.next_wake()
                 assert again.reason == "push" and again.seq > first.seq
+
+
+async def _stored(server: FixtureControl, count: int) -> list[dict[str, Any]] | None:
+    stored = (await server.state())["chatStore"]
+    return stored if len(stored) >= count else None
 
 
 def _zero() -> Any:

@@ -11,7 +11,8 @@ import trio
 from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import RequestTimeout, RpcError
 from mcpl_router.mcpl.grants import Grant
-from mcpl_router.mcpl.link import LinkState
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.names import ChannelNames, Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
@@ -248,6 +249,12 @@ class PublishLink:
     async def send_notification(self, method: str, params: object = None, *, capability: str | None) -> None:
         self.notified.append((method, params))
 
+    # The real Request-then-Notification fallback, over this stand-in's call/send_notification.
+    request_or_notify = ServerLink.request_or_notify
+    _notification_only: set[str] = attrs.field(factory=set)
+    _log: object = attrs.field(factory=get_logger)
+    epoch: int = 1
+
 
 async def publish(link: PublishLink | None, *, registered: bool = True) -> Delivery:
     return await publish_text(link, B_GENERAL, "b:general", "hi", conversation_id="ann", round_=1, registered=registered)  # type: ignore[arg-type]
@@ -276,6 +283,10 @@ async def test_a_notification_only_server_gets_the_publish_as_a_notification_wit
     delivery = await publish(link)
     assert delivery.outcome == "unknown" and delivery.reason == "no-receipt"
     assert [method for method, _ in link.notified] == ["channels/publish"]
+    # Learned: the next one goes as a Notification without asking again.
+    link.answer = AssertionError("asked again")
+    assert (await publish(link)).reason == "no-receipt"
+    assert [method for method, _ in link.notified] == ["channels/publish", "channels/publish"]
 
 
 async def test_nothing_leaves_for_a_link_down_ungranted_or_unregistered_channel() -> None:
