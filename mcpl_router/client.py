@@ -29,7 +29,9 @@ import trio_websocket
 
 from mcpl_router.jsonrpc import Inbound, MessageStream, NdjsonStream, Peer, WebSocketMessageStream
 
-_NOTIFICATION_BUFFER = 1024
+# Above the daemon's wake window (1024 outstanding per connection) plus room for notices, so a
+# host awaiting an answer while its wakes wait unread never stops its own read loop.
+_NOTIFICATION_BUFFER = 4096
 
 
 @attrs.frozen

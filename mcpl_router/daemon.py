@@ -10,7 +10,6 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import trio
 
 from mcpl_router import __version__
@@ -159,8 +158,22 @@ class Daemon:
             "lastSeq": self.journal.last_seq(),
             "agents": self.sessions.statistics(),
             "hosts": self.sessions.host_statistics(),
-            "journal": attrs.asdict(self.journal.statistics()),
+            "journal": self._journal_status(),
             "openTurns": len(self.turns.table.all()),
+        }
+
+    def _journal_status(self) -> dict[str, Any]:
+        stats = self.journal.statistics()
+        return {
+            "lastSeq": stats.last_seq,
+            "queuedWrites": stats.queued_writes,
+            "commits": stats.commits,
+            "lastBatch": stats.last_batch,
+            "largestBatch": stats.largest_batch,
+            "lastCommitMs": round(stats.last_commit_seconds * 1000, 3),
+            "prunedEvents": stats.pruned_events,
+            "prunedDrafts": stats.pruned_drafts,
+            "failing": stats.failing,
         }
 
     def servers_list(self) -> list[dict[str, Any]]:

@@ -271,10 +271,21 @@ class SessionManager:
 
     def outbox_statistics(self) -> list[dict[str, Any]]:
         """Each connection's wake window and queues (for ``status``)."""
-        return [
-            {"connection": connection.id, **attrs.asdict(outbox.statistics())}
-            for connection, outbox in self._outboxes.items()
-        ]
+        rows = []
+        for connection, outbox in self._outboxes.items():
+            stats = outbox.statistics()
+            rows.append(
+                {
+                    "connection": connection.id,
+                    "agents": stats.agents,
+                    "inFlight": stats.in_flight,
+                    "replaying": stats.replaying,
+                    "noticesQueued": stats.notices_queued,
+                    "wakesSent": stats.wakes_sent,
+                    "wakesReplayed": stats.wakes_replayed,
+                }
+            )
+        return rows
 
     async def broadcast(self, method: str, params: Any) -> None:
         """Queue a notification to every connection that said hello."""
@@ -403,15 +414,11 @@ class SessionManager:
             if self._daemon.tune_outs.divert(wake):
                 continue  # its channel is tuned out: held for the summary wake (mcpl_router.tune_out)
             owner = self._owners.get(wake.agent)
-            log = get_logger(agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq)
-            if owner is None:
-                log.info("wake.pending", reason="agent not owned")
-                continue
-            outbox = self._outboxes.get(owner)
+            outbox = None if owner is None else self._outboxes.get(owner)
             if outbox is None or not outbox.offer(wake):
-                log.info("wake.pending", reason="owner's connection is closing")
-                continue
-            log.debug("wake.offered", connection=owner.id)
+                # Once per wake on the hot path: no bound logger is built unless it is written.
+                reason = "agent not owned" if owner is None else "owner's connection is closing"
+                self._log.info("wake.pending", agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq, reason=reason)
 
     def _facts(self, event: InboundEvent) -> InboundFacts:
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)

@@ -109,6 +109,7 @@ class ServerInbound:
         self._deliveries_for = deliveries_for or (lambda event: [])
         self._on_accepted = on_accepted or (lambda seq, event, deliveries: None)
         self._on_tools_changed = on_tools_changed or (lambda link: None)
+        self._logs: dict[str, Any] = {}
         self._handlers = {
             "channels/register": self._register,
             "channels/changed": self._changed,
@@ -116,6 +117,13 @@ class ServerInbound:
             "channels/list": self._list,
             "push/event": self._push,
         }
+
+    def _log_of(self, server_id: str) -> Any:
+        # One bound logger per server, not one per message.
+        log = self._logs.get(server_id)
+        if log is None:
+            log = self._logs[server_id] = get_logger(server=server_id)
+        return log
 
     async def handle(self, link: ServerLink, inbound: Inbound) -> Any:
         handler = self._handlers.get(inbound.method)
@@ -175,7 +183,7 @@ class ServerInbound:
         params = inbound.decode_params(IncomingParams)
         form = "notification" if inbound.is_notification else "request"
         policy = registration_policy(link, inbound)
-        log = get_logger(server=link.server_id)
+        log = self._log_of(link.server_id)
         results: list[dict[str, Any] | None] = []
         pending: list[tuple[int, str, InboundEvent]] = []
         for index, raw in enumerate(params.messages):
@@ -220,7 +228,7 @@ class ServerInbound:
 
         # Queued for the next group commit; this link's next message is dispatched meanwhile,
         # and "accepted" goes out only once the commit holding these messages is durable.
-        wait = await self.journal.submit_inbound(batch, committed)
+        wait = await _submitted(self.journal.submit_inbound(batch, committed))
 
         async def answer() -> Any:
             await _durable(wait)
@@ -232,7 +240,7 @@ class ServerInbound:
 
     async def _push(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(PushParams)
-        log = get_logger(server=link.server_id)
+        log = self._log_of(link.server_id)
         origin = params.origin or _EMPTY_ORIGIN
         channel = None
         if origin.mcpl_channel_id or origin.channel_id:
@@ -265,7 +273,7 @@ class ServerInbound:
             if not outcome.duplicate:
                 self._on_accepted(outcome.seq, event, deliveries)
 
-        wait = await self.journal.submit_inbound([(event, deliveries)], committed)
+        wait = await _submitted(self.journal.submit_inbound([(event, deliveries)], committed))
 
         async def answer() -> Any:
             await _durable(wait)
@@ -284,15 +292,26 @@ class ServerInbound:
         log.info(f"{prefix}.accepted", seq=outcome.seq, **fields)
 
 
+def _not_accepted(exc: JournalFailure) -> RpcError:
+    return RpcError(
+        INTERNAL_ERROR,
+        f"Not accepted: the daemon could not commit it to its journal ({exc}). Nothing was recorded; retry later.",
+        {"retry": True},
+    )
+
+
+async def _submitted(submit: Awaitable[Callable[[], Awaitable[list[Recorded]]]]) -> Callable[[], Awaitable[list[Recorded]]]:
+    try:
+        return await submit
+    except JournalFailure as exc:  # the daemon is stopping
+        raise _not_accepted(exc) from exc
+
+
 async def _durable(wait: Callable[[], Awaitable[list[Recorded]]]) -> list[Recorded]:
     try:
         return await wait()
     except JournalFailure as exc:
-        raise RpcError(
-            INTERNAL_ERROR,
-            f"Not accepted: the daemon could not commit it to its journal ({exc}). Nothing was recorded; retry later.",
-            {"retry": True},
-        ) from exc
+        raise _not_accepted(exc) from exc
 
 
 _EMPTY_ORIGIN = PushOrigin()

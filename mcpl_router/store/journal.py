@@ -375,11 +375,15 @@ class Journal:
             for agent, server, channel, at in db.execute("SELECT agent, server, channel, declined_at FROM declines ORDER BY declined_at")
         }
         self._drafts: dict[str, dict[str, Any]] = {}
+        # Each agent's draft ids, oldest first: a turn reads its agent's drafts, not everyone's.
+        self._agent_drafts: dict[str, dict[str, None]] = {}
         cutoff = time.time() - retention
         for raw, settled_at in db.execute("SELECT row, settled_at FROM drafts ORDER BY created_at, id").fetchall():
             if settled_at is not None and settled_at < cutoff:
                 continue  # pruned at the writer's first pass
-            self._drafts[msgspec.json.decode(raw)["id"]] = msgspec.json.decode(raw)
+            row = msgspec.json.decode(raw)
+            self._drafts[row["id"]] = row
+            self._agent_drafts.setdefault(row["agent"], {})[row["id"]] = None
         self._settle_interrupted_drafts()
 
     def _connect(self) -> sqlite3.Connection:
@@ -528,6 +532,7 @@ class Journal:
             settled_at = row.get("settledAt")
             if isinstance(settled_at, (int, float)) and settled_at < cutoff:
                 del self._drafts[draft_id]
+                self._agent_drafts.get(row["agent"], {}).pop(draft_id, None)
 
     def _prune_chunk(self, cutoff: float) -> tuple[int, int]:
         db = self._db
@@ -723,6 +728,7 @@ class Journal:
             settled_at = None
         stored = {**row, "settledAt": settled_at} if settled_at is not None else {k: v for k, v in row.items() if k != "settledAt"}
         self._drafts[row["id"]] = stored
+        self._agent_drafts.setdefault(row["agent"], {})[row["id"]] = None
         self._submit_nowait(
             _WriteOp(
                 sql=SQL_SAVE_DRAFT,
@@ -732,10 +738,8 @@ class Journal:
 
     def drafts_of(self, agent: str) -> list[dict[str, Any]]:
         """Every kept draft row of ``agent``, oldest first."""
-        return sorted(
-            (row for row in self._drafts.values() if row["agent"] == agent),
-            key=lambda row: (float(row["createdAt"]), row["id"]),
-        )
+        ids = self._agent_drafts.get(agent, {})
+        return sorted((self._drafts[draft_id] for draft_id in ids), key=lambda row: (float(row["createdAt"]), row["id"]))
 
     def draft(self, draft_id: str) -> dict[str, Any] | None:
         """One draft row by id."""

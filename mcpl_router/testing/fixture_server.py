@@ -724,6 +724,10 @@ class _HostSession:
         self.server.record(entry)
 
     async def _handle(self, inbound: Inbound) -> Any:
+        if inbound.method in self.options.never_answer and not inbound.is_notification:
+            # A server that hangs on this method: the host's deadline is what ends the wait.
+            self.log.info("fixture.never_answering", method=inbound.method)
+            await trio.sleep_forever()
         if inbound.is_notification:
             denied = self.denied_capability(inbound.method)
         else:
@@ -1165,13 +1169,14 @@ class _ControlSession:
         channel = params.get("channelId", "general")
         prefix = str(params.get("prefix", "flood"))
         tags = params.get("tags", ["chat:mention"])
+        text = str(params.get("text", "x"))
         slots = trio.Semaphore(outstanding)
         totals = {"accepted": 0, "refused": 0, "failed": 0}
 
         async def one(index: int) -> None:
             try:
                 messages = [
-                    self._complete_message({"channelId": channel, "messageId": f"{prefix}-{index}-{n}", "text": "x", "tags": tags})
+                    self._complete_message({"channelId": channel, "messageId": f"{prefix}-{index}-{n}", "text": text, "tags": tags})
                     for n in range(per_request)
                 ]
                 try:
@@ -1335,6 +1340,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--server-name", help="names logs, feature sets and serverInfo (default: per personality)")
     parser.add_argument("--push-on-start", action="store_true", help="push one event when the channels are registered")
     parser.add_argument("--exit-with-parent", action="store_true", help="exit when the parent process is gone")
+    parser.add_argument("--never-answer", action="append", default=[], metavar="METHOD",
+                        help="never answer this host request (initialize, featureSets/update, …): a hung server")
     parser.add_argument("--log-level", default="info")
     options = parser.parse_args(argv)
     for spec in options.dm:
