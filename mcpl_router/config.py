@@ -25,6 +25,8 @@ import math
 import os
 import re
 import shlex
+import shutil
+import stat
 import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +42,7 @@ __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
     "AgentConfig",
     "ConfigError",
+    "DaemonLocation",
     "HealthConfig",
     "HostConfig",
     "JournalConfig",
@@ -51,7 +54,9 @@ __all__ = [
     "check_config",
     "default_unix_socket_path",
     "load_config",
+    "locate_daemon",
     "parse_config",
+    "runtime_problems",
 ]
 
 TRANSPORTS: Final = ("stdio", "tcp", "websocket")
@@ -106,6 +111,7 @@ _SERVER_KEYS: Final = (
     "disabledTools",
     "toolPrefix",
     "disabled",
+    "required",
 )
 # Spellings that connectome-host's mcpl-servers.json uses for the same settings, so its files
 # load unchanged. Not listed in "valid keys" messages: new files should use the names above.
@@ -118,7 +124,7 @@ _HOST_KEYS: Final = ("websocket", "unixSocket", "token", "tokenFile", "allowNonL
 _HOST_WEBSOCKET_KEYS: Final = ("enabled", "bind", "port", "path")
 _JOURNAL_KEYS: Final = ("path", "retention")
 _LOGGING_KEYS: Final = ("level", "format")
-_HEALTH_KEYS: Final = ("bind", "port")
+_HEALTH_KEYS: Final = ("enabled", "bind", "port")
 _AGENT_KEYS: Final = (
     "proseRouting",
     "allowedTools",
@@ -275,6 +281,8 @@ class ServerConfig:
     disabled_tools: tuple[str, ...] = ()
     tool_prefix: str = ""
     disabled: bool = False
+    #: ``/readyz`` (and ``mcpl-router health``) fail while this server is not ready.
+    required: bool = False
 
     @property
     def endpoint(self) -> str:
@@ -355,6 +363,7 @@ class ServerConfig:
                 "disabledTools": list(self.disabled_tools),
                 "toolPrefix": self.tool_prefix,
                 "disabled": self.disabled,
+                "required": self.required,
             }
         )
         return out
@@ -433,11 +442,14 @@ class HealthConfig:
 
     bind: str = "127.0.0.1"
     port: int = 0
+    #: ``health.enabled`` as given; not given: on when ``port`` is set.
+    switch: bool | None = None
 
     @property
     def enabled(self) -> bool:
-        """Whether the health listener runs at all."""
-        return self.port != 0
+        """Whether the health listener runs at all (``enabled = true`` with port 0: the OS
+        picks the port)."""
+        return self.switch if self.switch is not None else self.port != 0
 
 
 @attrs.frozen
@@ -534,6 +546,12 @@ def load_config(
         ConfigError: the file can't be read or parsed, or any value is invalid (all problems
             found are in its ``errors``).
     """
+    data, source, base_dir = _read_config_file(path)
+    return parse_config(data, source=source, base_dir=base_dir, environ=environ)
+
+
+def _read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str, Path]:
+    """The parsed (not yet validated) contents, the source name and the base directory."""
     source = os.fspath(path)
     file = Path(source)
     suffix = file.suffix.lower()
@@ -574,7 +592,7 @@ def load_config(
                 f"is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}.",
                 "Fix the syntax there (JSON allows no comments and no trailing commas).",
             ) from None
-    return parse_config(data, source=source, base_dir=file.absolute().parent, environ=environ)
+    return data, source, file.absolute().parent
 
 
 def parse_config(
@@ -633,6 +651,9 @@ def check_config(
         config = load_config(path, environ=environ)
     except ConfigError as exc:
         return False, str(exc)
+    problems = runtime_problems(config, environ=environ)
+    if problems:
+        return False, str(ConfigError.collect(problems))
     return True, config.summary()
 
 
@@ -1313,6 +1334,7 @@ def _parse_health(section: _Section) -> HealthConfig:
     return HealthConfig(
         bind=section.string("bind", "127.0.0.1") or "127.0.0.1",
         port=section.integer("port", 0, at_least=0, at_most=65535),
+        switch=section.boolean("enabled", False) if section.given("enabled") else None,
     )
 
 
@@ -1391,6 +1413,7 @@ def _parse_server(
         "disabled_tools": s.strings("disabledTools", (), item="tool pattern") or (),
         "tool_prefix": s.string("toolPrefix", f"mcpl--{server_id}--") or "",
         "disabled": disabled,
+        "required": s.boolean("required", False),
     }
     if transport_and_endpoint is None:
         return None
@@ -1813,3 +1836,127 @@ def _check_server_known(
         f"{json.dumps(server_id)} is not a server in mcplServers.",
         _suggest(server_id, server_ids) + f"Configured servers: {known}.",
     )
+
+
+# --- operations: finding the daemon, and checks beyond the file ---------------------------------
+#
+# The query commands (status, channels, explain, health, reload) read only what locates the
+# daemon, so they work in a shell that has none of the daemon's secrets. check-config also
+# checks what the file can't say by itself: programs on PATH, directories, token files.
+
+#: The sections that say where the daemon listens (host.tokenFile defaults beside the journal).
+_LOCATOR_SECTIONS: Final = ("host", "journal", "health")
+
+
+@attrs.frozen
+class DaemonLocation:
+    """Where the query commands reach a running daemon, read from its config.
+
+    ``health_url`` is ``http://host:port`` of the ``[health]`` listener (``0.0.0.0``/``::`` are
+    asked on loopback), or ``None`` when the config leaves it off or to the OS (port 0).
+    """
+
+    source: str
+    unix_socket: Path | None
+    health_url: str | None
+    #: The host token's file (``host.tokenFile`` or its default), for a ``ws://`` query.
+    token_file: Path | None = None
+
+
+def locate_daemon(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> DaemonLocation:
+    """Read ``host``, ``journal`` and ``health`` of the config at ``path``, and nothing else.
+
+    ``${VAR}``s elsewhere (a server's token, an ``env`` table) are never substituted, so their
+    variables need not be set; ``host.token`` is not read either (the Unix socket needs none).
+
+    Raises:
+        ConfigError: the file can't be read, or those sections are invalid.
+    """
+    data, source, base_dir = _read_config_file(path)
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, "", f"holds {_show(data)}, not a table of settings.")
+    wanted: dict[str, Any] = {name: data[name] for name in _LOCATOR_SECTIONS if name in data}
+    host = wanted.get("host")
+    if isinstance(host, Mapping) and "token" in host:
+        wanted["host"] = {**host, "token": "not-read-by-the-cli"}
+    config = parse_config(wanted, source=source, base_dir=base_dir, environ=environ)
+    health = config.health
+    url = None
+    if health.enabled and health.port:
+        bind = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(health.bind, health.bind)
+        url = f"http://{_host_port(bind, health.port)}"
+    return DaemonLocation(source=source, unix_socket=config.host.unix_socket, health_url=url, token_file=config.host.token_file)
+
+
+def runtime_problems(
+    config: RouterConfig, *, environ: Mapping[str, str] | None = None
+) -> list[ConfigError]:
+    """What would fail at run time though the file is valid: a stdio ``command`` not found,
+    a ``cwd`` that isn't a directory, a host token file that can't be read or is too open.
+
+    Disabled servers are skipped (their programs need not exist here).
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    source = config.source
+    problems: list[ConfigError] = []
+    for server in config.enabled_servers():
+        if server.transport != "stdio" or server.command is None:
+            continue
+        prefix = _key("mcplServers", server.id)
+        if server.cwd is not None and not server.cwd.is_dir():
+            what = "is not a directory" if server.cwd.exists() else "does not exist"
+            problems.append(
+                ConfigError(
+                    source,
+                    _key(prefix, "cwd"),
+                    f"{_show(str(server.cwd))} {what}, so the server can't be started there.",
+                    "Create it, or fix the path (relative paths are read against the config's directory).",
+                )
+            )
+        problem = _command_problem(server, env)
+        if problem is not None:
+            problems.append(ConfigError(source, _key(prefix, "command"), *problem))
+    token_file = config.host.token_file
+    if config.host.websocket is not None and config.host.token is None and token_file is not None:
+        problem = _token_file_problem(token_file)
+        if problem is not None:
+            problems.append(ConfigError(source, "host.tokenFile", *problem))
+    return problems
+
+
+def _command_problem(server: ServerConfig, env: Mapping[str, str]) -> tuple[str, str] | None:
+    command = server.command or ""
+    if "/" in command:
+        found = Path(command)
+        if not found.exists():
+            return f"{_show(command)} does not exist.", "Fix the path, or install the server there."
+        if found.is_dir() or not os.access(found, os.X_OK):
+            return f"{_show(command)} is not an executable file.", f"Run: chmod +x {shlex.quote(command)}"
+        return None
+    # The child is started with its own environment; its PATH is the one searched.
+    search = server.spawn_env(env).get("PATH", os.defpath)
+    if shutil.which(command, path=search) is not None:
+        return None
+    return (
+        f"{_show(command)} is not on the PATH the server gets ({search or 'empty'}).",
+        "Install it, give its full path, or add its directory to PATH.",
+    )
+
+
+def _token_file_problem(path: Path) -> tuple[str, str] | None:
+    if not path.exists():
+        return None  # the daemon creates it (mode 0600) at start
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        return f"{_show(str(path))} can't be read: {exc.strerror}.", "Give the daemon's user read access (chmod 600)."
+    if mode & 0o077:
+        return (
+            f"{_show(str(path))} is mode {mode:o}; others could read the host token.",
+            f"Run: chmod 600 {shlex.quote(str(path))}",
+        )
+    return None

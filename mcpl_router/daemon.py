@@ -1,24 +1,33 @@
 """The daemon: one trio root nursery holding every server link, the host socket and the state.
 
 Shutdown (SIGTERM/SIGINT, or :meth:`Daemon.request_shutdown`) drains within a grace deadline:
-links stop (stdio children: stdin closed → grace → SIGTERM → SIGKILL), the journal is closed.
+hosts are sent ``daemon/shutdown``, open turns end, links stop (stdio children: stdin closed →
+grace → SIGTERM → SIGKILL), the journal is closed. SIGHUP (or :meth:`Daemon.reload`) re-reads
+the config file and applies what can change live (docs/operations.md).
 """
 
 from __future__ import annotations
 
+import collections
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from mcpl_router import __version__
 from mcpl_router.channel_tools import ChannelTools
-from mcpl_router.config import RouterConfig
+from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_config
 from mcpl_router.connector_tools import ConnectorTools
+from mcpl_router.errors import bind_failure, listen_refusal
+from mcpl_router.health import Readiness, readiness
+from mcpl_router.metrics import DaemonMetrics, registration_reason_label
 from mcpl_router.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.jsonrpc import Inbound
+from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink
@@ -30,6 +39,13 @@ from mcpl_router.turn_runner import TurnManager
 
 #: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
 SHUTDOWN_GRACE = 5.0
+#: How long the ``daemon/shutdown`` notice may take to reach each host before draining starts.
+SHUTDOWN_NOTICE_TIMEOUT = 1.0
+
+#: Server keys a live link can take without reconnecting: its tool filters and readiness.
+_LIVE_KEYS = frozenset({"enabled_tools", "disabled_tools", "required"})
+#: Server keys applied to the live connection by sending it a new grant.
+_GRANT_KEYS = frozenset({"enabled_capabilities", "disabled_capabilities", "enabled_feature_sets", "disabled_feature_sets"})
 
 Observer = Callable[[str, dict[str, Any]], None]
 
@@ -47,6 +63,22 @@ class Daemon:
         self.config = config
         self.router = Router()
         self.journal = Journal(config.journal.path, retention=config.journal.retention)
+        self.metrics = DaemonMetrics(self)
+        #: Open host connections (the metrics read their peers' queues; the shutdown notice).
+        self.host_connections: set[HostConnection] = set()
+        #: True from the moment shutdown starts: ``/readyz`` answers 503.
+        self.draining = False
+        #: Per server: channel registrations refused in its current epoch, by reason text.
+        self.registration_refusals: dict[str, collections.Counter[str]] = {}
+        #: What the latest reload did (``status`` shows it).
+        self.last_reload: dict[str, Any] | None = None
+        self._link_scopes: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
+        self._reload_requests, self._reload_receive = trio.open_memory_channel[None](1)
+        self._shutdown_reason: str | None = None
+        #: ``http://host:port`` once the health listener listens (the actual port).
+        self.health_url: str | None = None
+        self._serving: trio.Nursery | None = None
+        self._reload_lock = trio.Lock()
         self.inbound = ServerInbound(
             self.router.registry,
             self.journal,
@@ -91,6 +123,9 @@ class Daemon:
     # -- LinkDelegate ------------------------------------------------------------------------
 
     def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None:
+        if new is LinkState.CONNECTING:
+            # A new epoch registers afresh: last epoch's refusals no longer describe it.
+            self.registration_refusals.pop(link.server_id, None)
         self._emit("server/state", {"serverId": link.server_id, "old": old.value, "state": new.value})
         if new is LinkState.READY:
             # Every epoch (a reconnect too) lists the server's tools again.
@@ -106,14 +141,47 @@ class Daemon:
             self._channels_changed(link.server_id, [], removed)
 
     async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
-        return await self.inbound.handle(link, inbound)
+        result = await self.inbound.handle(link, inbound)
+        if isinstance(result, Deferred):
+            # Answered after the journal's group commit: counted when the answer is ready.
+            wait = result.wait
+
+            async def answered() -> Any:
+                answer = await wait()
+                self._answered(link, inbound.method, answer)
+                return answer
+
+            return Deferred(answered)
+        self._answered(link, inbound.method, result)
+        return result
+
+    def _answered(self, link: ServerLink, method: str, result: Any) -> None:
+        self.metrics.inbound_answered(link.server_id, method, result)
+        if method in ("channels/register", "channels/changed") and isinstance(result, dict):
+            self._note_registration_refusals(link, result.get("results"))
+
+    def _note_registration_refusals(self, link: ServerLink, rows: Any) -> None:
+        refused = [row for row in rows or () if isinstance(row, dict) and not row.get("accepted")]
+        if not refused:
+            return
+        counts = self.registration_refusals.setdefault(link.server_id, collections.Counter())
+        for row in refused:
+            counts[str(row.get("reason") or "refused")] += 1
+        self._log.warning(
+            "server.registrations.refused",
+            server=link.server_id,
+            refused=len(refused),
+            reasons=sorted({registration_reason_label(row.get("reason")) for row in refused}),
+        )
 
     # -- host connections (the listener calls these) -------------------------------------------
 
     def opened(self, connection: HostConnection) -> None:
+        self.host_connections.add(connection)
         self.sessions.opened(connection)
 
     def closed(self, connection: HostConnection) -> None:
+        self.host_connections.discard(connection)
         # The host is gone: its turns end now (typing stopped, lifecycle terminal sent),
         # not at their lease; then its agents are released after the session grace.
         self.turns.connection_closed(connection)
@@ -149,17 +217,20 @@ class Daemon:
     # -- queries (host API, CLI, demo) ---------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        servers = [link.status().to_wire() for link in self.links.values()]
+        servers = self.servers_list()
+        state = self.readiness()
         return {
             "version": __version__,
             "servers": servers,
-            "ready": sum(1 for s in servers if s["state"] == "ready"),
+            "ready": sum(1 for s in servers if s["serving"]),
             "channels": len(self.router.registry.all_entries()),
             "lastSeq": self.journal.last_seq(),
             "agents": self.sessions.statistics(),
             "hosts": self.sessions.host_statistics(),
             "journal": self._journal_status(),
             "openTurns": len(self.turns.table.all()),
+            "readiness": {"ready": state.ready, "problems": list(state.problems)},
+            "lastReload": self.last_reload,
         }
 
     def _journal_status(self) -> dict[str, Any]:
@@ -177,7 +248,39 @@ class Daemon:
         }
 
     def servers_list(self) -> list[dict[str, Any]]:
-        return [link.status().to_wire() for link in self.links.values()]
+        rows = []
+        for link in self.links.values():
+            row = link.status().to_wire()
+            refusals = self.registration_refusals.get(link.server_id)
+            row["required"] = link.config.required
+            row["channelCount"] = len(self.router.registry.channels_for(link.server_id))
+            row["registrationsRefused"] = sum(refusals.values()) if refusals else 0
+            row["refusalReasons"] = dict(refusals) if refusals else {}
+            problem = self.server_problem(link)
+            row["serving"] = problem is None
+            row["problem"] = problem
+            rows.append(row)
+        return rows
+
+    def server_problem(self, link: ServerLink) -> str | None:
+        """Why ``link`` is not serving (a phrase after its id), or None when it is.
+
+        Ready with every channel registration refused is not serving: nothing it offers is
+        reachable.
+        """
+        if link.state is not LinkState.READY:
+            why = f": {link.last_error}" if link.last_error else ""
+            verb = "has failed" if link.state is LinkState.FAILED else f"is {link.state.value}"
+            return f"{verb}{why}"
+        refusals = self.registration_refusals.get(link.server_id)
+        if refusals and not self.router.registry.channels_for(link.server_id):
+            reason, _ = refusals.most_common(1)[0]
+            return f"is ready but every channel registration was refused ({sum(refusals.values())}: {reason})"
+        return None
+
+    def readiness(self) -> Readiness:
+        """What ``/readyz`` answers (see :func:`mcpl_router.health.readiness`)."""
+        return readiness(self)
 
     def channels_list(self) -> list[dict[str, Any]]:
         return [row.to_dict() for row in self.router.names.channel_list()]
@@ -187,11 +290,24 @@ class Daemon:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def request_shutdown(self) -> None:
+    def request_shutdown(self, reason: str = "requested") -> None:
+        self._shutdown_reason = self._shutdown_reason or reason
         self._shutdown.set()
 
+    def request_reload(self) -> None:
+        """Reload the config file soon (SIGHUP); requests made while one waits are one reload."""
+        try:
+            self._reload_requests.send_nowait(None)
+        except trio.WouldBlock:
+            pass  # one is already pending: it will read the file as it is then
+
     async def run(self, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until :meth:`request_shutdown`; then drain within :data:`SHUTDOWN_GRACE`."""
+        """Run until :meth:`request_shutdown`; then drain within :data:`SHUTDOWN_GRACE`.
+
+        Raises:
+            StartupRefusal: a listener can't bind (the key and the fix in one line).
+        """
+        from mcpl_router.health import serve_health
         from mcpl_router.hosts.listener import prepare_socket_path, serve_unix_socket
         from mcpl_router.hosts.websocket import prepare_websocket, serve_websocket
 
@@ -213,15 +329,28 @@ class Daemon:
                 await root.start(self.connector_tools.run)
                 await root.start(self.tune_outs.run)
                 async with trio.open_nursery() as serving:
+                    self._serving = serving
                     if self.config.host.unix_socket:
                         self.host_socket_path = await serving.start(serve_unix_socket, self, self.config.host.unix_socket)
                     if websocket is not None and self._host_token is not None:
-                        self.host_websocket_url = await serving.start(serve_websocket, self, websocket, self._host_token)
+                        try:
+                            self.host_websocket_url = await serving.start(serve_websocket, self, websocket, self._host_token)
+                        except BaseException as exc:
+                            failure = bind_failure(exc)
+                            if failure is None:
+                                raise
+                            raise listen_refusal(self.config.source, "host.websocket.port", websocket.bind, websocket.port, failure) from None
+                    if self.config.health.enabled:
+                        self.health_url = await serving.start(serve_health, self, self.config.health)
                     for link in self.links.values():
-                        await serving.start(link.run)
+                        await serving.start(self._run_link, link)
+                    serving.start_soon(self._serve_reloads)
                     task_status.started(self)
                     await self._shutdown.wait()
-                    self._log.info("daemon.draining", open_turns=len(self.turns.table.all()))
+                    self.draining = True
+                    self._log.info("daemon.draining", open_turns=len(self.turns.table.all()), reason=self._shutdown_reason)
+                    # Hosts hear it first, so they stop opening turns and know the grace.
+                    await self._notify_shutdown()
                     # Open turns end while the links are still up: typing stops and every
                     # started inference gets its terminal, bounded so a stuck server can't
                     # hold shutdown.
@@ -232,19 +361,174 @@ class Daemon:
                     serving.cancel_scope.cancel()
                 root.cancel_scope.cancel()
         finally:
+            self._serving = None
             self.journal.close()
             self._log.info("daemon.stopped")
 
+    async def _notify_shutdown(self) -> None:
+        params = {"grace": SHUTDOWN_GRACE, "reason": self._shutdown_reason}
+        async with trio.open_nursery() as nursery:
+            for connection in list(self.host_connections):
+                if connection.session is None:
+                    continue  # only hosts that said hello get notifications
+
+                async def tell(connection: HostConnection = connection) -> None:
+                    with trio.move_on_after(SHUTDOWN_NOTICE_TIMEOUT):
+                        await connection.notify("daemon/shutdown", params)
+
+                nursery.start_soon(tell)
+
+    async def _run_link(self, link: ServerLink, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """One link in its own cancel scope, so a reload can stop it alone."""
+        scope = trio.CancelScope()
+        done = trio.Event()
+        self._link_scopes[link.server_id] = (scope, done)
+        try:
+            with scope:
+                await link.run(task_status=task_status)
+        finally:
+            done.set()
+            if self._link_scopes.get(link.server_id, (None, None))[1] is done:
+                del self._link_scopes[link.server_id]
+
+    async def _stop_link(self, server_id: str) -> None:
+        """Disconnect one server: its transport closed, its channels gone, its typing stopped."""
+        entry = self._link_scopes.get(server_id)
+        if entry is not None:
+            scope, done = entry
+            scope.cancel()
+            await done.wait()
+        self.links.pop(server_id, None)
+        self.registration_refusals.pop(server_id, None)
+
+    async def _serve_reloads(self) -> None:
+        async for _ in self._reload_receive:
+            await self.reload()
+
+    async def reload(self, new_config: RouterConfig | None = None) -> dict[str, Any]:
+        """Re-read the config file (or take ``new_config``) and apply what can change live.
+
+        Servers added are connected, removed ones disconnected (their channels withdrawn, their
+        typing stopped), changed ones re-granted in place when only their grant policy changed
+        (the narrowing applies at once, host-side, before the server is sent the wider grant),
+        else reconnected. Agents added or changed in the config take effect for new turns.
+        ``host``, ``journal``, ``health`` and ``logging`` need a restart: reported, not applied.
+        An invalid file is refused and nothing changes.
+
+        Returns:
+            what was done (also kept as :attr:`last_reload` for ``status``).
+        """
+        async with self._reload_lock:
+            if new_config is None:
+                try:
+                    new_config = load_config(self.config.source)
+                except ConfigError as exc:
+                    return self._reloaded({"outcome": "refused", "errors": str(exc).splitlines()})
+            plan = plan_reload(self.config, new_config)
+            try:
+                fresh = {server.id: ServerLink(server, self) for server in plan.to_start(new_config)}
+            except Exception as exc:  # a policy the link refuses (config validation should catch it)
+                return self._reloaded({"outcome": "refused", "errors": [f"{self.config.source}: {exc}"]})
+            for server_id in (*plan.removed, *plan.reconnected):
+                await self._stop_link(server_id)
+            for server_id in plan.updated:
+                self.links[server_id].config = new_config.servers[server_id]
+            for server_id in plan.regranted:
+                await self.links[server_id].regrant(new_config.servers[server_id])
+            assert self._serving is not None
+            for server_id, link in fresh.items():
+                self.links[server_id] = link
+                await self._serving.start(self._run_link, link)
+            order = [server.id for server in new_config.enabled_servers()]
+            self.links = {server_id: self.links[server_id] for server_id in order if server_id in self.links}
+            agents_added, agents_changed = self.sessions.configure_agents(new_config.agents)
+            # What can't change live stays as it was, so status keeps telling the truth.
+            self.config = attrs.evolve(
+                new_config, source=self.config.source, host=self.config.host, journal=self.config.journal,
+                health=self.config.health, logging=self.config.logging,
+            )
+            return self._reloaded(
+                {
+                    "outcome": "applied",
+                    "added": list(plan.added),
+                    "removed": list(plan.removed),
+                    "reconnected": list(plan.reconnected),
+                    "regranted": list(plan.regranted),
+                    "updated": list(plan.updated),
+                    "agentsAdded": agents_added,
+                    "agentsChanged": agents_changed,
+                    "restartNeeded": list(plan.restart_needed),
+                }
+            )
+
+    def _reloaded(self, result: dict[str, Any]) -> dict[str, Any]:
+        result = {**result, "at": time.time(), "config": self.config.source}
+        self.last_reload = result
+        self.metrics.reloads.labels(result["outcome"]).inc()
+        if result["outcome"] == "refused":
+            self._log.error("config.reload.refused", errors=result["errors"], hint="the running config is unchanged")
+        else:
+            fields = {key: value for key, value in result.items() if key not in ("outcome", "at") and value}
+            self._log.info("config.reloaded", **fields)
+        return result
+
+
+@attrs.frozen
+class ReloadPlan:
+    """What a reload does, server by server (ids in the new config's order)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    reconnected: tuple[str, ...] = ()
+    regranted: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+    restart_needed: tuple[str, ...] = ()
+
+    def to_start(self, config: RouterConfig) -> list[ServerConfig]:
+        return [config.servers[server_id] for server_id in (*self.reconnected, *self.added)]
+
+
+def plan_reload(old: RouterConfig, new: RouterConfig) -> ReloadPlan:
+    """Compare two configs: which servers to connect, disconnect, reconnect or re-grant."""
+    before = {server.id: server for server in old.enabled_servers()}
+    after = {server.id: server for server in new.enabled_servers()}
+    reconnected, regranted, updated = [], [], []
+    for server_id, server in after.items():
+        previous = before.get(server_id)
+        if previous is None or previous == server:
+            continue
+        changed = {field.name for field in attrs.fields(ServerConfig) if getattr(previous, field.name) != getattr(server, field.name)}
+        if changed <= _LIVE_KEYS:
+            updated.append(server_id)
+        elif changed <= _LIVE_KEYS | _GRANT_KEYS:
+            regranted.append(server_id)
+        else:
+            reconnected.append(server_id)
+    restart = [name for name in ("host", "journal", "health", "logging") if getattr(old, name) != getattr(new, name)]
+    return ReloadPlan(
+        added=tuple(server_id for server_id in after if server_id not in before),
+        removed=tuple(server_id for server_id in before if server_id not in after),
+        reconnected=tuple(reconnected),
+        regranted=tuple(regranted),
+        updated=tuple(updated),
+        restart_needed=tuple(restart),
+    )
+
 
 async def run_until_signalled(daemon: Daemon, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run ``daemon``; SIGINT or SIGTERM starts a graceful shutdown (a second one too)."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """Run ``daemon``; SIGINT or SIGTERM starts a graceful shutdown (a second one too);
+    SIGHUP reloads the config file."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
                 async for signum in signals:
-                    get_logger().info("daemon.signal", signal=signal.Signals(signum).name)
-                    daemon.request_shutdown()
+                    name = signal.Signals(signum).name
+                    get_logger().info("daemon.signal", signal=name)
+                    if signum == signal.SIGHUP:
+                        daemon.request_reload()
+                    else:
+                        daemon.request_shutdown(f"signal {name}")
 
             nursery.start_soon(watch)
             await daemon.run(task_status=task_status)

@@ -39,10 +39,14 @@ def demo_config(workdir: Path) -> RouterConfig:
             server_name=server_id,
         )
         servers[server_id] = {"command": argv[0], "args": argv[1:], "inheritEnv": True}
+    # b is a 0.4 server on purpose; the overview says so, so the link needn't warn about it.
+    servers["b"]["legacy"] = "allow"
     data = {
         "mcplServers": servers,
         "host": {"unixSocket": str(workdir / "run" / "host.sock"), "websocket": {"enabled": False}},
         "journal": {"path": str(workdir / "journal.sqlite3")},
+        # /healthz, /readyz and /metrics on a port the OS picks (printed when running).
+        "health": {"enabled": True, "port": 0},
     }
     return parse_config(data, source="<embedded demo config>", base_dir=workdir)
 
@@ -110,9 +114,22 @@ async def run_demo(*, once: bool = False, out: TextIO = sys.stdout) -> int:
             if once:
                 daemon.request_shutdown()
             else:
+                print_next_steps(daemon, out)
                 print("Running. Press Ctrl-C to stop.", file=out, flush=True)
         print("demo stopped; every server process has exited.", file=out, flush=True)
     return 0
+
+
+def print_next_steps(daemon: Daemon, out: TextIO) -> None:
+    """Where the running demo listens, and the commands to try against it."""
+    socket = daemon.host_socket_path
+    print(f"The daemon's host socket is {socket}", file=out)
+    if daemon.health_url:
+        print(f"Its health and metrics: {daemon.health_url}/readyz and {daemon.health_url}/metrics", file=out)
+    print("Try, in another terminal, while this runs:", file=out)
+    for command in ("status", "channels", "explain general", "explain b:general", "health"):
+        print(f"  mcpl-router {command} --socket {socket}", file=out)
+    print("(Logs are off in the demo; `mcpl-router demo --log-level info` shows them.)", file=out, flush=True)
 
 
 DEMO_AGENT = "demo-agent"

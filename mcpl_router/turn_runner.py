@@ -29,7 +29,7 @@ import functools
 import itertools
 import secrets
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -175,6 +175,20 @@ def wake_fact(wake: Any) -> WakeFact:
     )
 
 
+def _counted(publish: Callable[..., Awaitable[Delivery]]) -> Callable[..., Awaitable[Delivery]]:
+    """Count each publish's outcome on its link (``/metrics`` reads ``link.publishes``)."""
+
+    @functools.wraps(publish)
+    async def counting(link: ServerLink | None, *args: Any, **kwargs: Any) -> Delivery:
+        delivery = await publish(link, *args, **kwargs)
+        if link is not None:
+            link.publishes[(delivery.outcome, delivery.reason or "")] += 1
+        return delivery
+
+    return counting
+
+
+@_counted
 async def publish_text(
     link: ServerLink | None,
     ref: ChannelRef,
@@ -546,6 +560,7 @@ class TurnManager:
             timeout=self.context_timeout,
             log_fields={"agent": turn.agent, "turn": turn.turn_id},
         )
+        self._daemon.metrics.context_answered(result.servers, result.elapsed)
         return result.to_wire()
 
     # ------------------------------------------------------------------ turn/text, turn/round
@@ -1224,6 +1239,13 @@ class TurnManager:
         if usage is not None:
             params["usage"] = usage
         await send_lifecycle(self._links(), params, only=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+
+    def typing_statistics(self) -> dict[str, int]:
+        """Typing indicators the daemon holds now: for turns, and started by hosts."""
+        return {
+            "turn": sum(1 for run in self._runs.values() if run.typing_sent is not None),
+            "host": len(self._host_typing),
+        }
 
     async def drain(self) -> None:
         """Abort every open turn (daemon shutdown): typing stopped, lifecycle terminals sent.

@@ -1,7 +1,8 @@
 """Host API methods (JSON-RPC 2.0): what a host, or the CLI, may ask the daemon.
 
 One method table per host connection, composed from the areas that own the methods:
-- queries (this module): ``status``, ``servers/list``, ``channels/list``, ``explain``;
+- queries (this module): ``status``, ``servers/list``, ``channels/list``, ``explain``,
+  ``daemon/reload``;
 - sessions, agents and wakes (:mod:`mcpl_router.hosts.sessions`): ``session/hello``,
   ``wake/ack``, …;
 - turns, typing and context (:mod:`mcpl_router.hosts.turn_api`): ``turn/*``,
@@ -47,7 +48,11 @@ def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
     async def explain(params: ExplainParams, _inbound: Inbound) -> Any:
         return daemon.explain(params.name, params.server_id or None)
 
+    async def reload(_params: NoParams, _inbound: Inbound) -> Any:
+        return await daemon.reload()
+
     table.add("status", status, NoParams)
+    table.add("daemon/reload", reload, NoParams)
     table.add("servers/list", servers_list, NoParams)
     table.add("channels/list", channels_list, NoParams)
     table.add("explain", explain, ExplainParams)

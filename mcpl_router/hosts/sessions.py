@@ -241,6 +241,19 @@ class SessionManager:
             )
         return rows
 
+    def configure_agents(self, agents: dict[str, AgentConfig]) -> tuple[list[str], list[str]]:
+        """A reloaded config's agents: added ones declared, changed ones updated (new turns
+        use the new spec). Returns (added, changed) names. Agents it no longer lists stay."""
+        added, changed = [], []
+        for name, config in agents.items():
+            spec = AgentSpec.from_config(config)
+            previous = self._agents.get(name)
+            if previous == spec:
+                continue
+            (added if previous is None else changed).append(name)
+            self._agents[name] = spec
+        return added, changed
+
     def owner_of(self, name: str) -> HostConnection | None:
         """The connection owning agent ``name`` now, if any."""
         return self._owners.get(name)
@@ -298,7 +311,7 @@ class SessionManager:
         outbox = HostOutbox(
             connection,
             self._daemon.journal,
-            render=self.wake_params,
+            render=self._sending_wake,
             wake_of=_wake_of,
             held=self._daemon.tune_outs.holds,
         )
@@ -432,6 +445,11 @@ class SessionManager:
             is_dm=entry is not None and entry.descriptor.is_dm,
         )
 
+    def _sending_wake(self, wake: Wake) -> dict[str, Any]:
+        """The outbox renders a wake as it sends it: counted here for ``/metrics``."""
+        self._daemon.metrics.wake_sent(wake.agent)
+        return self.wake_params(wake)
+
     def wake_params(self, wake: Wake) -> dict[str, Any]:
         """The ``wake`` notification's params."""
         params: dict[str, Any] = {
@@ -528,6 +546,7 @@ class SessionManager:
             for agent in agents:
                 outbox.acked(agent, seqs)
         acked = await self._daemon.journal.ack_deliveries(agents, seqs)
+        self._daemon.metrics.wakes_acknowledged(agents, acked)
         get_logger(connection=connection.id).debug("wake.acked", seqs=len(seqs), agents=agents, acked=acked)
         return {"acked": acked}
 

@@ -74,6 +74,8 @@ class ContextResult:
 
     injections: dict[str, list[dict[str, Any]]] = attrs.field(factory=lambda: {p: [] for p in POSITIONS})
     servers: dict[str, ServerOutcome] = attrs.field(factory=dict)
+    #: Seconds each asked server took to answer (or to time out / fail).
+    elapsed: dict[str, float] = attrs.field(factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         """The ``turn/context`` result."""
@@ -127,6 +129,13 @@ async def before_inference(
 
     async def ask(link: ServerLink) -> None:
         server = link.server_id
+        started = trio.current_time()
+        try:
+            await _ask(link, server)
+        finally:
+            result.elapsed[server] = trio.current_time() - started
+
+    async def _ask(link: ServerLink, server: str) -> None:
         try:
             # Built inside the task, so an exception building one server's context fails that
             # server alone.

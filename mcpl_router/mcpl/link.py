@@ -23,8 +23,10 @@ refused the policy with ``fallback: "close"``, attempts exhausted). Each transit
 
 from __future__ import annotations
 
+import collections
 import enum
 import random
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -144,6 +146,8 @@ class LinkStatus:
     receipt: Any
     last_error: str | None
     since: float
+    exit_code: int | None = None
+    stderr_tail: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -165,6 +169,8 @@ class LinkStatus:
             },
             "receipt": self.receipt,
             "lastError": self.last_error,
+            "exitCode": self.exit_code,
+            "stderr": list(self.stderr_tail),
         }
 
 
@@ -222,6 +228,13 @@ class ServerLink:
         self.epoch = 0
         self.attempts = 0
         self.last_error: str | None = None
+        #: A stdio child's exit code and last stderr lines, from the latest epoch that had one.
+        self.exit_code: int | None = None
+        self.stderr_tail: tuple[str, ...] = ()
+        #: Counters ``/metrics`` reads: inbound refused at admission (by reason), publishes
+        #: (by outcome and reason).
+        self.admission_refused: collections.Counter[str] = collections.Counter()
+        self.publishes: collections.Counter[tuple[str, str]] = collections.Counter()
         self._since = time.time()
         self._endpoint = ""
         self._peer: Peer | None = None
@@ -231,6 +244,7 @@ class ServerLink:
         self._epoch_nursery: trio.Nursery | None = None
         self._ready_event = trio.Event()
         self._ready_since: float | None = None
+        self._epoch_exit = 0
 
     # -- status ------------------------------------------------------------------------------
 
@@ -249,6 +263,8 @@ class ServerLink:
             receipt=self.receipt,
             last_error=self.last_error,
             since=self._since,
+            exit_code=self.exit_code,
+            stderr_tail=self.stderr_tail,
         )
 
     def peer_statistics(self) -> PeerStatistics | None:
@@ -342,7 +358,7 @@ class ServerLink:
                 self._set_state(LinkState.CONNECTING, attempt=self.attempts)
                 try:
                     await self._run_epoch()
-                    self.last_error = "connection closed by the server"
+                    self.last_error = self._exited() or "connection closed by the server"
                 except (_LegacyRefused, _PolicyRefused) as exc:
                     self.last_error = str(exc)
                     self._set_state(LinkState.FAILED, reason=str(exc))
@@ -350,7 +366,9 @@ class ServerLink:
                 except Exception as exc:
                     expected = _expected_failure(exc)
                     if expected is not None:
-                        self.last_error = _describe_failure(expected)
+                        # A child that died says more than the closed pipe it left.
+                        exited = self._exited() if isinstance(expected, (PeerClosed, trio.BrokenResourceError)) else None
+                        self.last_error = exited or _describe_failure(expected)
                         self._maybe_token_in_query(expected)
                     else:
                         # A bug in handling one server must not take the daemon (and every
@@ -379,6 +397,20 @@ class ServerLink:
         self.config = attrs.evolve(config, token_in="query")
         self.attempts = 0  # not a failure of the server's: the next dial comes at once
         self._log.info("link.token.query", refused=getattr(failure, "status_code", None), hint='set tokenIn = "query" to start there')
+
+    def _exited(self) -> str | None:
+        """"exited with code N: <its last stderr line>" when this epoch's child has exited."""
+        if self.exit_code is None or self._epoch_exit != self.epoch:
+            return None
+        last = next((line for line in reversed(self.stderr_tail) if line.strip()), None)
+        if self.exit_code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-self.exit_code).name}"
+            except ValueError:
+                how = f"was killed by signal {-self.exit_code}"
+        else:
+            how = f"exited with code {self.exit_code}"
+        return f"the server {how}" + (f": {last.strip()}" if last else "")
 
     def _backoff_delay(self) -> float:
         reconnect = self.config.reconnect
@@ -440,6 +472,9 @@ class ServerLink:
                     await transport.aclose()
                     if transport.process is not None:
                         self._log.info("server.exited", returncode=transport.process.returncode, epoch=self.epoch)
+                        self.exit_code = transport.process.returncode
+                        self.stderr_tail = tuple(transport.stderr_tail)
+                        self._epoch_exit = self.epoch
             self.grant = Grant.nothing()
             self._delegate.link_epoch_ended(self)
 
@@ -553,6 +588,31 @@ class ServerLink:
         self.grant = grant
         self._log.info("link.grant", host_side=host_side, **grant.summary())
 
+    async def regrant(self, config: ServerConfig) -> None:
+        """A reload changed this server's grant policy: apply it to the live connection.
+
+        What the new policy takes away is withdrawn at once, host-side, before anything is sent
+        (narrowing never waits); the server is then sent the new grant, and what it adds takes
+        effect when its receipt arrives, as at connect. Not connected: the next epoch uses it.
+        """
+        self.config = config
+        self.policy = policy_for(config)
+        self.policy.validate()
+        peer = self._peer
+        if peer is None or self.manifest is None or self.state is not LinkState.READY:
+            return
+        old = self.grant
+        wanted = compute_grant(self.manifest, self.policy, legacy=old.legacy)
+        self.grant = narrow_on_manifest_change(old, self.manifest, self.policy)
+        self._log.info("link.regrant", revoked=sorted(old.effective - wanted.effective), added=sorted(wanted.effective - old.effective))
+        if old.legacy:
+            self._apply_grant(wanted, host_side=True)  # a legacy server has no policy to receive
+            return
+        try:
+            await peer.request("featureSets/update", wanted.to_update_params(), on_answer=lambda envelope: self._on_policy_answer(envelope, wanted))
+        except (RpcError, RequestTimeout, PeerClosed) as exc:
+            self._log.warning("link.regrant.failed", error=str(exc))
+
     # -- inbound -----------------------------------------------------------------------------
 
     def _grant_at_receipt(self) -> Grant:
@@ -572,6 +632,7 @@ class ServerLink:
         grant = inbound.stamp if isinstance(inbound.stamp, Grant) else self.grant
         if capability is not None and not grant.allows(capability):
             reason = "not granted" if grant.effective else "before the policy was in force"
+            self.admission_refused["not-granted" if grant.effective else "before-policy"] += 1
             if inbound.is_notification:
                 self._log.warning("link.admission.dropped", method=method, capability=capability, reason=reason)
                 return None

@@ -7,6 +7,7 @@ Each call opens one transport *epoch*; the link opens a new one on every reconne
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -36,6 +37,8 @@ TCP_CONNECT_TIMEOUT = 10.0
 # trio-websocket would wait 60 s under our shield. So every stream close has a short deadline.
 _STREAM_CLOSE_GRACE = 1.0
 _STDERR_LINE_LIMIT = 4000
+#: The last stderr lines of a stdio child kept for ``status`` (why did it exit?).
+STDERR_TAIL_LINES = 10
 
 
 class TransportError(Exception):
@@ -58,6 +61,8 @@ class OpenTransport:
     #: The byte stream under a WebSocket: trio-websocket leaves it open when the server closed
     #: first and its reader was cancelled, so we close it ourselves.
     socket: trio.abc.AsyncResource | None = None
+    #: A stdio child's last stderr lines, newest last (bounded).
+    stderr_tail: collections.deque[str] = attrs.field(factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES))
 
     async def aclose(self) -> None:
         """Close the stream; for a child process, stop it politely, then firmly."""
@@ -129,6 +134,9 @@ async def open_transport(
 
 async def _spawn_stdio(config: ServerConfig, nursery: trio.Nursery, max_message_bytes: int) -> OpenTransport:
     argv = [config.command, *config.args]
+    if config.cwd is not None and not config.cwd.is_dir():
+        # Otherwise exec reports ENOENT and the message blames the command.
+        raise TransportError(f"the working directory {str(config.cwd)!r} (mcplServers.{config.id}.cwd) does not exist")
     try:
         process = await trio.lowlevel.open_process(
             argv,
@@ -142,15 +150,20 @@ async def _spawn_stdio(config: ServerConfig, nursery: trio.Nursery, max_message_
             start_new_session=True,
         )
     except OSError as exc:
-        raise TransportError(f"could not start {config.command!r}: {exc.strerror or exc}") from exc
+        raise TransportError(
+            f"could not start {config.command!r} (mcplServers.{config.id}.command): {exc.strerror or exc}. "
+            "Install it or give its full path (mcpl-router check-config checks this)"
+        ) from exc
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    nursery.start_soon(_pump_stderr, process.stderr, config.id)
     stream = NdjsonStream(process.stdin, process.stdout, max_message_bytes=max_message_bytes)
-    return OpenTransport(stream=stream, description=os.path.basename(config.command), process=process)
+    transport = OpenTransport(stream=stream, description=os.path.basename(config.command), process=process)
+    nursery.start_soon(_pump_stderr, process.stderr, config.id, transport.stderr_tail)
+    return transport
 
 
-async def _pump_stderr(stderr: trio.abc.ReceiveStream, server_id: str) -> None:
-    """Log each stderr line of a child with its server id; stderr is the server's log."""
+async def _pump_stderr(stderr: trio.abc.ReceiveStream, server_id: str, tail: collections.deque[str]) -> None:
+    """Log each stderr line of a child with its server id (stderr is the server's log), and
+    keep the last few for ``status``."""
     log = get_logger(server=server_id)
     lines = NdjsonStream(None, stderr, max_message_bytes=_STDERR_LINE_LIMIT)
     while True:
@@ -161,7 +174,9 @@ async def _pump_stderr(stderr: trio.abc.ReceiveStream, server_id: str) -> None:
         except Exception as exc:  # an over-long line: note it and keep reading
             log.info("server.stderr.skipped", reason=str(exc))
             continue
-        log.info("server.stderr", line=line.decode("utf-8", "replace"))
+        text = line.decode("utf-8", "replace")
+        tail.append(text)
+        log.info("server.stderr", line=text)
 
 
 async def _dial_tcp(config: ServerConfig, max_message_bytes: int) -> OpenTransport:

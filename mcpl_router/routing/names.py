@@ -19,6 +19,8 @@ the k channels that answer to the name). Nothing here keeps state of its own.
 
 from __future__ import annotations
 
+import collections
+
 from collections.abc import Iterable
 from typing import Any, Final
 
@@ -187,6 +189,8 @@ class ChannelNames:
     """The resolver and the shown names, read from a :class:`ChannelRegistry`'s indexes."""
 
     registry: ChannelRegistry
+    #: Refusals by ``kind`` since start (the daemon's ``/metrics`` reads them); explain's not counted.
+    refusals: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
 
     # ------------------------------------------------------------------ the one resolver
 
@@ -314,6 +318,7 @@ class ChannelNames:
         *,
         not_done: str = texts.NOTHING_DONE,
         server_id_accepted: bool = True,
+        _counted: bool = True,
     ) -> Resolved | Refusal:
         """The one channel a name (and optional server) picks, or a refusal saying why not.
 
@@ -327,6 +332,14 @@ class ChannelNames:
             server_id_accepted: whether the caller's schema takes a ``serverId``; when not, a
                 channel no string picks alone is said to be one no channelId reaches.
         """
+        result = self._channel_named(name, server_id, not_done, server_id_accepted)
+        if _counted and isinstance(result, Refusal):
+            self.refusals[result.kind] += 1
+        return result
+
+    def _channel_named(
+        self, name: str | None, server_id: str | None, not_done: str, server_id_accepted: bool
+    ) -> Resolved | Refusal:
         server_id = server_id or None
         if not name:
             return Refusal(KIND_NO_NAME, texts.no_name(not_done), (), "", server_id)
@@ -502,7 +515,7 @@ class ChannelNames:
         """
         name = name or ""
         server_id = server_id or None
-        result = self.channel_named(name, server_id)
+        result = self.channel_named(name, server_id, _counted=False)
         matches = self._matches(name)
         if server_id is not None:
             pair = ChannelRef(server_id, name)

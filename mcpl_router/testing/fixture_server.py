@@ -42,6 +42,7 @@ import hmac
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -1170,13 +1171,20 @@ class _ControlSession:
         prefix = str(params.get("prefix", "flood"))
         tags = params.get("tags", ["chat:mention"])
         text = str(params.get("text", "x"))
+        # Open loop: message i leaves at start + i / rate, whatever the answers do (latency
+        # under an offered load). Each carries its send time (CLOCK_MONOTONIC, shared by the
+        # processes of one machine) in metadata.sentAt.
+        rate = params.get("rate")
         slots = trio.Semaphore(outstanding)
         totals = {"accepted": 0, "refused": 0, "failed": 0}
 
         async def one(index: int) -> None:
             try:
                 messages = [
-                    self._complete_message({"channelId": channel, "messageId": f"{prefix}-{index}-{n}", "text": text, "tags": tags})
+                    self._complete_message(
+                        {"channelId": channel, "messageId": f"{prefix}-{index}-{n}", "text": text, "tags": tags,
+                         "metadata": {"sentAt": time.monotonic()}}
+                    )
                     for n in range(per_request)
                 ]
                 try:
@@ -1192,6 +1200,8 @@ class _ControlSession:
         started = trio.current_time()
         async with trio.open_nursery() as nursery:
             for index in range(count):
+                if isinstance(rate, (int, float)) and rate > 0:
+                    await trio.sleep_until(started + index / rate)
                 await slots.acquire()
                 nursery.start_soon(one, index)
         return {**totals, "seconds": trio.current_time() - started}

@@ -6,7 +6,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -67,6 +70,9 @@ async def test_demo_once_shows_both_servers_ready_with_general() -> None:
     b_line = next(line for line in out.splitlines() if line.startswith("server b received:"))
     assert "typing start in general" in b_line and "the reply in general" in b_line and "typing stop" in b_line
     assert "server a received: no typing and no reply" in out
+    # Only the demo's own lines: no log line of the daemon's, on either stream.
+    for line in (out + result.stderr.decode()).splitlines():
+        assert not line.startswith(("{", "20")) and "[warning" not in line and "[info" not in line, line
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -80,6 +86,11 @@ async def test_demo_stops_cleanly_on_signal_leaving_no_child(signum: int) -> Non
                 chunk = await process.stdout.receive_some(65536)
                 assert chunk, f"demo exited early: {seen.decode()}"
                 seen += chunk
+            socket_line = next(line for line in seen.decode().splitlines() if line.startswith("The daemon's host socket is "))
+            socket_path = socket_line.removeprefix("The daemon's host socket is ")
+            assert f"mcpl-router status --socket {socket_path}" in seen.decode()
+            status = await trio.run_process([*CLI, "status", "--socket", socket_path], capture_stdout=True)
+            assert b"2/2 servers ready" in status.stdout
             descendants = children_of(process.pid)
             assert len(descendants) >= 2, "the demo should have spawned servers a and b"
             process.send_signal(signum)
@@ -97,7 +108,7 @@ async def test_demo_stops_cleanly_on_signal_leaving_no_child(signum: int) -> Non
 
 async def test_check_config_names_file_key_and_fix(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"mcplServers": {"a": {"command": "some-server", "args": ["--stdio"]}}}))
+    good.write_text(json.dumps({"mcplServers": {"a": {"command": sys.executable, "args": ["--stdio"]}}}))
     bad = tmp_path / "bad.toml"
     bad.write_text('[mcplServers.a]\ntransport = "smtp"\ncommand = "x"\n')
     with trio.fail_after(30):
@@ -116,36 +127,63 @@ def _dockerfile_command(instruction: str) -> list[str]:
     return json.loads(match.group(1))
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 async def test_container_entrypoint_and_health_check_without_docker(tmp_path: Path) -> None:
-    """Run the Dockerfile's own ENTRYPOINT and HEALTHCHECK commands against a real daemon."""
+    """Run the Dockerfile's own ENTRYPOINT and HEALTHCHECK against a real daemon, with the
+    image's own config (config/container.toml), its paths moved into a temporary state dir."""
     entrypoint = _dockerfile_command("ENTRYPOINT")
     health = _dockerfile_command("HEALTHCHECK.*CMD")
     mounted = "/etc/mcpl-router/config.toml"
-    assert entrypoint[0] == health[0] == "mcpl-router"
+    assert entrypoint[:3] == ["tini", "--", "mcpl-router"], "tini is PID 1 (it reaps orphans)"
+    assert health[0] == "mcpl-router" and "health" in health
     assert mounted in entrypoint and mounted in health
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^EXPOSE 7420 9464$", dockerfile, re.MULTILINE)
+    assert "COPY config/container.toml /etc/mcpl-router/config.toml" in dockerfile
+    image_config = (REPO / "config" / "container.toml").read_text()
     with trio.fail_after(60), tempfile.TemporaryDirectory(prefix="mr-ct-", dir="/tmp") as run_dir:
+        state = Path(run_dir, "state")
+        state.mkdir(mode=0o700)
         async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=tmp_path) as fixture:
             config = tmp_path / "config.toml"
-            config.write_text(
-                f'[mcplServers.a]\nurl = "{fixture.listen_url}"\n\n'
-                f'[host]\nunixSocket = "{run_dir}/host.sock"\n\n[host.websocket]\nenabled = false\n\n'
-                f'[journal]\npath = "{tmp_path}/journal.sqlite3"\n'
+            ws_port, health_port = _free_port(), _free_port()
+            text = (
+                image_config.replace("/var/lib/mcpl-router", str(state))
+                .replace("0.0.0.0", "127.0.0.1")
+                .replace("port = 7420", f"port = {ws_port}")
+                .replace("port = 9464", f"port = {health_port}")
             )
+            config.write_text(text + f'\n[mcplServers.a]\nurl = "{fixture.listen_url}"\nrequired = true\n')
 
             def as_run_here(argv: list[str]) -> list[str]:
                 # The image's mounted path becomes this test's file; mcpl-router is the module.
-                return [*CLI, *[str(config) if part == mounted else part for part in argv[1:]]]
+                # tini is used when this machine has it (the image always does).
+                start = argv.index("mcpl-router")
+                init = argv[:start] if shutil.which("tini") else []
+                return [*init, *CLI, *[str(config) if part == mounted else part for part in argv[start + 1 :]]]
 
+            # The health check needs neither the socket nor any of the daemon's variables.
+            bare_env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
             daemon = await trio.lowlevel.open_process(as_run_here(entrypoint), stderr=subprocess.DEVNULL)
             try:
 
                 async def healthy() -> bool:
-                    result = await trio.run_process(as_run_here(health), capture_stdout=True, capture_stderr=True, check=False)
-                    return result.returncode == 0 and b"1/1 servers ready" in result.stdout
+                    result = await trio.run_process(as_run_here(health), capture_stdout=True, capture_stderr=True, check=False, env=bare_env)
+                    return result.returncode == 0 and result.stdout.strip() == b"ready"
 
                 await wait_until(healthy, timeout=30, interval=0.2)
                 listing = await trio.run_process([*CLI, "channels", "--config", str(config)], capture_stdout=True)
                 assert b"general" in listing.stdout
+                # Everything it wrote is in the state dir, for its user only.
+                assert stat.S_IMODE(state.stat().st_mode) == 0o700
+                assert Path(state, "host.sock").exists()
+                for name in ("journal.sqlite3", "host-token"):
+                    assert stat.S_IMODE(Path(state, name).stat().st_mode) == 0o600, name
                 daemon.send_signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
             finally:
@@ -154,8 +192,9 @@ async def test_container_entrypoint_and_health_check_without_docker(tmp_path: Pa
                     await daemon.wait()
             # With the daemon gone, the health check fails: nothing answers.
             result = await trio.run_process(as_run_here(health), capture_stdout=True, capture_stderr=True, check=False)
-            assert result.returncode != 0
-            assert not Path(run_dir, "host.sock").exists()
+            assert result.returncode == 1
+            assert b"cannot reach" in result.stderr and b"Traceback" not in result.stderr
+            assert not Path(state, "host.sock").exists()
 
 
 def test_cli_lists_its_commands() -> None:

@@ -808,7 +808,7 @@ def test_a_missing_file(tmp_path: Path) -> None:
 def test_check_config_summarises(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        '[mcplServers.a]\ncommand = "x"\n[mcplServers.b]\nurl = "ws://h/"\n'
+        '[mcplServers.a]\ncommand = "sh"\n[mcplServers.b]\nurl = "ws://h/"\n'
         '[agents.kai]\nproseRouting = "named"\n',
     )
     ok, text = check_config(path, environ=ENV)
@@ -864,17 +864,67 @@ def test_the_example_names_its_missing_secret() -> None:
 def test_check_config_never_prints_a_secret(tmp_path) -> None:
     from mcpl_router.config import check_config
 
+    program = tmp_path / "discord-mcpl"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
     path = tmp_path / "servers.json"
     path.write_text(
-        '{"mcplServers": {"d": {"command": "discord-mcpl", "args": ["--token", "${DISCORD_TOKEN}"]},'
+        '{"mcplServers": {"d": {"command": "./discord-mcpl", "args": ["--token", "${DISCORD_TOKEN}"]},'
         ' "w": {"url": "wss://ghp_USERTOKEN@example.test/mcpl?token=QUERYSECRET"},'
         ' "p": {"url": "wss://user:PASSWORD@example.test/mcpl"}}}'
     )
-    ok, text = check_config(path, environ={"DISCORD_TOKEN": "xoxb-ENVSECRET"})
+    ok, text = check_config(path, environ={"DISCORD_TOKEN": "xoxb-ENVSECRET", "HOME": str(tmp_path)})
     assert ok, text
     for secret in ("xoxb-ENVSECRET", "ghp_USERTOKEN", "QUERYSECRET", "PASSWORD"):
         assert secret not in text
     assert "discord-mcpl (+2 args)" in text
+
+
+def test_check_config_checks_what_would_fail_at_run_time(tmp_path: Path) -> None:
+    """A command not on the child's PATH, a cwd that doesn't exist, a token file others can read."""
+    token = tmp_path / "host-token"
+    token.write_text("secret\n")
+    token.chmod(0o644)
+    path = write(
+        tmp_path,
+        '[mcplServers.a]\ncommand = "no-such-mcpl-server"\n'
+        '[mcplServers.b]\ncommand = "sh"\ncwd = "missing-dir"\n'
+        '[mcplServers.c]\ncommand = "./not-here"\n'
+        '[mcplServers.d]\ncommand = "also-missing"\ndisabled = true\n'
+        f'[host]\ntokenFile = "{token}"\n',
+    )
+    ok, text = check_config(path, environ={**ENV, "PATH": "/usr/bin:/bin"})
+    assert not ok
+    lines = text.splitlines()
+    assert any("mcplServers.a.command" in line and "no-such-mcpl-server" in line and "PATH" in line for line in lines)
+    assert any("mcplServers.b.cwd" in line and "does not exist" in line for line in lines)
+    assert any("mcplServers.c.command" in line and "does not exist" in line for line in lines)
+    assert not any("mcplServers.d" in line for line in lines)  # disabled: its program need not exist here
+    assert any("host.tokenFile" in line and f"chmod 600 {token}" in line for line in lines)
+    assert "secret" not in text
+    token.chmod(0o600)
+    (tmp_path / "missing-dir").mkdir()
+    ok, text = check_config(path, environ={**ENV, "PATH": f"/usr/bin:/bin:{tmp_path}"})
+    assert not ok and "mcplServers.b" not in text and "host.tokenFile" not in text
+
+
+def test_locate_daemon_reads_only_what_finds_the_daemon(tmp_path: Path) -> None:
+    from mcpl_router.config import locate_daemon
+
+    path = write(
+        tmp_path,
+        '[mcplServers.discord]\ncommand = "node"\nenv = { DISCORD_TOKEN = "${DISCORD_TOKEN}" }\n'
+        '[mcplServers.bad]\ntransport = "smtp"\n'
+        '[host]\ntoken = "${HOST_TOKEN}"\nunixSocket = "run/host.sock"\n'
+        '[health]\nbind = "0.0.0.0"\nport = 9464\n',
+    )
+    location = locate_daemon(path, environ=ENV)
+    assert location.unix_socket == tmp_path / "run" / "host.sock"
+    assert location.health_url == "http://127.0.0.1:9464"
+    broken = write(tmp_path, '[host]\nunixSocket = "${SOCKET_DIR}/host.sock"\n')
+    with pytest.raises(ConfigError) as caught:
+        locate_daemon(broken, environ=ENV)
+    assert caught.value.key == "host.unixSocket" and "SOCKET_DIR" in str(caught.value)
 
 
 def test_an_agent_can_be_declared_the_subconscious_of_another(tmp_path) -> None:
@@ -885,6 +935,21 @@ def test_an_agent_can_be_declared_the_subconscious_of_another(tmp_path) -> None:
     )
     assert config.agents["kai-sub"].subconscious_for == "kai"
     assert config.agents["kai"].subconscious_for is None
+
+
+def test_the_container_and_deploy_configs_load_and_agree() -> None:
+    """config/container.toml (the image's) and deploy/router.toml keep everything in the state
+    volume, on the documented ports; compose's health check is the Dockerfile's."""
+    for path in (REPO / "config" / "container.toml", REPO / "deploy" / "router.toml"):
+        config = load_config(path, environ=ENV)
+        assert config.host.unix_socket == Path("/var/lib/mcpl-router/host.sock")
+        assert config.host.token_file == Path("/var/lib/mcpl-router/host-token")
+        assert config.journal.path == Path("/var/lib/mcpl-router/journal.sqlite3")
+        assert config.host.websocket is not None and config.host.websocket.port == 7420
+        assert (config.health.bind, config.health.port) == ("0.0.0.0", 9464)
+    compose = (REPO / "deploy" / "compose.yaml").read_text()
+    assert 'test: ["CMD", "mcpl-router", "health", "--config", "/etc/mcpl-router/config.toml"]' in compose
+    assert 'CMD ["mcpl-router", "health", "--config", "/etc/mcpl-router/config.toml"]' in (REPO / "Dockerfile").read_text()
 
 
 # --- connectome-host's mcpl-servers.json, unchanged (issue 11) ---------------------------------

@@ -4,6 +4,8 @@ test-double link."""
 
 from __future__ import annotations
 
+import collections
+
 import attrs
 import pytest
 import trio
@@ -238,6 +240,7 @@ class PublishLink:
     grant: Grant = attrs.field(factory=lambda: Grant(effective=frozenset({"channels.publish"})))
     state: LinkState = LinkState.READY
     notified: list[tuple[str, object]] = attrs.field(factory=list)
+    publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
     config: ServerConfig = attrs.field(factory=lambda: ServerConfig(id="b", transport="stdio", command="true"))
 
     async def call(self, method: str, params: object = None, *, capability: str | None, timeout: float | None = None) -> object:

@@ -1,0 +1,121 @@
+"""The bare forwarder the benchmarks measure the daemon against: the same wire work, no routing.
+
+    python bench/forwarder.py --socket PATH [--mode inbound|speech] PORT [PORT …]
+
+It dials each fixture server on 127.0.0.1:PORT (initialize, initialized, featureSets/update),
+and serves hosts on a Unix socket with the same framing as the daemon (ndjson, the same Peer):
+
+- ``channels/incoming`` from a server is answered ``accepted`` at once and forwarded to the
+  host as one ``wake`` per message (no grant, registry, journal, dedup or flow control);
+- ``speak {server, channel, text}`` from a host does what a turn's speech costs on the wire —
+  typing start, one ``channels/publish`` request, typing stop and an ``inference/lifecycle``
+  notification — without a routing decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import msgspec  # noqa: E402
+import trio  # noqa: E402
+
+from mcpl_router.jsonrpc import Inbound, MethodTable, NdjsonStream, Peer  # noqa: E402
+
+
+class Incoming(msgspec.Struct):
+    messages: list[dict[str, Any]]
+
+
+class Speak(msgspec.Struct):
+    server: int
+    channel: str
+    text: str
+
+
+async def main(socket_path: str, ports: list[int]) -> None:
+    hosts: list[Peer] = []
+    servers: list[Peer] = []
+    seqs = itertools.count(1)
+    async with trio.open_nursery() as nursery:
+
+        async def from_server(inbound: Inbound) -> Any:
+            if inbound.method == "channels/incoming":
+                messages = inbound.decode_params(Incoming).messages
+                for message in messages:
+                    if hosts:
+                        await hosts[-1].notify(
+                            "wake",
+                            {"seq": next(seqs), "agent": "bench", "reason": "message",
+                             "channel": {"serverId": "s", "channelId": message.get("channelId"), "shown": "s:general"},
+                             "tags": [], "messages": [message]},
+                        )
+                return {"results": [{"messageId": m.get("messageId"), "accepted": True} for m in messages]}
+            return None if inbound.is_notification else {"results": []}
+
+        for port in ports:
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            server = Peer(NdjsonStream(stream, stream), from_server)
+            await nursery.start(server.run)
+            await server.request("initialize", {"protocolVersion": "2024-11-05", "capabilities": {}})
+            await server.notify("notifications/initialized")
+            await server.request(
+                "featureSets/update",
+                {"effectiveCapabilities": ["channels.register", "channels.incoming", "channels.publish", "channels.typing", "inferenceLifecycle"]},
+            )
+            servers.append(server)
+
+        table = MethodTable()
+
+        async def hello(_params: Any, _inbound: Inbound) -> Any:
+            return {}
+
+        async def ack(_params: Any, _inbound: Inbound) -> Any:
+            return {"acked": 0}
+
+        async def speak(params: Speak, _inbound: Inbound) -> Any:
+            server = servers[params.server]
+            await server.notify("channels/typing", {"channelId": params.channel, "op": "start"})
+            answer = await server.request(
+                "channels/publish",
+                {"conversationId": "c", "channelId": params.channel, "content": [{"type": "text", "text": params.text}]},
+            )
+            await server.notify("channels/typing", {"channelId": params.channel, "op": "stop"})
+            await server.notify("inference/lifecycle", {"inferenceId": "i", "phase": "completed"})
+            return answer
+
+        table.add("session/hello", hello)
+        table.add("wake/ack", ack)
+        table.add("speak", speak, Speak, concurrent=True)
+
+        async def serve(stream: trio.SocketStream) -> None:
+            peer = Peer(NdjsonStream(stream, stream, skip_log_lines=False), table, concurrent_methods=table.concurrent_methods)
+            hosts.append(peer)
+            try:
+                await peer.run()
+            finally:
+                hosts.remove(peer)
+
+        listener = trio.socket.socket(trio.socket.AF_UNIX)
+        await listener.bind(socket_path)
+        listener.listen(16)
+        await trio.serve_listeners(serve, [trio.SocketListener(listener)])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--mode", default="inbound")
+    parser.add_argument("ports", nargs="+", type=int)
+    args = parser.parse_args()
+    try:
+        trio.run(main, args.socket, args.ports)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        Path(args.socket).unlink(missing_ok=True)

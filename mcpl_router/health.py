@@ -1,0 +1,204 @@
+"""The ``[health]`` HTTP listener: ``/healthz``, ``/readyz`` and ``/metrics``.
+
+HTTP/1.1 by h11 (sans-I/O; it comes with trio-websocket) over trio's own TCP listeners: one
+request per connection, answered and closed. It serves no secret, so it has no token; it is
+bounded so a scraper gone wrong can't hurt the daemon: at most :data:`MAX_CONNECTIONS` at
+once (more are answered 503 at once), :data:`REQUEST_TIMEOUT` to send a request, requests
+over 16 KiB refused. See ``docs/decisions/0002-health-http-on-h11.md``.
+
+- ``GET /healthz``: 200 ``ok`` while the daemon's event loop answers (liveness).
+- ``GET /readyz``: 200 ``ready``, or 503 with one line per reason (a ``required`` server not
+  ready, the journal failing, no server ready at all, shutting down).
+- ``GET /metrics``: Prometheus text format (see :mod:`mcpl_router.metrics`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+import attrs
+import h11
+import trio
+
+from mcpl_router.config import HealthConfig
+from mcpl_router.errors import bind_failure, listen_refusal
+from mcpl_router.logs import get_logger
+from mcpl_router.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+
+#: Connections served at once; more are answered 503 and closed.
+MAX_CONNECTIONS = 16
+#: Time a client has to send its whole request.
+REQUEST_TIMEOUT = 10.0
+#: Time to write the answer (a scraper that stops reading is dropped).
+RESPONSE_TIMEOUT = 10.0
+_MAX_REQUEST_BYTES = 16 * 1024
+
+
+@attrs.frozen
+class Readiness:
+    """Whether the daemon is ready, and if not, every reason (one sentence each)."""
+
+    problems: tuple[str, ...]
+
+    @property
+    def ready(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        if self.ready:
+            return "ready\n"
+        return "not ready:\n" + "".join(f"- {problem}\n" for problem in self.problems)
+
+
+def readiness(daemon: Daemon) -> Readiness:
+    """The daemon's readiness: what ``/readyz``, ``status`` and ``mcpl-router health`` report.
+
+    Not ready while: shutting down; the journal's latest commit failed; a server marked
+    ``required`` is not serving (not ready, or ready with every channel registration refused);
+    or, when no server is marked required, none of the configured servers is serving.
+    """
+    problems: list[str] = []
+    if daemon.draining:
+        problems.append("the daemon is shutting down")
+    journal_error = daemon.journal.statistics().failing
+    if journal_error is not None:
+        problems.append(f"the journal is failing: {journal_error}")
+    links = list(daemon.links.values())
+    serving = {link.server_id: daemon.server_problem(link) for link in links}
+    required = [link for link in links if link.config.required]
+    for link in required:
+        problem = serving[link.server_id]
+        if problem is not None:
+            problems.append(f"server {link.server_id} (required) {problem}")
+    if not required and links and all(problem is not None for problem in serving.values()):
+        problems.append(
+            f"no server is ready (0/{len(links)}): "
+            + "; ".join(f"{server_id} {problem}" for server_id, problem in serving.items())
+        )
+    return Readiness(tuple(problems))
+
+
+async def serve_health(
+    daemon: Daemon, health: HealthConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Listen until cancelled; ``task_status.started`` gets ``http://host:port`` (the real port).
+
+    Raises:
+        StartupRefusal: the port is in use (or the bind can't be had), naming ``health.port``.
+    """
+    try:
+        listeners = await trio.open_tcp_listeners(health.port, host=health.bind)
+    except OSError as exc:
+        failure = bind_failure(exc)
+        raise listen_refusal(daemon.config.source, "health.port", health.bind, health.port, failure or exc) from None
+    port = listeners[0].socket.getsockname()[1]
+    host = health.bind if ":" not in health.bind else f"[{health.bind}]"
+    url = f"http://{host}:{port}"
+    log = get_logger()
+    log.info("health.listening", url=url)
+    limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+    task_status.started(url)
+    await trio.serve_listeners(partial(_serve_connection, daemon, limiter), listeners)
+
+
+async def _serve_connection(daemon: Daemon, limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
+    try:
+        limiter.acquire_nowait()
+    except trio.WouldBlock:
+        # Answered before reading the request (h11 won't answer one it hasn't read): raw bytes.
+        body = b"busy: too many health connections\n"
+        head = f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        with trio.move_on_after(RESPONSE_TIMEOUT):
+            try:
+                await stream.send_all(head.encode() + body)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await trio.aclose_forcefully(stream)
+        return
+    try:
+        await _serve_one(daemon, stream)
+    finally:
+        limiter.release()
+        await trio.aclose_forcefully(stream)
+
+
+async def _serve_one(daemon: Daemon, stream: trio.SocketStream) -> None:
+    connection = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_REQUEST_BYTES)
+    request: h11.Request | None = None
+    with trio.move_on_after(REQUEST_TIMEOUT):
+        try:
+            while request is None:
+                event = connection.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(8192)
+                    connection.receive_data(data)
+                    if not data and connection.their_state is not h11.DONE:
+                        return  # the client went away
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.ConnectionClosed):
+                    return
+        except h11.RemoteProtocolError as exc:
+            with trio.move_on_after(RESPONSE_TIMEOUT):
+                try:
+                    await _respond(connection, stream, exc.error_status_hint, b"bad request\n", head=False)
+                except (h11.LocalProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+    if request is None:
+        return  # too slow: closed without an answer
+    method = request.method.decode("ascii", "replace").upper()
+    path = request.target.decode("ascii", "replace").split("?", 1)[0]
+    try:
+        status, body, content_type = _route(daemon, method, path)
+    except Exception:
+        # A bug reading some part's state must not take the listener (and the daemon) down.
+        get_logger().exception("health.request.crashed", path=path)
+        status, body, content_type = 500, b"internal error: see the daemon's log (health.request.crashed)\n", "text/plain; charset=utf-8"
+    with trio.move_on_after(RESPONSE_TIMEOUT):
+        try:
+            await _respond(connection, stream, status, body, head=method == "HEAD", content_type=content_type)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
+            pass
+
+
+def _route(daemon: Daemon, method: str, path: str) -> tuple[int, bytes, str]:
+    text = "text/plain; charset=utf-8"
+    if method not in ("GET", "HEAD"):
+        return 405, b"method not allowed: use GET\n", text
+    if path == "/healthz":
+        return 200, b"ok\n", text
+    if path == "/readyz":
+        state = daemon.readiness()
+        return (200 if state.ready else 503), state.text().encode(), text
+    if path == "/metrics":
+        return 200, daemon.metrics.render(), CONTENT_TYPE
+    return 404, b"not found: try /healthz, /readyz or /metrics\n", text
+
+
+async def _respond(
+    connection: h11.Connection,
+    stream: trio.SocketStream,
+    status: int,
+    body: bytes,
+    *,
+    head: bool,
+    content_type: str = "text/plain; charset=utf-8",
+) -> None:
+    headers = [
+        ("Content-Type", content_type),
+        ("Content-Length", str(len(body))),
+        ("Connection", "close"),
+        ("Cache-Control", "no-store"),
+    ]
+    out = connection.send(h11.Response(status_code=status, headers=headers, reason=b""))
+    if not head and body:
+        out = (out or b"") + (connection.send(h11.Data(data=body)) or b"")
+    out = (out or b"") + (connection.send(h11.EndOfMessage()) or b"")
+    await stream.send_all(out)

@@ -1,0 +1,272 @@
+"""What ``/metrics`` shows: counters the daemon keeps, and its state read at scrape time.
+
+Two kinds of series, in one per-daemon :class:`prometheus_client.CollectorRegistry`:
+
+- **counted as it happens** (:class:`DaemonMetrics`' counters and histograms): inbound messages
+  and registrations answered, wakes sent and acked, ``beforeInference`` latency and outcomes,
+  journal commits, backpressure events, reloads;
+- **read when scraped** (:class:`_StateCollector`): each link's state, epochs and channels,
+  publishes by outcome, peer queue depths, pending wakes, resolution refusals by kind, typing
+  indicators, open turns. Reading the parts' own ``status()``/``statistics()`` at scrape time
+  keeps the hot paths free of metric calls and cannot drift from what ``status`` says.
+
+Every series is prefixed ``mcpl_router_``; ``docs/operations.md`` lists them.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from mcpl_router.routing import texts
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
+    from mcpl_router.store.journal import JournalStatistics
+
+#: The Content-Type of :meth:`DaemonMetrics.render`.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LINK_STATES = ("connecting", "ready", "retrying", "closed", "failed")
+
+#: Registration refusal texts (server-facing, sentences) → a stable label.
+_REGISTRATION_REASONS = {
+    texts.REASON_REGISTER_NOT_GRANTED: "not-granted",
+    texts.REASON_DUPLICATE_IN_CALL: "duplicate-in-call",
+    texts.REASON_UPDATE_UNKNOWN: "update-unknown",
+}
+
+
+def registration_reason_label(reason: str | None) -> str:
+    """A registration refusal's reason text as a metric label (a small, fixed set)."""
+    if reason is None:
+        return "unknown"
+    if reason in _REGISTRATION_REASONS:
+        return _REGISTRATION_REASONS[reason]
+    if reason.startswith("malformed"):
+        return "malformed"
+    if "is outside the ids this server may" in reason:  # texts.reason_outside_patterns
+        return "outside-patterns"
+    return "other"
+
+
+class DaemonMetrics:
+    """The daemon's metrics registry; the shell calls the ``*_`` recording methods."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.inbound = Counter(
+            "mcpl_router_inbound_messages",
+            "Messages and pushes servers sent, by how they were answered (code: the refusal's JSON-RPC code).",
+            ["server", "outcome", "code"],
+            registry=registry,
+        )
+        self.registrations = Counter(
+            "mcpl_router_channel_registrations",
+            "Channel descriptors servers registered or updated, accepted or refused (by reason).",
+            ["server", "outcome", "reason"],
+            registry=registry,
+        )
+        self.wakes_sent = Counter("mcpl_router_wakes_sent", "Wake notifications sent to hosts (re-sends included).", ["agent"], registry=registry)
+        self.wakes_acked = Counter("mcpl_router_wakes_acked", "Wakes hosts acknowledged (wake/ack).", ["agent"], registry=registry)
+        self.context_seconds = Histogram(
+            "mcpl_router_before_inference_seconds",
+            "How long each server took to answer context/beforeInference.",
+            ["server"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.context_outcomes = Counter(
+            "mcpl_router_before_inference",
+            "context/beforeInference requests by outcome (ok, timeout, error).",
+            ["server", "outcome"],
+            registry=registry,
+        )
+        self.reloads = Counter("mcpl_router_config_reloads", "Config reloads (SIGHUP, mcpl-router reload) by outcome.", ["outcome"], registry=registry)
+        registry.register(_StateCollector(daemon))
+
+    def render(self) -> bytes:
+        """The exposition text (Prometheus format 0.0.4)."""
+        return generate_latest(self.registry)
+
+    # -- recording (called by the shell) ----------------------------------------------------
+
+    def inbound_answered(self, server_id: str, method: str, result: Any) -> None:
+        """Count what a server's ``channels/incoming``/``register``/``changed``/push got back."""
+        if not isinstance(result, Mapping):
+            return
+        if method == "push/event":
+            self.inbound.labels(server_id, "accepted", "").inc()
+            return
+        rows = result.get("results")
+        if not isinstance(rows, list):
+            return
+        if method == "channels/incoming":
+            for row in rows:
+                if isinstance(row, Mapping):
+                    accepted = bool(row.get("accepted"))
+                    self.inbound.labels(server_id, "accepted" if accepted else "refused", "" if accepted else str(row.get("code", ""))).inc()
+        elif method in ("channels/register", "channels/changed"):
+            for row in rows:
+                if isinstance(row, Mapping):
+                    accepted = bool(row.get("accepted"))
+                    reason = "" if accepted else registration_reason_label(row.get("reason"))
+                    self.registrations.labels(server_id, "accepted" if accepted else "refused", reason).inc()
+
+    def context_answered(self, outcomes: Mapping[str, str], elapsed: Mapping[str, float]) -> None:
+        """One ``beforeInference`` fan-out's per-server outcomes and latencies."""
+        for server_id, outcome in outcomes.items():
+            if outcome == "skipped":
+                continue
+            self.context_outcomes.labels(server_id, outcome).inc()
+            if server_id in elapsed:
+                self.context_seconds.labels(server_id).observe(elapsed[server_id])
+
+    def wake_sent(self, agent: str) -> None:
+        self.wakes_sent.labels(agent).inc()
+
+    def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None:
+        # An ack names seqs, not agents: with several agents the count goes to the first.
+        if count and agents:
+            self.wakes_acked.labels(agents[0] if len(agents) == 1 else "*").inc(count)
+
+
+class _StateCollector(Collector):
+    """Series read from the daemon's state at each scrape."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked: the series depend on the servers configured now
+
+    def collect(self) -> Iterator[Metric]:
+        daemon = self._daemon
+        up = GaugeMetricFamily("mcpl_router_server_up", "1 while the server's link is ready.", labels=["server"])
+        state = GaugeMetricFamily("mcpl_router_server_state", "The link's state (1 for the current one).", labels=["server", "state"])
+        required = GaugeMetricFamily("mcpl_router_server_required", "1 for a server marked required (readiness waits for it).", labels=["server"])
+        connects = CounterMetricFamily("mcpl_router_server_connects", "Transport epochs started (first connection and every reconnect).", labels=["server"])
+        reconnects = CounterMetricFamily("mcpl_router_server_reconnects", "Reconnection attempts (epochs after the first).", labels=["server"])
+        channels = GaugeMetricFamily("mcpl_router_server_channels", "Channels the server has registered now.", labels=["server"])
+        refused = CounterMetricFamily("mcpl_router_inbound_refused_at_admission", "Inbound methods refused by the grant (reason: not-granted, before-policy).", labels=["server", "reason"])
+        publishes = CounterMetricFamily("mcpl_router_publishes", "Publishes to servers by outcome (delivered, failed, unknown) and reason.", labels=["server", "outcome", "reason"])
+        depth = GaugeMetricFamily("mcpl_router_queue_depth", "Messages waiting in a bounded queue now.", labels=["queue", "owner"])
+        pending = GaugeMetricFamily("mcpl_router_pending_requests", "Requests awaiting an answer now.", labels=["peer", "owner"])
+        pressure = CounterMetricFamily(
+            "mcpl_router_peer_backpressure_events",
+            "Backpressure on a connection, this connection (kind: read-waits: its read loop waited for room;"
+            " write-waits: a send waited for its outbox; stalled: closed for not reading).",
+            labels=["peer", "owner", "kind"],
+        )
+        outbox_bytes = GaugeMetricFamily("mcpl_router_peer_outbox_bytes", "Bytes queued for a peer to read now.", labels=["peer", "owner"])
+        per_server: dict[str, int] = {}
+        for entry in daemon.router.registry.all_entries():
+            per_server[entry.ref.server_id] = per_server.get(entry.ref.server_id, 0) + 1
+        for server_id, link in list(daemon.links.items()):
+            current = link.state.value
+            up.add_metric([server_id], 1.0 if current == "ready" else 0.0)
+            for name in _LINK_STATES:
+                state.add_metric([server_id, name], 1.0 if name == current else 0.0)
+            required.add_metric([server_id], 1.0 if link.config.required else 0.0)
+            connects.add_metric([server_id], float(link.epoch))
+            reconnects.add_metric([server_id], float(max(0, link.epoch - 1)))
+            channels.add_metric([server_id], float(per_server.get(server_id, 0)))
+            for reason, count in link.admission_refused.items():
+                refused.add_metric([server_id, reason], float(count))
+            for (outcome, reason), count in link.publishes.items():
+                publishes.add_metric([server_id, outcome, reason], float(count))
+            stats = link.peer_statistics()
+            if stats is not None:
+                _peer_series(stats, "server", server_id, depth, pending, pressure, outbox_bytes)
+        connections = list(daemon.host_connections)
+        live: collections.Counter[str] = collections.Counter()
+        for connection in connections:
+            if connection.peer is not None:
+                live.update({key: value for key, value in attrs.asdict(connection.peer.statistics()).items() if isinstance(value, int)})
+        # Host connections summed; the counters include connections that have closed.
+        hosts_total = daemon.sessions.host_statistics()
+        depth.add_metric(["host-inbound", "*"], float(live["inbound_queued"]))
+        depth.add_metric(["host-outbox", "*"], float(live["outbox_messages"]))
+        pending.add_metric(["host", "*"], float(live["pending_requests"]))
+        outbox_bytes.add_metric(["host", "*"], float(live["outbox_bytes"]))
+        pressure.add_metric(["host", "*", "read-waits"], float(hosts_total["backpressureWaits"]))
+        pressure.add_metric(["host", "*", "write-waits"], float(live["outbox_waits"]))
+        pressure.add_metric(["host", "*", "stalled"], float(hosts_total["stalledDisconnects"]))
+        disconnects = CounterMetricFamily(
+            "mcpl_router_host_disconnects", "Host connections the daemon closed (reason: stalled, outbox-full); their wakes stay in the journal.", labels=["reason"]
+        )
+        disconnects.add_metric(["stalled"], float(hosts_total["stalledDisconnects"]))
+        disconnects.add_metric(["outbox-full"], float(hosts_total["outboxFullDisconnects"]))
+        outboxes = daemon.sessions.outbox_statistics()
+        depth.add_metric(["host-wakes", "*"], float(sum(row["notices_queued"] + row["fresh_queued"] for row in outboxes)))
+        in_flight = GaugeMetricFamily("mcpl_router_wakes_in_flight", "Wakes sent and not acked yet, on open connections (each connection's window).")
+        in_flight.add_metric([], float(sum(row["in_flight"] for row in outboxes)))
+        journal = daemon.journal.statistics()
+        depth.add_metric(["journal-writes", "*"], float(journal.queued_writes))
+        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, outbox_bytes, in_flight, disconnects)
+        yield from _journal_series(journal)
+
+        hosts = GaugeMetricFamily("mcpl_router_host_connections", "Host connections open now.")
+        hosts.add_metric([], float(len(connections)))
+        yield hosts
+        wakes = GaugeMetricFamily("mcpl_router_wakes_pending", "Wakes journaled for the agent and not acked yet.", labels=["agent"])
+        for spec in daemon.sessions.agents():
+            wakes.add_metric([spec.name], float(daemon.journal.unacked_count(spec.name)))
+        yield wakes
+        refusals = CounterMetricFamily("mcpl_router_resolution_refusals", "Channel names that picked no single channel, by kind.", labels=["kind"])
+        for kind, count in daemon.router.names.refusals.items():
+            refusals.add_metric([kind], float(count))
+        yield refusals
+        typing = GaugeMetricFamily("mcpl_router_typing_active", "Typing indicators the daemon holds now (source: turn, host).", labels=["source"])
+        for source, count in daemon.turns.typing_statistics().items():
+            typing.add_metric([source], float(count))
+        yield typing
+        turns = GaugeMetricFamily("mcpl_router_open_turns", "Turns open now.")
+        turns.add_metric([], float(len(daemon.turns.table.all())))
+        yield turns
+        ready = GaugeMetricFamily("mcpl_router_ready", "1 when /readyz answers 200.")
+        ready.add_metric([], 0.0 if daemon.readiness().problems else 1.0)
+        yield ready
+
+
+def _journal_series(stats: JournalStatistics) -> Iterator[Metric]:
+    """The journal's own statistics (it commits in groups, in a thread)."""
+    commits = CounterMetricFamily("mcpl_router_journal_commits", "Journal commits (each a group of writes).")
+    commits.add_metric([], float(stats.commits))
+    seconds = GaugeMetricFamily("mcpl_router_journal_last_commit_seconds", "How long the latest commit took (fsync included).")
+    seconds.add_metric([], stats.last_commit_seconds)
+    batch = GaugeMetricFamily("mcpl_router_journal_batch_size", "Writes in the latest commit (last) and the most one commit held (largest).", labels=["which"])
+    batch.add_metric(["last"], float(stats.last_batch))
+    batch.add_metric(["largest"], float(stats.largest_batch))
+    failing = GaugeMetricFamily("mcpl_router_journal_failing", "1 while the journal's commits keep failing.")
+    failing.add_metric([], 0.0 if stats.failing is None else 1.0)
+    pruned = CounterMetricFamily("mcpl_router_journal_pruned", "Rows pruned once acked or settled.", labels=["what"])
+    pruned.add_metric(["events"], float(stats.pruned_events))
+    pruned.add_metric(["drafts"], float(stats.pruned_drafts))
+    yield from (commits, seconds, batch, failing, pruned)
+
+
+def _peer_series(
+    stats: Any,
+    peer: str,
+    owner: str,
+    depth: GaugeMetricFamily,
+    pending: GaugeMetricFamily,
+    pressure: CounterMetricFamily,
+    outbox_bytes: GaugeMetricFamily,
+) -> None:
+    depth.add_metric([f"{peer}-inbound", owner], float(stats.inbound_queued))
+    depth.add_metric([f"{peer}-outbox", owner], float(stats.outbox_messages))
+    pending.add_metric([peer, owner], float(stats.pending_requests))
+    outbox_bytes.add_metric([peer, owner], float(stats.outbox_bytes))
+    pressure.add_metric([peer, owner, "read-waits"], float(stats.backpressure_waits))
+    pressure.add_metric([peer, owner, "write-waits"], float(stats.outbox_waits))
+    pressure.add_metric([peer, owner, "stalled"], float(stats.stalled))

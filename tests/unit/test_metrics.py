@@ -1,0 +1,84 @@
+"""What the shell records into /metrics, read back through prometheus_client's own parser."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcpl_router.config import parse_config
+from mcpl_router.daemon import Daemon
+from mcpl_router.metrics import registration_reason_label
+from mcpl_router.routing import texts
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    config = parse_config(
+        {"mcplServers": {"a": {"url": "tcp://127.0.0.1:9", "required": True}}, "journal": {"path": str(tmp_path / "j.sqlite3")}},
+        source="<t>",
+        base_dir=tmp_path,
+        environ={"HOME": str(tmp_path)},
+    )
+    built = Daemon(config)
+    yield built
+    built.journal.close()
+
+
+def samples(daemon: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(daemon.metrics.render().decode()):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_inbound_answers_are_counted_by_outcome_and_code(daemon: Daemon) -> None:
+    metrics = daemon.metrics
+    metrics.inbound_answered("a", "channels/incoming", {"results": [
+        {"messageId": "1", "accepted": True},
+        {"messageId": "2", "accepted": False, "code": -32023, "reason": "…"},
+        {"messageId": "3", "accepted": False, "code": -32023, "reason": "…"},
+    ]})
+    metrics.inbound_answered("a", "push/event", {"accepted": True})
+    metrics.inbound_answered("a", "channels/register", {"results": [
+        {"id": "g", "accepted": True},
+        {"id": "h", "accepted": False, "reason": texts.REASON_REGISTER_NOT_GRANTED},
+    ]})
+    found = samples(daemon)
+    assert found[("mcpl_router_inbound_messages_total", (("code", ""), ("outcome", "accepted"), ("server", "a")))] == 2
+    assert found[("mcpl_router_inbound_messages_total", (("code", "-32023"), ("outcome", "refused"), ("server", "a")))] == 2
+    assert found[("mcpl_router_channel_registrations_total", (("outcome", "refused"), ("reason", "not-granted"), ("server", "a")))] == 1
+
+
+def test_before_inference_outcomes_and_latency(daemon: Daemon) -> None:
+    daemon.metrics.context_answered({"a": "ok", "b": "timeout", "c": "skipped"}, {"a": 0.02, "b": 5.0})
+    found = samples(daemon)
+    assert found[("mcpl_router_before_inference_total", (("outcome", "timeout"), ("server", "b")))] == 1
+    assert found[("mcpl_router_before_inference_seconds_count", (("server", "a"),))] == 1
+    assert found[("mcpl_router_before_inference_seconds_bucket", (("le", "0.025"), ("server", "a")))] == 1
+    assert not any(labels == (("outcome", "skipped"), ("server", "c")) for _, labels in found)
+
+
+def test_state_series_before_anything_connected(daemon: Daemon) -> None:
+    found = samples(daemon)
+    assert found[("mcpl_router_server_up", (("server", "a"),))] == 0
+    assert found[("mcpl_router_server_required", (("server", "a"),))] == 1
+    assert found[("mcpl_router_ready", ())] == 0  # a required server isn't serving
+    assert found[("mcpl_router_journal_failing", ())] == 0
+
+
+@pytest.mark.parametrize(
+    ("reason", "label"),
+    [
+        (texts.REASON_DUPLICATE_IN_CALL, "duplicate-in-call"),
+        ("malformed channel descriptor: id missing", "malformed"),
+        (texts.reason_outside_patterns("x"), "outside-patterns"),
+        ("something new", "other"),
+        (None, "unknown"),
+    ],
+)
+def test_registration_reasons_are_a_small_fixed_set_of_labels(reason: str | None, label: str) -> None:
+    assert registration_reason_label(reason) == label
