@@ -36,7 +36,7 @@ from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.tool_calls import ToolCall, tool_result
-from mcpl_router.turn_runner import publish_text
+from mcpl_router.turn_runner import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -130,17 +130,11 @@ class ChannelTools:
             return
         ref = ChannelRef(event.server_id, event.channel_id)
         registered = self._daemon.router.registry.is_registered(ref)
-        payload = event.payload if isinstance(event.payload, dict) else {}
-        message_id = payload.get("messageId") if event.kind == "message" else None
-        thread_id = payload.get("threadId") if event.kind == "message" else None
+        # A message's own ids, or those a push names in its origin (discord-mcpl's push for a
+        # message in a closed channel): the message a decline acknowledges by default.
+        message_id, thread_id = message_ids_of(event.payload)
         for agent in woken:
-            set_ = self.defaults.woke(
-                agent,
-                ref,
-                message_id=message_id if isinstance(message_id, str) else None,
-                thread_id=thread_id if isinstance(thread_id, str) else None,
-                registered=registered,
-            )
+            set_ = self.defaults.woke(agent, ref, message_id=message_id, thread_id=thread_id, registered=registered)
             if not set_:
                 self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq)
 
@@ -329,13 +323,15 @@ class ChannelTools:
             reason = None  # open already, and its server decides: nothing to ask
         else:
             params: dict[str, Any] = {"channelId": ref.channel_id}
+            # Backscroll travels as `history: {limit, beforeMessageId?}`, the shape discord-mcpl
+            # reads (src/server.ts:68-71, :2379); a bare `backscroll` number it never sees.
             backscroll = args.get("backscroll")
+            before = _text_arg(args, "beforeMessageId")
             if isinstance(backscroll, int) and not isinstance(backscroll, bool) and backscroll > 0:
-                params["backscroll"] = backscroll
-            for key in ("beforeMessageId", "threadId"):
-                value = _text_arg(args, key)
-                if value is not None:
-                    params[key] = value
+                params["history"] = {"limit": backscroll, **({"beforeMessageId": before} if before else {})}
+            thread_id = _text_arg(args, "threadId")
+            if thread_id is not None:
+                params["threadId"] = thread_id
             reason = await self._lifecycle(link, "channels/open", params, LIFECYCLE)
         if reason == REASON_UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
@@ -418,8 +414,9 @@ class ChannelTools:
             elif not link.grant.allows(ACKNOWLEDGE):
                 acknowledged, note = False, texts.ack_not_sent(texts.REASON_NOT_PERMITTED)
             else:
-                params = {"channelId": ref.channel_id, "messageId": message_id, "emoji": emoji}
-                reason = await self._lifecycle(link, "channels/acknowledge", params, ACKNOWLEDGE)
+                reason = await acknowledge_message(
+                    link, ref, message_id, intent=ACK_INTENT_DECLINED, value=emoji, timeout=self.lifecycle_timeout
+                )
                 acknowledged = reason is None
                 note = texts.ACK_SENT if reason is None else texts.ack_not_sent(reason)
         self._log_call(call, "channel_decline.declined", ref, acknowledged=acknowledged)

@@ -60,6 +60,8 @@ __all__ = [
 ]
 
 TRANSPORTS: Final = ("stdio", "tcp", "websocket")
+#: The transport of a tombstone (``{"disabled": true}`` and nothing to reach): never started.
+TOMBSTONE: Final = "none"
 LEGACY_MODES: Final = ("auto", "allow", "deny")
 PROSE_ROUTING_MODES: Final = ("disabled", "locus", "hybrid", "explicit", "named")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
@@ -82,9 +84,15 @@ DEFAULT_ENV_ALLOWLIST: Final = (
 # --- keys accepted on disk -------------------------------------------------------------------
 
 _TOP_KEYS: Final = ("mcplServers", "host", "journal", "logging", "health", "agents")
-_STDIO_KEYS: Final = ("command", "args", "env", "cwd", "envAllowlist", "inheritEnv")
+_STDIO_KEYS: Final = ("command", "args", "env", "cwd", "envAllowlist", "inheritEnv", "protocol")
 _TCP_KEYS: Final = ("host", "port")
-_WEBSOCKET_KEYS: Final = ("token", "tokenHeader")
+_WEBSOCKET_KEYS: Final = ("token", "tokenHeader", "tokenIn")
+#: Where a WebSocket token goes: ``auto`` = the header, and if the handshake is refused (401/403)
+#: once more as ``?token=`` (connectome-host's way); ``header``/``query`` = only that way.
+TOKEN_PLACES: Final = ("auto", "header", "query")
+#: ``protocol`` of a stdio server in connectome-host's file: the MCP family it speaks. This daemon
+#: speaks ``legacy`` (MCP 2024-11-05 + MCPL), connectome-host's default.
+PROTOCOL_FAMILIES: Final = ("legacy", "modern")
 _SERVER_KEYS: Final = (
     "transport",
     *_STDIO_KEYS,
@@ -258,6 +266,7 @@ class ServerConfig:
     url: str | None = attrs.field(default=None, repr=_url_repr)
     token: str | None = attrs.field(default=None, repr=False)
     token_header: str = "Authorization"
+    token_in: str = "auto"
     # grant policy
     enabled_capabilities: tuple[str, ...] | None = None
     disabled_capabilities: tuple[str, ...] = ()
@@ -287,6 +296,8 @@ class ServerConfig:
             return f"{shown} (+{len(self.args)} args)" if self.args else shown
         if self.transport == "tcp":
             return f"{self.host}:{self.port}"
+        if self.transport == TOMBSTONE:
+            return "(none: disabled)"
         return _without_password(self.url or "")
 
     def spawn_env(self, environ: Mapping[str, str]) -> dict[str, str]:
@@ -332,11 +343,12 @@ class ServerConfig:
         elif self.transport == "tcp":
             out["host"] = self.host
             out["port"] = self.port
-        else:
+        elif self.transport != TOMBSTONE:
             out["url"] = _without_password(self.url or "")
             if self.token is not None:
                 out["token"] = "set"
             out["tokenHeader"] = self.token_header
+            out["tokenIn"] = self.token_in
         out.update(
             {
                 "enabledCapabilities": _list_or_none(self.enabled_capabilities),
@@ -1362,7 +1374,12 @@ def _parse_server(
         if s.has(name):
             s.problems.warn(s.key_of(name), f'"{name}" is a host setting this daemon ignores.')
     disabled = s.boolean("disabled", False)
-    transport_and_endpoint = _parse_transport(s, base_dir, env)
+    if disabled and not any(s.has(name) for name in ("transport", "command", "url", "host", "port")):
+        # connectome-host's tombstone: an entry that only switches a server off (an agent
+        # unloaded it). Nothing to start, nothing to check beyond the policy keys.
+        transport_and_endpoint: tuple[str, dict[str, Any]] | None = (TOMBSTONE, {})
+    else:
+        transport_and_endpoint = _parse_transport(s, base_dir, env)
 
     enabled_capabilities = _grant_patterns(s, "enabledCapabilities", "capability path")
     disabled_capabilities = _grant_patterns(s, "disabledCapabilities", "capability path") or ()
@@ -1514,10 +1531,22 @@ def _stdio_endpoint(
                 f"{json.dumps(name)} is not a variable name.",
                 'Give names only, without "=".',
             )
+    protocol = s.choice("protocol", PROTOCOL_FAMILIES, "legacy", "a protocol family")
+    if protocol == "modern":
+        s.error(
+            "protocol",
+            '"modern" (MCP 2026-07-28) is not a protocol this daemon speaks: it speaks MCP '
+            '2024-11-05 with MCPL ("legacy", connectome-host\'s default).',
+            'Remove "protocol" (or set it to "legacy") for an MCPL server; serve a modern MCP '
+            "server from the host itself.",
+        )
+    # An empty argument is a real argument (--name ""), unlike an empty pattern.
+    args = s.strings("args", (), item="argument", allow_empty=True) or ()
     return {
         "command": command,
-        # An empty argument is a real argument (--name ""), unlike an empty pattern.
-        "args": s.strings("args", (), item="argument", allow_empty=True) or (),
+        # As connectome-host reads mcpl-servers.json (src/mcpl-config.ts:66): an argument that
+        # starts with ./ or ../ is a path relative to the config file, wherever the daemon runs.
+        "args": tuple(_relative_arg(arg, base_dir) for arg in args),
         "env": s.string_map("env"),
         # No default: the child starts where the daemon runs, as `python -m pkg` commands
         # (the demo's, the tests') need when the package is importable from there.
@@ -1525,6 +1554,12 @@ def _stdio_endpoint(
         "env_allowlist": allowlist if allowlist is not None else DEFAULT_ENV_ALLOWLIST,
         "inherit_env": s.boolean("inheritEnv", False),
     }
+
+
+def _relative_arg(arg: str, base_dir: Path) -> str:
+    if arg.startswith(("./", "../")):
+        return os.path.normpath(base_dir / arg)
+    return arg
 
 
 def _tcp_endpoint(s: _Section) -> dict[str, Any] | None:
@@ -1574,7 +1609,8 @@ def _websocket_endpoint(s: _Section) -> dict[str, Any] | None:
         return None
     if _split_url(s, ("ws", "wss"), need_port=False) is None:
         return None
-    return {"url": s.raw("url"), "token": token, "token_header": header}
+    token_in = s.choice("tokenIn", TOKEN_PLACES, "auto", "a place for the token")
+    return {"url": s.raw("url"), "token": token, "token_header": header, "token_in": token_in}
 
 
 _URL_EXAMPLES: Final = {

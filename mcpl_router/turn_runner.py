@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
-from mcpl_router.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, PeerClosed, RequestTimeout, RpcError
+from mcpl_router.jsonrpc import INVALID_PARAMS, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import BEFORE_INFERENCE_TIMEOUT, HookFacts, before_inference, send_lifecycle
-from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.mcpl.link import NOTIFIED, CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.drafts import Attempt, Draft, new_draft_id
 from mcpl_router.routing.refs import ChannelRef
@@ -70,6 +70,8 @@ __all__ = [
     "TYPING_INTERVAL",
     "WAKE_UNKNOWN",
     "TurnManager",
+    "acknowledge_message",
+    "message_ids_of",
     "publish_text",
 ]
 
@@ -139,7 +141,7 @@ class _TurnRun:
     last_locus: ChannelRef | None = None
 
 
-def _message_ids(payload: Any) -> tuple[str | None, str | None]:
+def message_ids_of(payload: Any) -> tuple[str | None, str | None]:
     """The (messageId, threadId) of a wake's newest message, wherever the payload holds it."""
     message: Any = payload
     if isinstance(payload, Mapping) and isinstance(payload.get("messages"), list) and payload["messages"]:
@@ -148,6 +150,11 @@ def _message_ids(payload: Any) -> tuple[str | None, str | None]:
         message = payload[-1]
     if not isinstance(message, Mapping):
         return None, None
+    origin = message.get("origin")
+    if "messageId" not in message and isinstance(origin, Mapping):
+        # A push names its message in `origin` (discord-mcpl's push for a closed channel,
+        # src/server.ts:3176): that is the message a decline or refusal reaction marks.
+        message = origin
     message_id = message.get("messageId")
     thread_id = message.get("threadId")
     return (
@@ -158,7 +165,7 @@ def _message_ids(payload: Any) -> tuple[str | None, str | None]:
 
 def wake_fact(wake: Any) -> WakeFact:
     """What routing needs of one of the sessions' ``Wake`` objects."""
-    message_id, thread_id = _message_ids(getattr(wake, "payload", None))
+    message_id, thread_id = message_ids_of(getattr(wake, "payload", None))
     channel = getattr(wake, "channel", None)
     return WakeFact(
         seq=int(wake.seq),
@@ -221,22 +228,16 @@ async def publish_text(
         params["threadId"] = thread_id
     try:
         deadline = link.config.request_timeout if timeout is None else timeout
-        answer = await link.call("channels/publish", params, capability=PUBLISH, timeout=deadline)
-    except RpcError as error:
-        if error.code != METHOD_NOT_FOUND:
-            return outcome("failed", texts.REASON_SERVER_REFUSED)
-        try:
-            await link.send_notification("channels/publish", params, capability=PUBLISH)
-        except (LinkUnavailable, CapabilityNotGranted):
-            return outcome("failed", texts.REASON_NO_LINK)
-        except PeerClosed:
-            return outcome("unknown", texts.REASON_NO_RECEIPT)
-        return outcome("unknown", texts.REASON_NO_RECEIPT)
+        answer = await link.request_or_notify("channels/publish", params, capability=PUBLISH, timeout=deadline)
+    except RpcError:
+        return outcome("failed", texts.REASON_SERVER_REFUSED)
     except RequestTimeout as exc:
         return outcome("unknown" if exc.sent else "failed", texts.REASON_TIMEOUT)
     except (LinkUnavailable, CapabilityNotGranted):
         return outcome("failed", texts.REASON_NO_LINK)
     except PeerClosed:
+        return outcome("unknown", texts.REASON_NO_RECEIPT)
+    if answer is NOTIFIED:
         return outcome("unknown", texts.REASON_NO_RECEIPT)
     if isinstance(answer, dict) and answer.get("delivered") is True:
         message_id = answer.get("messageId")
@@ -244,6 +245,42 @@ async def publish_text(
     if isinstance(answer, dict) and answer.get("delivered") is False:
         return outcome("failed", texts.REASON_NOT_DELIVERED)
     return outcome("unknown", texts.REASON_MALFORMED_RECEIPT)
+
+
+#: ``channels/acknowledge`` intents: why the daemon marks a message (discord-mcpl reads them).
+ACK_INTENT_DECLINED: Final = "seen-not-opening"
+ACK_INTENT_REFUSED: Final = "refused"
+
+
+async def acknowledge_message(
+    link: ServerLink, ref: ChannelRef, message_id: str, *, intent: str, value: str | None, timeout: float
+) -> str | None:
+    """Send ``channels/acknowledge`` for one message on ``ref``'s own server; None when done.
+
+    The shape is what discord-mcpl reads (``src/server.ts:78-83``): a **Request**
+    ``{channelId, messageId, intent, value}``, where ``value`` is the reaction (without it the
+    server falls back to its own 👀). discord-mcpl drops an acknowledge sent as a Notification,
+    so the Request comes first; a server that answers it -32601 gets Notifications from then on
+    (:meth:`ServerLink.request_or_notify`).
+    Returns a stable reason when it wasn't done: ``timeout``, ``unconfirmed`` (sent, no
+    answer), ``server-refused`` (an error, or ``acknowledged: false``), ``server-unavailable``.
+    """
+    params: dict[str, Any] = {"channelId": ref.channel_id, "messageId": message_id, "intent": intent}
+    if value is not None:
+        params["value"] = value
+    try:
+        answer = await link.request_or_notify("channels/acknowledge", params, capability=ACKNOWLEDGE, timeout=timeout)
+    except RpcError:
+        return texts.REASON_SERVER_REFUSED
+    except RequestTimeout as exc:
+        return texts.REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
+    except (LinkUnavailable, CapabilityNotGranted):
+        return texts.REASON_NO_LINK
+    except PeerClosed:
+        return texts.REASON_UNCONFIRMED
+    if isinstance(answer, dict) and answer.get("acknowledged") is False:
+        return texts.REASON_SERVER_REFUSED
+    return None
 
 
 class TurnManager:
@@ -1156,11 +1193,11 @@ class TurnManager:
         if link is None or link.state is not LinkState.READY or not link.grant.allows(ACKNOWLEDGE):
             log.info("refusal.reaction.skipped", why="not-permitted", server=ref.server_id)
             return
-        params = {"channelId": ref.channel_id, "messageId": message_id, "reaction": self.refusal_reaction}
-        try:
-            await link.send_notification("channels/acknowledge", params, capability=ACKNOWLEDGE)
-        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
-            log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id)
+        reason = await acknowledge_message(
+            link, ref, message_id, intent=ACK_INTENT_REFUSED, value=self.refusal_reaction, timeout=self.publish_timeout
+        )
+        if reason is not None:
+            log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id, reason=reason)
             return
         log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)
 

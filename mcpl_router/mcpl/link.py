@@ -42,7 +42,7 @@ from mcpl_router.jsonrpc.peer import PeerStatistics
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.digest import DigestError, manifest_revision
 from mcpl_router.mcpl.grants import Grant, GrantPolicy, compute_grant, narrow_on_manifest_change
-from mcpl_router.mcpl.manifest import Manifest, ManifestError, diff_manifests, parse_manifest
+from mcpl_router.mcpl.manifest import Manifest, ManifestError, diff_manifests, map_legacy_vocabulary, parse_manifest
 from mcpl_router.mcpl.transports import OpenTransport, TransportError, open_transport
 
 if TYPE_CHECKING:
@@ -84,6 +84,13 @@ INBOUND_CAPABILITY: dict[str, str] = {
 MANIFEST_REFETCH_INTERVAL = 1.0
 #: A connection that stayed ready this long resets the backoff.
 STABLE_AFTER = 10.0
+#: Handshake answers that mean "not with that credential": with ``tokenIn = "auto"`` the next
+#: dial sends the token as ``?token=`` instead (connectome-host's way).
+_AUTH_REFUSED = (401, 403)
+
+
+#: What :meth:`ServerLink.request_or_notify` returns when the method went as a Notification.
+NOTIFIED: Any = enum.Enum("Notified", "NOTIFIED").NOTIFIED
 
 
 class LinkState(enum.Enum):
@@ -132,6 +139,8 @@ class LinkStatus:
     epoch: int
     attempts: int
     legacy: bool
+    #: 0.4 name → the 0.5 leaf it was read as, for a legacy server that used one.
+    legacy_mapping: dict[str, str]
     manifest_version: str | None
     grant: dict[str, Any]
     receipt: Any
@@ -149,6 +158,7 @@ class LinkStatus:
             "epoch": self.epoch,
             "attempts": self.attempts,
             "legacy": self.legacy,
+            "legacyMapping": dict(self.legacy_mapping),
             "manifestVersion": self.manifest_version,
             "grant": {
                 "granted": self.grant["granted"],
@@ -212,6 +222,9 @@ class ServerLink:
         self.manifest: Manifest | None = None
         self.receipt: Any = None
         self.legacy = False
+        self.legacy_mapping: dict[str, str] = {}
+        #: Methods this epoch's server answered -32601 as Requests: sent as Notifications now.
+        self._notification_only: set[str] = set()
         self.epoch = 0
         self.attempts = 0
         self.last_error: str | None = None
@@ -244,6 +257,7 @@ class ServerLink:
             epoch=self.epoch,
             attempts=self.attempts,
             legacy=self.legacy,
+            legacy_mapping=dict(self.legacy_mapping),
             manifest_version=self.manifest.version if self.manifest else None,
             grant=self.grant.summary(),
             receipt=self.receipt,
@@ -307,6 +321,24 @@ class ServerLink:
         self._check_capability(capability)
         return await peer.request(method, params, timeout=timeout, result_type=result_type)
 
+    async def request_or_notify(self, method: str, params: Any, *, capability: str, timeout: float | None = None) -> Any:
+        """Send ``method`` as a Request; the result, or :data:`NOTIFIED`.
+
+        A server that takes ``method`` only as a Notification (mcpl-editor's ``channels/publish``)
+        answers the Request -32601: it then gets the Notification, and in the rest of this epoch
+        only that, without a refused Request first. Raises as :meth:`call` does otherwise.
+        """
+        if method not in self._notification_only:
+            try:
+                return await self.call(method, params, capability=capability, timeout=timeout)
+            except RpcError as error:
+                if error.code != METHOD_NOT_FOUND:
+                    raise
+                self._notification_only.add(method)
+                self._log.info("link.notification_only", method=method, epoch=self.epoch)
+        await self.send_notification(method, params, capability=capability)
+        return NOTIFIED
+
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         """Send a notification needing ``capability`` (checked against the current grant first)."""
         peer = self._live_peer()
@@ -337,6 +369,7 @@ class ServerLink:
                         # A child that died says more than the closed pipe it left.
                         exited = self._exited() if isinstance(expected, (PeerClosed, trio.BrokenResourceError)) else None
                         self.last_error = exited or _describe_failure(expected)
+                        self._maybe_token_in_query(expected)
                     else:
                         # A bug in handling one server must not take the daemon (and every
                         # other server) down with it: log it whole and retry like any failure.
@@ -353,6 +386,17 @@ class ServerLink:
         finally:
             if self.state is not LinkState.FAILED:
                 self._set_state(LinkState.CLOSED)
+
+    def _maybe_token_in_query(self, failure: BaseException) -> None:
+        """After a 401/403 to the header token (``tokenIn = "auto"``), dial with ``?token=``."""
+        config = self.config
+        if config.transport != "websocket" or not config.token or config.token_in != "auto":
+            return
+        if getattr(failure, "status_code", getattr(failure, "status", None)) not in _AUTH_REFUSED:
+            return
+        self.config = attrs.evolve(config, token_in="query")
+        self.attempts = 0  # not a failure of the server's: the next dial comes at once
+        self._log.info("link.token.query", refused=getattr(failure, "status_code", None), hint='set tokenIn = "query" to start there')
 
     def _exited(self) -> str | None:
         """"exited with code N: <its last stderr line>" when this epoch's child has exited."""
@@ -378,6 +422,8 @@ class ServerLink:
     async def _run_epoch(self) -> None:
         self.grant = Grant.nothing()  # every new transport epoch starts with nothing granted
         self.legacy = False
+        self.legacy_mapping = {}
+        self._notification_only = set()
         self.receipt = None
         self._ready_since = None
         transport: OpenTransport | None = None
@@ -448,14 +494,20 @@ class ServerLink:
         experimental = capabilities.get("experimental")
         raw_manifest = experimental.get("mcpl") if isinstance(experimental, dict) else None
         manifest = parse_manifest(raw_manifest, mcp_tools="tools" in capabilities)
-        self.manifest = manifest
         if manifest.problems:
             self._log.info("link.manifest.tolerated", problems=list(manifest.problems))
+        legacy_why = _legacy_reason(manifest)
+        if legacy_why is not None:
+            if self.config.legacy == "deny":
+                raise _LegacyRefused(f'legacy server refused by config (legacy = "deny"): {legacy_why}')
+            manifest = self._map_legacy_vocabulary(manifest)
+        self.manifest = manifest
         granted = compute_grant(manifest, self.policy)
-        # A legacy server acts right after "initialized", so its host-side grant must be in
-        # force before we send it: each message is admitted against the grant at receipt.
-        if manifest.is_legacy_version:
-            self._enter_legacy(granted, why=f"manifest version {manifest.version}")
+        # A legacy server acts right after "initialized" (mcpl-editor even waits for the answer
+        # to its channels/register before reading our policy), so its host-side grant must be
+        # in force before we send it: each message is admitted against the grant at receipt.
+        if legacy_why is not None:
+            self._enter_legacy(granted, why=legacy_why)
         elif self.config.legacy == "allow":
             # Operator says this server acts before its policy: admit against the host-side grant.
             self._apply_grant(granted, host_side=True)
@@ -471,10 +523,14 @@ class ServerLink:
                 raise
             if self.config.legacy == "deny":
                 raise _LegacyRefused('legacy server refused by config (legacy = "deny"): featureSets/update answered -32601') from None
-            if not manifest.is_legacy_version:
+            if legacy_why is None:
                 # The read loop applied the host-side grant as the answer arrived; say so once.
                 log = self._log.warning if self.config.legacy == "auto" else self._log.info
                 log("link.legacy", reason="featureSets/update answered -32601", hint='set legacy = "allow" to silence, "deny" to refuse')
+            # Servers that take the policy only as a Notification (mcpl-editor, src/mcpl.ts:219)
+            # still learn which feature sets are enabled; the grant stays host-side.
+            await peer.notify("featureSets/update", self.grant.to_update_params())
+            self._log.info("link.policy.notified", reason="featureSets/update answered -32601")
             return
         if isinstance(self.receipt, dict) and self.receipt.get("accepted") is False:
             fallback = self.receipt.get("fallback")
@@ -509,6 +565,14 @@ class ServerLink:
             self._log.warning("link.policy.receipt", accepted=True, mode="degraded", unavailable=receipt.get("unavailableFeatures"), notes=receipt.get("notes"))
         else:
             self._log.info("link.policy.receipt", accepted=True, receipt=receipt)
+
+    def _map_legacy_vocabulary(self, manifest: Manifest) -> Manifest:
+        """Read a legacy server's 0.4 names as their 0.5 leaves, saying so (log + status)."""
+        mapped, applied = map_legacy_vocabulary(manifest)
+        if applied:
+            self.legacy_mapping = applied
+            self._log.info("link.legacy.mapped", mapping=applied, hint="0.4 names read as their 0.5 leaves")
+        return mapped
 
     def _enter_legacy(self, granted: Grant, *, why: str) -> None:
         if self.config.legacy == "deny":
@@ -625,6 +689,8 @@ class ServerLink:
             if computed != new_manifest.revision:
                 self._log.warning("link.manifest.revision_mismatch", claimed=new_manifest.revision, computed=computed)
                 return
+        if self.legacy:
+            new_manifest = self._map_legacy_vocabulary(new_manifest)
         diff = diff_manifests(self.manifest, new_manifest)
         old_grant = self.grant
         new_grant = narrow_on_manifest_change(old_grant, new_manifest, self.policy)
@@ -646,6 +712,15 @@ class ServerLink:
             policy_sent=sent,
             revision=new_manifest.revision,
         )
+
+
+def _legacy_reason(manifest: Manifest) -> str | None:
+    """Why the manifest alone shows a legacy server (older version, 0.4 names), or None."""
+    if manifest.is_legacy_version:
+        return f"manifest version {manifest.version}"
+    if manifest.legacy_names:
+        return f"0.4 vocabulary ({', '.join(manifest.legacy_names)}) in a version {manifest.version!r} manifest"
+    return None
 
 
 _EXPECTED_FAILURES = (TransportError, PeerClosed, RequestTimeout, RpcError, ManifestError, trio.BrokenResourceError)

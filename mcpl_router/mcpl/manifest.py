@@ -37,6 +37,12 @@ KNOWN_LEAVES: frozenset[str] = frozenset(
     }
 )
 
+#: 0.4 names a legacy server may advertise, each with the 0.5 leaf that means the same. Applied
+#: only to a server in legacy mode (:func:`map_legacy_vocabulary`); a 0.5 server is held to 0.5.
+#: mcpl-editor advertises ``channels.observe`` (and feature sets using it) for the inbound chat
+#: it then delivers with ``channels/incoming`` (src/mcpl.ts:143, src/feature-sets.ts:32).
+LEGACY_ALIASES: Mapping[str, str] = {"channels.observe": "channels.incoming"}
+
 CURRENT_VERSION = "0.5"
 _CURRENT_VERSION_TUPLE = (0, 5)
 
@@ -106,6 +112,16 @@ class Manifest:
         return parsed is not None and parsed < _CURRENT_VERSION_TUPLE
 
     @property
+    def legacy_names(self) -> tuple[str, ...]:
+        """The 0.4 names (:data:`LEGACY_ALIASES`) this manifest uses, advertised or in a set's
+        ``uses``, sorted. Non-empty means the server speaks the 0.4 vocabulary, whatever its
+        ``version`` says."""
+        used = set(self.advertised)
+        for fs in self.feature_sets:
+            used.update(fs.uses or ())
+        return tuple(sorted(used & LEGACY_ALIASES.keys()))
+
+    @property
     def feature_set_names(self) -> frozenset[str]:
         """The declared feature-set names."""
         return frozenset(fs.name for fs in self.feature_sets)
@@ -116,6 +132,27 @@ class Manifest:
             if fs.name == name:
                 return fs
         return None
+
+
+def map_legacy_vocabulary(manifest: Manifest) -> tuple[Manifest, dict[str, str]]:
+    """``manifest`` with each 0.4 name replaced by its 0.5 leaf; and the mapping applied.
+
+    Only for a server the link handles in legacy mode: the grant then treats ``channels.observe``
+    as ``channels.incoming`` in the advertisement and in every feature set's ``uses``. ``raw``
+    stays as received (the digest and diffs are of what the server sent).
+    """
+    applied = {old: LEGACY_ALIASES[old] for old in manifest.legacy_names}
+    if not applied:
+        return manifest, {}
+
+    def mapped(paths: Iterable[str]) -> list[str]:
+        # Order kept, duplicates dropped: a set using both names uses the leaf once.
+        return list(dict.fromkeys(applied.get(path, path) for path in paths))
+
+    feature_sets = tuple(
+        attrs.evolve(fs, uses=tuple(mapped(fs.uses))) if fs.uses is not None else fs for fs in manifest.feature_sets
+    )
+    return attrs.evolve(manifest, advertised=frozenset(mapped(manifest.advertised)), feature_sets=feature_sets), applied
 
 
 def _version_tuple(version: str | None) -> tuple[int, ...] | None:

@@ -1,7 +1,8 @@
 """Open a framed connection to one MCPL server: spawn over stdio, dial TCP, or dial WebSocket.
 
 Each call opens one transport *epoch*; the link opens a new one on every reconnect. Secrets
-(a WebSocket token) go into the handshake header and never into a log line or an error text.
+(a WebSocket token) go into the handshake header, or the ``?token=`` query connectome-host uses
+(``tokenIn``), and never into a log line or an error text.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import signal
 import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import attrs
 import trio
@@ -41,7 +42,14 @@ STDERR_TAIL_LINES = 10
 
 
 class TransportError(Exception):
-    """The transport could not be opened; the message is safe to log (no secrets)."""
+    """The transport could not be opened; the message is safe to log (no secrets).
+
+    ``status`` is the HTTP status of a refused WebSocket handshake, when there was one.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @attrs.define
@@ -50,6 +58,9 @@ class OpenTransport:
     #: For logs and status: the command's name, or the URL without credentials.
     description: str
     process: trio.Process | None = None
+    #: The byte stream under a WebSocket: trio-websocket leaves it open when the server closed
+    #: first and its reader was cancelled, so we close it ourselves.
+    socket: trio.abc.AsyncResource | None = None
     #: A stdio child's last stderr lines, newest last (bounded).
     stderr_tail: collections.deque[str] = attrs.field(factory=lambda: collections.deque(maxlen=STDERR_TAIL_LINES))
 
@@ -58,6 +69,8 @@ class OpenTransport:
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_STREAM_CLOSE_GRACE):
                 await self.stream.aclose()
+            if self.socket is not None:
+                await trio.aclose_forcefully(self.socket)
             if self.process is not None:
                 await stop_process(self.process)
 
@@ -181,15 +194,32 @@ async def _dial_tcp(config: ServerConfig, max_message_bytes: int) -> OpenTranspo
 
 
 async def _dial_websocket(config: ServerConfig, nursery: trio.Nursery, max_message_bytes: int) -> OpenTransport:
+    """Dial with the token in the header, or as ``?token=`` when ``tokenIn = "query"``.
+
+    connectome-host sends a WebSocket server's token as ``?token=`` and the servers written for
+    it read it there. With ``tokenIn = "auto"`` the link starts with the header and switches to
+    the query after a 401/403 (see ``ServerLink``), so a server that reads the header never gets
+    the token in a URL (its access logs).
+    """
+    place = "query" if config.token_in == "query" else "header"
+    return await _dial_websocket_once(config, nursery, max_message_bytes, token_place=place if config.token else None)
+
+
+async def _dial_websocket_once(
+    config: ServerConfig, nursery: trio.Nursery, max_message_bytes: int, *, token_place: str | None
+) -> OpenTransport:
     headers: list[tuple[bytes, bytes]] = []
-    if config.token:
+    if config.token and token_place == "header":
         headers.append((config.token_header.encode(), f"Bearer {config.token}".encode()))
     shown = safe_url(config.url)
     parts = urlsplit(config.url)
     secure = parts.scheme == "wss"
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if secure else 80)
-    resource = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    query = parts.query
+    if config.token and token_place == "query":
+        query = "&".join(q for q in (query, urlencode({"token": config.token})) if q)
+    resource = (parts.path or "/") + (f"?{query}" if query else "")
     # We open the byte stream ourselves (rather than connect_websocket_url) so that a refused
     # handshake can't leak the socket: whatever goes wrong, we close what we opened.
     stream: trio.abc.Stream | None = None
@@ -213,7 +243,7 @@ async def _dial_websocket(config: ServerConfig, nursery: trio.Nursery, max_messa
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
         raise _websocket_failure(exc, shown) from None
-    return OpenTransport(stream=WebSocketMessageStream(connection), description=shown)
+    return OpenTransport(stream=WebSocketMessageStream(connection), description=shown, socket=stream)
 
 
 def _websocket_failure(exc: BaseException, shown: str) -> BaseException:
@@ -224,9 +254,9 @@ def _websocket_failure(exc: BaseException, shown: str) -> BaseException:
             return TransportError(f"websocket handshake with {shown} timed out after {WEBSOCKET_CONNECT_TIMEOUT:g}s")
         if isinstance(leaf, trio_websocket.HandshakeError):
             status = getattr(getattr(leaf, "response", None), "status_code", None)
-            return TransportError(f"websocket handshake with {shown} refused (status {status})")
+            return TransportError(f"websocket handshake with {shown} refused (status {status})", status=status)
         if isinstance(leaf, trio_websocket.ConnectionRejected):
-            return TransportError(f"websocket handshake with {shown} refused (status {leaf.status_code})")
+            return TransportError(f"websocket handshake with {shown} refused (status {leaf.status_code})", status=leaf.status_code)
         if isinstance(leaf, (OSError, trio.BrokenResourceError)):
             return TransportError(f"could not connect to {shown}: {getattr(leaf, 'strerror', None) or leaf}")
     return exc

@@ -11,8 +11,20 @@ picks the wire habits it imitates:
   ``initialize`` (stdio), registers after the policy answer or after ``--grace`` seconds.
 - ``legacy`` (heartbeat-like, 0.4): ``featureSets/update`` answers -32601; registers (and pushes,
   with ``--push-on-start``) right after ``notifications/initialized``.
-- ``notify-publish`` (editor-like, 0.5): registers right after ``notifications/initialized``;
-  ``channels/publish`` only as a Notification (-32601 as a Request).
+- ``notify-publish`` (a 0.5 server that registers early): registers right after
+  ``notifications/initialized``; ``channels/publish`` only as a Notification (-32601 as a Request).
+- ``editor`` (mcpl-editor): claims 0.5 but speaks 0.4 (``channels: {register, publish, observe}``,
+  feature sets using ``channels.observe``, non-spec ``stateUpdate``/``branches``); sends
+  ``channels/register`` right after ``notifications/initialized`` and reads nothing else until it
+  is answered (refused, its handling of the connection ends: nothing more is answered);
+  ``featureSets/update`` and ``channels/publish`` only as Notifications (-32601 as Requests,
+  a publish lands in its chat store); no typing, acknowledge, streaming or hook handlers; its
+  ``channels/incoming`` messages carry no ``metadata``.
+
+The ``legacy`` personality is heartbeat-mcpl's wire behaviour, ``discord`` discord-mcpl's: it also
+reads ``channels/acknowledge`` only as a Request ``{channelId, messageId, intent, value?}`` (👀
+without ``value``; state ``reactions`` is what the platform got) and ``channels/open`` history as
+``history.limit`` (state ``historyRequests``).
 
 Tests drive it through a **control channel**: ndjson JSON-RPC on 127.0.0.1 (see
 :class:`_ControlSession` for the methods; :mod:`mcpl_router.testing.control` is the client).
@@ -37,7 +49,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import msgspec
@@ -59,7 +71,7 @@ from mcpl_router.jsonrpc import (
 from mcpl_router.logs import configure_logging, get_logger
 from mcpl_router.testing.descriptors import channel_descriptor
 
-PERSONALITIES = ("strict", "discord", "legacy", "notify-publish")
+PERSONALITIES = ("strict", "discord", "legacy", "notify-publish", "editor")
 TRANSPORTS = ("stdio", "tcp", "ws")
 FORMS = ("request", "notification")
 LOOPBACK = "127.0.0.1"
@@ -70,8 +82,16 @@ CAPABILITY_DENIED = -32002
 UNKNOWN_CHANNEL = -32023
 
 # The names these personalities' real counterparts use, for feature sets and serverInfo.
-_DEFAULT_NAMES = {"strict": "slack", "discord": "discord", "legacy": "heartbeat", "notify-publish": "editor"}
-_DEFAULT_DISCORD_LOG_LINE = "discord-mcpl: logged in as demo-bot"
+_DEFAULT_NAMES = {"strict": "slack", "discord": "discord", "legacy": "heartbeat", "notify-publish": "editor", "editor": "editor"}
+# Host → server methods mcpl-editor has no handler for (src/mcpl.ts handleRequest/Notification):
+# a Request gets -32601, a Notification is ignored.
+_EDITOR_UNHANDLED = frozenset(
+    {"channels/typing", "channels/acknowledge", "channels/outgoing/chunk", "channels/outgoing/complete",
+     "inference/lifecycle", "context/beforeInference"}
+)
+# What discord-mcpl prints with console.log once initialized (src/server.ts:937): it begins with
+# "[", the way a JSON-RPC batch would.
+_DEFAULT_DISCORD_LOG_LINE = "[discord-mcpl] Client initialized (MCPL mode)"
 # Tests send oversized frames *through* the control channel: its limit must dwarf the host's.
 _CONTROL_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _HOST_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -203,6 +223,27 @@ def build_manifest(personality: str, name: str, *, has_channels: bool) -> dict[s
                 {"name": f"{name}.messaging", "uses": ["channels.register", "channels.incoming", "channels.publish"]}
             )
         return manifest
+    if personality == "editor":
+        # mcpl-editor's own manifest (src/mcpl.ts:138-147, src/feature-sets.ts), names and all.
+        return {
+            "version": "0.5",
+            "pushEvents": True,
+            "stateUpdate": True,
+            "channels": {"register": True, "publish": True, "observe": True},
+            "branches": {"list": True, "create": True, "switch": True, "delete": True},
+            "featureSets": {
+                f"{name}.observe": {"name": f"{name}.observe", "description": "Receive notifications when the document changes",
+                                    "uses": ["pushEvents", "stateUpdate"], "rollback": False, "hostState": False},
+                f"{name}.read": {"name": f"{name}.read", "description": "Read document content and structure",
+                                 "uses": ["tools"], "rollback": False, "hostState": False},
+                f"{name}.write": {"name": f"{name}.write", "description": "Edit the document",
+                                  "uses": ["tools"], "rollback": True, "hostState": False},
+                f"{name}.chat": {"name": f"{name}.chat", "description": "Chat with the human editing the document",
+                                 "uses": ["channels.publish", "channels.observe"], "rollback": False, "hostState": False},
+                f"{name}.branches": {"name": f"{name}.branches", "description": "Manage host branches from the editor UI",
+                                     "uses": ["branches"], "rollback": False, "hostState": False},
+            },
+        }
     # notify-publish: 0.5 with the non-spec leaves mcpl-editor advertises.
     return {
         "version": "0.5",
@@ -380,10 +421,16 @@ class FixtureServer:
     behaviour: _Behaviour = attrs.field(factory=_Behaviour)
     recordings: list[dict[str, Any]] = attrs.field(factory=list)
     eager_answers: list[dict[str, Any]] = attrs.field(factory=list)
+    #: discord: what reached "the platform" for each channels/acknowledge it handled.
+    reactions: list[dict[str, Any]] = attrs.field(factory=list)
+    #: discord: the history limit each channels/open asked for, as the server read it.
+    history_requests: list[dict[str, Any]] = attrs.field(factory=list)
     auto_answers: list[dict[str, Any]] = attrs.field(factory=list)
     epoch: int = 0
     session: _HostSession | None = None
     published: int = 0
+    #: editor: the chat store, in order; an agent's message lands here from a publish Notification.
+    chat_store: list[dict[str, Any]] = attrs.field(factory=list)
     incoming_count: int = 0
     #: When each (channel, message id) was first posted, so a re-send is the same message.
     posted_at: dict[tuple[str, str], str] = attrs.field(factory=dict)
@@ -407,6 +454,8 @@ class FixtureServer:
 
     @property
     def messaging_feature_set(self) -> str:
+        if self.options.personality == "editor":
+            return f"{self.name}.chat"
         return self.name if self.options.personality == "legacy" else f"{self.name}.messaging"
 
     @property
@@ -524,7 +573,14 @@ class FixtureServer:
             self.log.warning("fixture.ws.rejected", reason="wrong path", path=request.path)
             await request.reject(404, body=b"not found: the MCPL endpoint is /mcpl")
             return
-        if self.options.token is not None and not self._bearer_ok(request.headers):
+        if self.options.token is not None and self.options.token_in == "query":
+            # As the servers written for connectome-host: the token rides in ?token=.
+            offered = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
+            if not hmac.compare_digest(offered.encode(), self.options.token.encode()):
+                self.log.warning("fixture.ws.rejected", reason="missing or wrong ?token=")
+                await request.reject(401, body=b"unauthorized: send ?token=<token>")
+                return
+        elif self.options.token is not None and not self._bearer_ok(request.headers):
             # Never log what was offered: it may be a real credential.
             self.log.warning("fixture.ws.rejected", reason="missing or wrong bearer token")
             await request.reject(401, body=b"unauthorized: send Authorization: Bearer <token>")
@@ -683,6 +739,10 @@ class _HostSession:
             denied = self._request_denials.pop(inbound.id, None) if inbound.id is not None else None
         if denied is not None:
             raise RpcError(CAPABILITY_DENIED, f"Capability denied: {denied}", {"capability": denied})
+        if self.options.personality == "editor" and inbound.method in _EDITOR_UNHANDLED:
+            if inbound.is_notification:
+                return None  # its notification switch has no case for it: silently nothing
+            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")
         return await self.table(inbound)
 
     # -- host → server methods ---------------------------------------------------------------
@@ -698,12 +758,12 @@ class _HostSession:
             "channels/outgoing/chunk",
             "channels/outgoing/complete",
             "inference/lifecycle",
-            "channels/acknowledge",
-            "channels/open",
             "channels/close",
             "ping",
         ):
             table.add(method, self._noted)
+        table.add("channels/acknowledge", self._acknowledge, dict[str, Any])
+        table.add("channels/open", self._open, dict[str, Any])
         table.add("channels/list", self._channels_list)
         table.add("context/beforeInference", self._before_inference, dict[str, Any])
         table.add("tools/list", self._tools_list)
@@ -730,6 +790,16 @@ class _HostSession:
             # Inline, not spawned: in-order dispatch then guarantees these precede the policy.
             await self._send_eager()
         personality = self.options.personality
+        if personality == "editor":
+            # mcpl-editor awaits its channels/register before entering its read loop
+            # (src/mcpl.ts:67 vs :70): everything the host sent meanwhile waits in line behind
+            # this handler (dispatch is in order), and a refusal ends its handling for good.
+            await self._announce("initialized")
+            refused = [a for a in self.server.auto_answers if a["epoch"] == self.epoch and "error" in a]
+            if refused:
+                self.log.warning("fixture.editor.stalled", reason="channels/register refused", error=refused[0]["error"])
+                await trio.sleep_forever()
+            return
         if personality in ("legacy", "notify-publish"):
             # Inline, like --eager: these servers register *before* the policy, and a spawned
             # task could lose that race to the host's featureSets/update under load. Answers
@@ -738,9 +808,16 @@ class _HostSession:
         elif personality == "discord":
             self.spawn(self._grace_then_announce)
 
-    async def _feature_sets_update(self, params: dict[str, Any], inbound: Inbound) -> dict[str, Any]:
+    async def _feature_sets_update(self, params: dict[str, Any], inbound: Inbound) -> dict[str, Any] | None:
         if self.options.personality == "legacy":
             raise RpcError(METHOD_NOT_FOUND, "Method not found: featureSets/update")
+        if self.options.personality == "editor":
+            if not inbound.is_notification:
+                raise RpcError(METHOD_NOT_FOUND, "Method not found: featureSets/update")
+            # Its Notification form toggles feature sets (src/mcpl.ts:219); no receipt.
+            self.grant = params
+            self.log.info("fixture.policy.notified", enabled=params.get("enabled"), disabled=params.get("disabled"))
+            return None
         self.grant = params
         receipt = self.server.behaviour.receipt or self._receipt(params)
         self.receipt = receipt
@@ -792,7 +869,7 @@ class _HostSession:
         return pairs
 
     async def _publish(self, params: dict[str, Any], inbound: Inbound) -> dict[str, Any] | None:
-        if not inbound.is_notification and self.options.personality == "notify-publish":
+        if not inbound.is_notification and self.options.personality in ("notify-publish", "editor"):
             raise RpcError(
                 METHOD_NOT_FOUND, "Method not found: channels/publish as a request (send it as a notification)"
             )
@@ -811,11 +888,52 @@ class _HostSession:
         self.server.published += 1
         message_id = f"m-{self.server.published}"
         self.log.info("fixture.publish.received", channel=channel_id, message_id=message_id)
+        if self.options.personality == "editor":
+            content = params.get("content") if isinstance(params.get("content"), list) else []
+            text = "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+            self.server.chat_store.append({"author": "Agent", "source": "agent", "text": text, "at": _now()})
         if inbound.is_notification:
             return None
         if setting.get("delivered", True) is False:
             return {"delivered": False, "reason": "configured to fail delivery"}
         return {"delivered": True, "messageId": message_id}
+
+    async def _acknowledge(self, params: dict[str, Any], inbound: Inbound) -> dict[str, Any] | None:
+        if self.options.personality != "discord":
+            return {} if not inbound.is_notification else None
+        # discord-mcpl: a Request only (an unknown notification is dropped, server.ts:1158), read
+        # as {channelId, messageId, intent, value?}; no value means its own 👀 (server.ts:2432).
+        if inbound.is_notification:
+            self.log.info("fixture.acknowledge.ignored", reason="notification")
+            return None
+        value = params.get("value")
+        representation = value.strip() if isinstance(value, str) and value.strip() else "👀"
+        self.server.reactions.append(
+            {"epoch": self.epoch, "channelId": params.get("channelId"), "messageId": params.get("messageId"),
+             "intent": params.get("intent"), "representation": representation}
+        )
+        return {"acknowledged": True, "representation": representation}
+
+    async def _open(self, params: dict[str, Any], inbound: Inbound) -> dict[str, Any]:
+        channel_id = params.get("channelId")
+        descriptor = self.channels.get(channel_id) if isinstance(channel_id, str) else None
+        if self.options.personality != "discord":
+            return {"channel": descriptor} if descriptor is not None else {}
+        # discord-mcpl reads backscroll as history.limit (server.ts:68-71, :2379), nothing else.
+        history = params.get("history")
+        limit = history.get("limit") if isinstance(history, dict) else None
+        requested = limit if isinstance(limit, int) and not isinstance(limit, bool) else 0
+        self.server.history_requests.append({"epoch": self.epoch, "channelId": channel_id, "limit": requested})
+        answer: dict[str, Any] = {"channel": descriptor or {"id": channel_id}}
+        if requested > 0:
+            answer["history"] = [
+                {"channelId": channel_id, "messageId": f"h-{index}", "author": {"id": "user-1", "name": "Demo User"},
+                 "timestamp": _now(), "content": [{"type": "text", "text": f"older message {index}"}],
+                 "metadata": {"backscroll": True}}
+                for index in range(1, min(requested, 50) + 1)
+            ]
+            answer["historyTruncated"] = False
+        return answer
 
     async def _noted(self, _params: Any, _inbound: Inbound) -> dict[str, Any]:
         # Recorded on arrival; the fixture has nothing else to do with these.
@@ -962,6 +1080,9 @@ class _HostSession:
             fields: dict[str, Any] = {"eventId": f"start-{self.epoch}"}
             if self.options.personality == "legacy":
                 fields["origin"] = {"source": "heartbeat"}
+                # heartbeat-mcpl's ids are unique across restarts (`${kind}_${Date.now()}_…`,
+                # src/index.ts:271), so a respawned one's first push is a new event, not a retry.
+                fields["eventId"] = f"heartbeat_{os.getpid()}_{self.epoch}"
             outcome = await self.send_outcome("push/event", self.event_params(fields), "request")
             self.server.auto_answers.append({"epoch": self.epoch, "method": "push/event", **outcome})
 
@@ -1101,7 +1222,8 @@ class _ControlSession:
         filled.setdefault("timestamp", self.server.posted_at.setdefault(key, _now()))
         if "content" not in filled:
             filled["content"] = [{"type": "text", "text": filled.pop("text", "")}]
-        filled.setdefault("metadata", {})
+        if self.server.options.personality != "editor":
+            filled.setdefault("metadata", {})  # mcpl-editor's messages carry none (src/chat.ts:72)
         return filled
 
     async def _push(self, params: dict[str, Any], _inbound: Inbound) -> Any:
@@ -1183,6 +1305,9 @@ class _ControlSession:
             "receipt": session.receipt if session else None,
             "channels": list(session.channels) if session else [],
             "eagerAnswers": server.eager_answers,
+            "reactions": server.reactions,
+            "chatStore": server.chat_store,
+            "historyRequests": server.history_requests,
             "autoAnswers": server.auto_answers,
             "personality": server.options.personality,
             "transport": server.options.transport,
@@ -1222,6 +1347,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dm", action="append", default=[], metavar="ID=LABEL", help="a dm channel to register")
     parser.add_argument("--control-file", required=True, type=Path, help="where to write the ready file")
     parser.add_argument("--token", help="ws: require 'Authorization: Bearer TOKEN' on the handshake")
+    parser.add_argument("--token-in", choices=("header", "query"), default="header",
+                        help="ws: where --token must be: the Authorization header, or ?token= (connectome-host's way)")
     parser.add_argument("--eager", action="store_true", help="send channels/register and push/event before the policy")
     parser.add_argument("--register-form", choices=FORMS, default="request")
     parser.add_argument("--grace", type=float, default=20.0, help="discord: register after this many seconds without policy")

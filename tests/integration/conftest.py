@@ -140,11 +140,16 @@ def write_config(
 
 
 class DaemonProcess:
-    """``mcpl-router run`` as a subprocess; its stderr goes to ``log`` (appended across runs)."""
+    """``mcpl-router run`` as a subprocess; its stderr goes to ``log`` (appended across runs).
 
-    def __init__(self, config: Path, log: Path) -> None:
+    ``cwd`` is where it runs (the repository unless given), ``env`` its environment (ours).
+    """
+
+    def __init__(self, config: Path, log: Path, *, cwd: Path = ROOT, env: Mapping[str, str] | None = None) -> None:
         self.config = config
         self.log = log
+        self.cwd = cwd
+        self.env = None if env is None else dict(env)
         self.process: trio.Process | None = None
 
     async def start(self) -> None:
@@ -154,7 +159,8 @@ class DaemonProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
-                cwd=ROOT,
+                cwd=self.cwd,
+                env=self.env,
             )
 
     def kill9(self) -> None:
@@ -178,8 +184,8 @@ class DaemonProcess:
 
 
 @asynccontextmanager
-async def daemon_process(config: Path, log: Path) -> AsyncIterator[DaemonProcess]:
-    daemon = DaemonProcess(config, log)
+async def daemon_process(config: Path, log: Path, **options: Any) -> AsyncIterator[DaemonProcess]:
+    daemon = DaemonProcess(config, log, **options)
     try:
         yield daemon
     finally:
@@ -202,3 +208,12 @@ async def wait_daemon_ready(socket: str, *, servers: int = 1) -> None:
         return status["ready"] == servers and any(row["channelId"] == "general" for row in channels["channels"])
 
     await wait_until(ready, timeout=20, interval=0.05)
+
+
+@asynccontextmanager
+async def host_session(daemon: Daemon, agent: Mapping[str, Any] | str = "ann") -> AsyncIterator[RouterClient]:
+    """A host on the daemon's Unix socket that has claimed ``agent`` (a name or an AgentSpec)."""
+    assert daemon.host_socket_path is not None
+    async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+        await client.hello("test-host", [agent])
+        yield client

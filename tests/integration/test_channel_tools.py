@@ -245,7 +245,7 @@ async def test_channel_open_moves_the_turn_and_a_withdrawn_own_channel_is_refuse
                 assert kept["isError"] is False and kept["structuredContent"]["serverId"] == "a"
                 assert routing.locus == B_GENERAL and routing.was_in == (B_GENERAL, A_GENERAL)
                 [a_open] = await servers["a"].recorded("channels/open")
-                assert a_open["params"] == {"channelId": "general", "backscroll": 5}
+                assert a_open["params"] == {"channelId": "general", "history": {"limit": 5}}
                 await client.call("turn/close", {"turnId": tid, "outcome": "completed"})
 
                 # A turn that was only in b's general: once b withdraws it, "general" is refused,
@@ -302,7 +302,8 @@ async def test_channel_decline_is_durable_acknowledges_and_shows_in_channel_list
                 assert declined["isError"] is False
                 assert declined["structuredContent"]["serverId"] == "b" and declined["structuredContent"]["acknowledged"] is True
                 [ack] = await servers["b"].recorded("channels/acknowledge")
-                assert ack["params"] == {"channelId": "general", "messageId": default.message_id, "emoji": "👋"}
+                assert ack["kind"] == "request"
+                assert ack["params"] == {"channelId": "general", "messageId": default.message_id, "intent": "seen-not-opening", "value": "👋"}
                 assert await servers["a"].recorded("channels/acknowledge") == []
 
                 listed = await tool(client, turn["turnId"], "channel_list", {})

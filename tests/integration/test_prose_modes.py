@@ -384,7 +384,8 @@ async def test_a_refusal_reacts_on_the_messages_own_server_except_for_named(tmp_
                 return await servers["b"].recorded("channels/acknowledge")
 
             [ack] = await wait_until(acknowledged, timeout=10)
-            assert ack["params"]["channelId"] == "general" and ack["params"]["reaction"] == "🚫"
+            assert ack["params"]["channelId"] == "general" and ack["params"]["value"] == "🚫"
+            assert ack["kind"] == "request" and ack["params"]["intent"] == "refused"
             assert ack["params"]["messageId"]
             assert await servers["a"].recorded("channels/acknowledge") == []
             assert await posts(servers["b"]) == []

@@ -280,7 +280,7 @@ def test_relative_paths_are_read_against_the_config_directory(
             cwd = "../work"
             [mcplServers.b]
             command = "python3"
-            args = ["./not/resolved.py"]
+            args = ["./server.py", "../up.js", "--flag=./as-written", "plain/relative.py"]
             [mcplServers.c]
             command = "~/bin/srv"
             cwd = "/abs/dir"
@@ -297,7 +297,8 @@ def test_relative_paths_are_read_against_the_config_directory(
     assert a.command == str(conf_dir / "bin" / "server")
     assert a.cwd == tmp_path / "work"
     assert b.command == "python3"  # a bare name is looked up on PATH
-    assert b.args == ("./not/resolved.py",)
+    # As connectome-host: only an argument that starts with ./ or ../ is a path to resolve.
+    assert b.args == (str(conf_dir / "server.py"), str(tmp_path / "up.js"), "--flag=./as-written", "plain/relative.py")
     assert b.cwd is None
     assert c.command == "/home/op/bin/srv"
     assert c.cwd == Path("/abs/dir")
@@ -949,3 +950,39 @@ def test_the_container_and_deploy_configs_load_and_agree() -> None:
     compose = (REPO / "deploy" / "compose.yaml").read_text()
     assert 'test: ["CMD", "mcpl-router", "health", "--config", "/etc/mcpl-router/config.toml"]' in compose
     assert 'CMD ["mcpl-router", "health", "--config", "/etc/mcpl-router/config.toml"]' in (REPO / "Dockerfile").read_text()
+
+
+# --- connectome-host's mcpl-servers.json, unchanged (issue 11) ---------------------------------
+
+
+def test_a_tombstone_is_a_disabled_server_with_nothing_to_reach() -> None:
+    config = parse({"mcplServers": {"gone": {"disabled": True}, "live": {"command": "srv"}}})
+    assert config.servers["gone"].disabled and config.servers["gone"].transport == "none"
+    assert [s.id for s in config.enabled_servers()] == ["live"]
+    assert "gone: none, disabled" in config.summary()
+
+
+def test_disabled_with_an_endpoint_is_still_checked_as_that_transport() -> None:
+    error = server_error({"disabled": True, "url": "smtp://x"})
+    assert "mcplServers.s.url" in str(error)
+
+
+def test_protocol_legacy_is_what_the_daemon_speaks_and_modern_is_refused() -> None:
+    assert server({"command": "srv", "protocol": "legacy"}).command == "srv"
+    error = server_error({"command": "srv", "protocol": "modern"})
+    assert "mcplServers.s.protocol" in str(error) and "2026-07-28" in str(error) and '"legacy"' in str(error)
+    # As connectome-host: a URL server takes its family from the scheme.
+    assert "does not apply to a websocket server" in str(server_error({"url": "ws://127.0.0.1:1/mcpl", "protocol": "legacy"}))
+
+
+@pytest.mark.parametrize(("written", "place"), [(None, "auto"), ("header", "header"), ("query", "query")])
+def test_token_in(written: str | None, place: str) -> None:
+    entry: dict[str, Any] = {"url": "ws://127.0.0.1:1/mcpl", "token": "t"}
+    if written is not None:
+        entry["tokenIn"] = written
+    assert server(entry).token_in == place
+
+
+def test_token_in_refuses_another_place() -> None:
+    error = server_error({"url": "ws://127.0.0.1:1/mcpl", "token": "t", "tokenIn": "body"})
+    assert "mcplServers.s.tokenIn" in str(error) and "auto, header, query" in str(error)

@@ -21,7 +21,7 @@ import structlog
 import trio
 import trio_websocket
 
-from mcpl_router.jsonrpc import Inbound, MessageStream, NdjsonStream, Peer, RpcError, WebSocketMessageStream
+from mcpl_router.jsonrpc import Inbound, MessageStream, NdjsonStream, Peer, RequestTimeout, RpcError, WebSocketMessageStream
 from mcpl_router.testing import FixtureProcess, FixtureStartError, fixture_command, wait_until
 from mcpl_router.testing.fixture_server import grants_leaf
 
@@ -293,7 +293,7 @@ async def test_discord_prints_a_log_line_on_stdout_and_registers_after_the_polic
                     skipped = await wait_until(
                         lambda: [e for e in logs if e["event"] == "jsonrpc.line.skipped"]
                     )
-                    assert skipped[0]["line"] == "discord-mcpl: logged in as demo-bot"
+                    assert skipped[0]["line"] == "[discord-mcpl] Client initialized (MCPL mode)"
                     assert host.received == []
 
                     receipt = await peer.request("featureSets/update", {"effectiveCapabilities": ALL_LEAVES})
@@ -540,3 +540,46 @@ async def test_a_fixture_that_cannot_start_is_reported_not_awaited(tmp_path: Pat
         with pytest.raises(FixtureStartError, match="exited with code 2"):
             async with FixtureProcess.start(transport="tcp", control_dir=tmp_path, dm=["no-label"]):
                 pass  # pragma: no cover
+
+
+async def test_editor_speaks_04_names_and_stalls_when_its_register_is_refused(tmp_path: Path) -> None:
+    # mcpl-editor's start (issue 11 item 5): register, wait for the answer, only then read on.
+    with trio.fail_after(LIMIT):
+        async with FixtureProcess.start(
+            transport="tcp", personality="editor", channels=["editor:chat"], control_dir=tmp_path
+        ) as fx:
+            host = Host(deny_privileged=True)
+            async with host_link(await open_tcp(fx), host) as peer:
+                manifest = await handshake(peer)
+                assert manifest["version"] == "0.5"
+                assert manifest["channels"] == {"register": True, "publish": True, "observe": True}
+                assert manifest["featureSets"]["editor.chat"]["uses"] == ["channels.publish", "channels.observe"]
+                await wait_until(lambda: host.methods() == ["channels/register"])
+                # Refused: its handling of the connection is over; the policy is never answered.
+                with pytest.raises(RequestTimeout):
+                    await peer.request("featureSets/update", {"effectiveCapabilities": ALL_LEAVES}, timeout=1)
+
+
+async def test_editor_takes_the_policy_and_publishes_only_as_notifications(tmp_path: Path) -> None:
+    with trio.fail_after(LIMIT):
+        async with FixtureProcess.start(
+            transport="tcp", personality="editor", channels=["editor:chat"], control_dir=tmp_path
+        ) as fx:
+            host = Host()
+            async with host_link(await open_tcp(fx), host) as peer:
+                await handshake(peer)
+                await wait_until(lambda: host.methods() == ["channels/register"])
+                for method in ("featureSets/update", "channels/publish", "channels/typing", "channels/acknowledge"):
+                    with pytest.raises(RpcError) as refused:
+                        await peer.request(method, {"channelId": "editor:chat", "content": [{"type": "text", "text": "x"}]})
+                    assert refused.value.code == -32601, method
+                await peer.notify("channels/publish", {"channelId": "editor:chat", "content": [{"type": "text", "text": "hi"}]})
+                await peer.notify("featureSets/update", {"enabled": ["editor.chat"], "disabled": ["editor.observe"]})
+                state = await wait_until(lambda: _with_chat(fx))
+                assert [m["text"] for m in state["chatStore"]] == ["hi"]
+                assert state["grant"] == {"enabled": ["editor.chat"], "disabled": ["editor.observe"]}
+
+
+async def _with_chat(fx: FixtureProcess) -> dict[str, Any] | None:
+    state = await fx.state()
+    return state if state["chatStore"] and state["grant"] else None

@@ -18,7 +18,7 @@ from mcpl_router.mcpl.grants import (
     narrow_on_manifest_change,
     path_matches,
 )
-from mcpl_router.mcpl.manifest import Manifest, parse_manifest
+from mcpl_router.mcpl.manifest import Manifest, map_legacy_vocabulary, parse_manifest
 
 INJECT = frozenset(
     {
@@ -487,3 +487,15 @@ def test_narrow_from_nothing_stays_nothing() -> None:
     new = narrow_on_manifest_change(Grant.nothing(), parse_manifest(EVERYTHING), GrantPolicy())
     assert new.effective == frozenset()
     assert new.denied == parse_manifest(EVERYTHING).advertised
+
+
+def test_a_legacy_servers_04_feature_set_is_granted_once_mapped() -> None:
+    # mcpl-editor's chat set uses channels.observe: invalid as written, enabled once mapped.
+    raw = {"version": "0.5", "channels": {"register": True, "publish": True, "observe": True},
+           "featureSets": {"editor.chat": {"uses": ["channels.publish", "channels.observe"]}}}
+    as_written = compute_grant(parse_manifest(raw), GrantPolicy())
+    assert as_written.disabled_feature_sets == {"editor.chat": "invalid_uses"}
+    assert not as_written.allows("channels.incoming")
+    mapped, _ = map_legacy_vocabulary(parse_manifest(raw))
+    granted = compute_grant(mapped, GrantPolicy())
+    assert granted.enabled_feature_sets == {"editor.chat"} and granted.allows("channels.incoming")

@@ -13,6 +13,7 @@ from mcpl_router.mcpl.manifest import (
     ManifestDiff,
     ManifestError,
     diff_manifests,
+    map_legacy_vocabulary,
     parse_manifest,
 )
 
@@ -234,3 +235,39 @@ def test_diff() -> None:
     assert not diff.is_empty
     assert diff.to_receipt()["removed_capabilities"] == ["channels.register"]
     assert diff_manifests(new, new).is_empty
+
+
+# -- the 0.4 vocabulary (issue 11: mcpl-editor) -------------------------------------------------
+
+EDITOR = {
+    "version": "0.5",
+    "pushEvents": True,
+    "stateUpdate": True,
+    "channels": {"register": True, "publish": True, "observe": True},
+    "featureSets": {
+        "editor.chat": {"uses": ["channels.publish", "channels.observe"]},
+        "editor.observe": {"uses": ["pushEvents", "stateUpdate"]},
+    },
+}
+
+
+def test_a_manifest_using_04_names_says_so_whatever_its_version() -> None:
+    manifest = parse_manifest(EDITOR)
+    assert manifest.legacy_names == ("channels.observe",)
+    assert not manifest.is_legacy_version
+    assert parse_manifest({"version": "0.5", "channels": True}).legacy_names == ()
+
+
+def test_04_names_map_to_their_05_leaves_in_the_advertisement_and_in_uses() -> None:
+    mapped, applied = map_legacy_vocabulary(parse_manifest(EDITOR))
+    assert applied == {"channels.observe": "channels.incoming"}
+    assert mapped.advertised == {"pushEvents", "stateUpdate", "channels.register", "channels.publish", "channels.incoming"}
+    assert mapped.feature_set("editor.chat").uses == ("channels.publish", "channels.incoming")
+    # Not a 0.4 name: left as it is (and the grant never grants it).
+    assert mapped.feature_set("editor.observe").uses == ("pushEvents", "stateUpdate")
+    assert mapped.raw == EDITOR and mapped.legacy_names == ()
+
+
+def test_mapping_a_manifest_without_04_names_changes_nothing() -> None:
+    manifest = parse_manifest({"version": "0.5", "channels": {"incoming": True}, "featureSets": {"a": {"uses": ["channels.incoming", "channels.incoming"]}}})
+    assert map_legacy_vocabulary(manifest) == (manifest, {})

@@ -46,7 +46,8 @@ from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.publish_api import HostPublishParams, publish_for_agent
 from mcpl_router.hosts.sessions import AgentSpecParams, HelloParams
 from mcpl_router.jsonrpc import RpcError
-from mcpl_router.mcpl.link import LinkState
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import RegistrationPolicy
 from mcpl_router.store.journal import Delivery, InboundEvent
@@ -92,6 +93,13 @@ class RecordingLink:
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         await trio.lowlevel.checkpoint()
         self.sent.append((method, params))
+
+    # The link's own Request-then-Notification rule, over this stand-in's call/send_notification.
+    request_or_notify = ServerLink.request_or_notify
+    _notification_only: set[str] = attrs.field(factory=set)
+    _log: Any = attrs.field(factory=get_logger)
+    #: What ``/metrics`` reads off a real link: publish outcomes, counted by ``publish_text``.
+    publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
 
     def status(self) -> Any:
         return _Status({"serverId": self.server_id, "state": self.state.value})

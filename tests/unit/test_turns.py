@@ -13,7 +13,8 @@ import trio
 from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import RequestTimeout, RpcError
 from mcpl_router.mcpl.grants import Grant
-from mcpl_router.mcpl.link import LinkState
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.names import ChannelNames, Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
@@ -251,6 +252,12 @@ class PublishLink:
     async def send_notification(self, method: str, params: object = None, *, capability: str | None) -> None:
         self.notified.append((method, params))
 
+    # The real Request-then-Notification fallback, over this stand-in's call/send_notification.
+    request_or_notify = ServerLink.request_or_notify
+    _notification_only: set[str] = attrs.field(factory=set)
+    _log: object = attrs.field(factory=get_logger)
+    epoch: int = 1
+
 
 async def publish(link: PublishLink | None, *, registered: bool = True) -> Delivery:
     return await publish_text(link, B_GENERAL, "b:general", "hi", conversation_id="ann", round_=1, registered=registered)  # type: ignore[arg-type]
@@ -279,6 +286,10 @@ async def test_a_notification_only_server_gets_the_publish_as_a_notification_wit
     delivery = await publish(link)
     assert delivery.outcome == "unknown" and delivery.reason == "no-receipt"
     assert [method for method, _ in link.notified] == ["channels/publish"]
+    # Learned: the next one goes as a Notification without asking again.
+    link.answer = AssertionError("asked again")
+    assert (await publish(link)).reason == "no-receipt"
+    assert [method for method, _ in link.notified] == ["channels/publish", "channels/publish"]
 
 
 async def test_nothing_leaves_for_a_link_down_ungranted_or_unregistered_channel() -> None:
@@ -301,6 +312,9 @@ def test_a_wakes_message_ids_come_from_its_payload() -> None:
     assert fact == WakeFact(3, B_GENERAL, addressed=True, message_id="in-7", thread_id="th-1")
     batch = wake_fact(FakeWake(4, None, {"messages": [{"messageId": "x"}, {"messageId": "y"}]}, addressed=False))
     assert (batch.channel, batch.message_id, batch.addressed) == (None, "y", False)
+    # A push names its message in origin (discord-mcpl's push for a closed channel).
+    push = wake_fact(FakeWake(5, B_GENERAL, {"eventId": "discord_msg_9", "origin": {"messageId": "9", "threadId": "t"}}))
+    assert (push.message_id, push.thread_id) == ("9", "t")
 
 
 def test_host_typing_by_a_name_that_is_an_id_and_a_qualified_name_is_refused() -> None:
