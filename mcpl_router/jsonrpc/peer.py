@@ -644,11 +644,16 @@ class Peer:
                 try:
                     inbound, size = lane.receive.receive_nowait()
                 except trio.WouldBlock:
-                    # Idle: the lane ends. No await between the check and the removal, so the
-                    # read loop never puts a message into a lane that is gone.
-                    if self._lanes.get(lane.key) is lane:
-                        del self._lanes[lane.key]
-                    return
+                    if lane.key is None:
+                        # The connection's own lane (all of a server link's messages) stays for
+                        # the connection's life: no task to start per message.
+                        inbound, size = await lane.receive.receive()
+                    else:
+                        # Idle: the lane ends. No await between the check and the removal, so
+                        # the read loop never puts a message into a lane that is gone.
+                        if self._lanes.get(lane.key) is lane:
+                            del self._lanes[lane.key]
+                        return
                 self._queued -= 1
                 self._queued_bytes -= size
                 self._inbound_room.set()

@@ -64,21 +64,22 @@ CREATE TABLE IF NOT EXISTS inbound (
     received_at REAL NOT NULL,
     acked INTEGER NOT NULL DEFAULT 0
 );
+-- Few indexes on purpose: each costs a B-tree insert per message. Pruning walks the primary
+-- key (seq follows received_at), so it needs none of its own.
 CREATE INDEX IF NOT EXISTS inbound_dedup ON inbound (server, kind, dedup, seq);
-CREATE INDEX IF NOT EXISTS inbound_prunable ON inbound (acked, received_at);
 -- One row per agent an inbound event woke; written in the event's own transaction, so a wake
 -- is durable before the server hears "accepted". Re-sent to the agent's owner until acked.
+-- Keyed by (seq, agent) without a rowid: one B-tree serves the row, its acks and its pruning.
 CREATE TABLE IF NOT EXISTS deliveries (
-    agent TEXT NOT NULL,
     seq INTEGER NOT NULL REFERENCES inbound (seq),
+    agent TEXT NOT NULL,
     reason TEXT NOT NULL,
     tags BLOB NOT NULL,
     addressed INTEGER NOT NULL,
     acked INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (agent, seq)
-);
+    PRIMARY KEY (seq, agent)
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS deliveries_unacked ON deliveries (agent, acked, seq);
-CREATE INDEX IF NOT EXISTS deliveries_by_seq ON deliveries (seq, acked);
 -- Agents hosts declared, so wakes for them are kept while their host is away (and across
 -- restarts). Config agents are not stored: the config declares them at every start.
 CREATE TABLE IF NOT EXISTS agents (
@@ -131,7 +132,8 @@ SQL_SAVE_DRAFT: Final = (
     "INSERT INTO drafts (id, agent, created_at, row, settled_at) VALUES (?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET row = excluded.row, settled_at = excluded.settled_at"
 )
-SQL_PRUNABLE_EVENTS: Final = "SELECT seq FROM inbound WHERE acked = 1 AND received_at < ? ORDER BY acked, received_at LIMIT ?"
+SQL_PRUNABLE_EVENTS: Final = "SELECT seq FROM inbound WHERE seq <= ? AND acked = 1 ORDER BY seq LIMIT ?"
+SQL_FIRST_FROM: Final = "SELECT seq, received_at FROM inbound WHERE seq >= ? ORDER BY seq LIMIT 1"
 SQL_PRUNE_DELIVERIES: Final = "DELETE FROM deliveries WHERE seq = ?"
 SQL_PRUNE_EVENT: Final = "DELETE FROM inbound WHERE seq = ?"
 SQL_PRUNE_DRAFTS: Final = "DELETE FROM drafts WHERE settled_at IS NOT NULL AND settled_at < ?"
@@ -144,7 +146,8 @@ HOT_STATEMENTS: Final = {
     "unacked deliveries": (SQL_UNACKED_DELIVERIES, ("kai", 0, 100)),
     "one delivery": (SQL_DELIVERY, ("kai", 1)),
     "one event": (SQL_EVENT, (1,)),
-    "prunable events": (SQL_PRUNABLE_EVENTS, (0.0, 10)),
+    "prunable events": (SQL_PRUNABLE_EVENTS, (100, 10)),
+    "prune cutoff probe": (SQL_FIRST_FROM, (1,)),
     "prune deliveries": (SQL_PRUNE_DELIVERIES, (1,)),
     "prune event": (SQL_PRUNE_EVENT, (1,)),
     "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
@@ -425,13 +428,25 @@ class Journal:
             db.execute("DROP INDEX IF EXISTS inbound_dedup")
             db.execute("DROP INDEX IF EXISTS inbound_prunable")
             for statement in _statements(_SCHEMA):
-                if "drafts_settled" not in statement:
+                if "drafts_settled" not in statement and "deliveries" not in statement:
                     db.execute(statement)
             db.execute(
                 "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked)"
                 " SELECT seq, server, channel, kind, dedup, NULL, payload, received_at, acked FROM inbound_v0"
             )
             db.execute("DROP TABLE inbound_v0")
+            # Deliveries move to (seq, agent) without a rowid.
+            db.execute("ALTER TABLE deliveries RENAME TO deliveries_v0")
+            db.execute("DROP INDEX IF EXISTS deliveries_unacked")
+            db.execute("DROP INDEX IF EXISTS deliveries_by_seq")
+            for statement in _statements(_SCHEMA):
+                if "deliveries" in statement and statement.startswith("CREATE"):
+                    db.execute(statement)
+            db.execute(
+                "INSERT INTO deliveries (seq, agent, reason, tags, addressed, acked)"
+                " SELECT seq, agent, reason, tags, addressed, acked FROM deliveries_v0"
+            )
+            db.execute("DROP TABLE deliveries_v0")
             columns = {row[1] for row in db.execute("PRAGMA table_info(drafts)")}
             if "settled_at" not in columns:
                 db.execute("ALTER TABLE drafts ADD COLUMN settled_at REAL")
@@ -599,7 +614,8 @@ class Journal:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            seqs = [(seq,) for (seq,) in db.execute(SQL_PRUNABLE_EVENTS, (cutoff, PRUNE_CHUNK)).fetchall()]
+            last = _last_seq_before(db, cutoff)
+            seqs = [(seq,) for (seq,) in db.execute(SQL_PRUNABLE_EVENTS, (last, PRUNE_CHUNK)).fetchall()]
             db.executemany(SQL_PRUNE_DELIVERIES, seqs)
             db.executemany(SQL_PRUNE_EVENT, seqs)
             drafts = db.execute(SQL_PRUNE_DRAFTS, (cutoff,)).rowcount
@@ -853,6 +869,26 @@ class Journal:
             if connection is not None:
                 connection.close()
         self._lock_file.close()
+
+
+def _last_seq_before(db: sqlite3.Connection, cutoff: float) -> int:
+    """The newest seq received before ``cutoff`` (0 if none), in O(log n) primary-key probes.
+
+    Seqs are assigned in commit order and ``received_at`` at commit, so it grows with seq.
+    """
+    first = db.execute(SQL_FIRST_FROM, (0,)).fetchone()
+    if first is None or first[1] >= cutoff:
+        return 0
+    low = int(first[0])  # received before the cutoff
+    high = int(db.execute("SELECT MAX(seq) FROM inbound").fetchone()[0])
+    while low < high:
+        middle = (low + high + 1) // 2
+        seq, received_at = db.execute(SQL_FIRST_FROM, (middle,)).fetchone()
+        if received_at < cutoff:
+            low = int(seq)
+        else:
+            high = middle - 1
+    return low
 
 
 def _statements(script: str) -> list[str]:
