@@ -327,8 +327,13 @@ class ChannelTools:
             # reads (src/server.ts:68-71, :2379); a bare `backscroll` number it never sees.
             backscroll = args.get("backscroll")
             before = _text_arg(args, "beforeMessageId")
+            history: dict[str, Any] = {}
             if isinstance(backscroll, int) and not isinstance(backscroll, bool) and backscroll > 0:
-                params["history"] = {"limit": backscroll, **({"beforeMessageId": before} if before else {})}
+                history["limit"] = backscroll
+            if before:
+                history["beforeMessageId"] = before  # alone too: the schema offers it alone
+            if history:
+                params["history"] = history
             thread_id = _text_arg(args, "threadId")
             if thread_id is not None:
                 params["threadId"] = thread_id

@@ -253,8 +253,21 @@ def _query(args: argparse.Namespace) -> int:
         message = _unreachable_message(exc, where, kind)
         if message is None:
             raise
-        return _fail(message, EXIT_UNREACHABLE)
+        return _fail(message, _exit_code_of(exc))
     return _print_answer(args, answer)
+
+
+def _exit_code_of(exc: BaseException) -> int:
+    """The documented exit code of a query that failed: the daemon said no (3), refused our
+    token (2: the config or --token-file is wrong), or could not be reached (1)."""
+    from mcpl_router.errors import first_leaf
+    from mcpl_router.jsonrpc import RpcError
+
+    if first_leaf(exc, lambda leaf: isinstance(leaf, RpcError)) is not None:
+        return EXIT_REFUSED
+    if first_leaf(exc, lambda leaf: getattr(leaf, "status_code", None) in (401, 403)) is not None:
+        return EXIT_CONFIG
+    return EXIT_UNREACHABLE
 
 
 #: How long a query command waits for the daemon's answer (a reload may stop servers: 20 s).

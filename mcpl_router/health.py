@@ -3,8 +3,10 @@
 HTTP/1.1 by h11 (sans-I/O; it comes with trio-websocket) over trio's own TCP listeners: one
 request per connection, answered and closed. It serves no secret, so it has no token; it is
 bounded so a scraper gone wrong can't hurt the daemon: at most :data:`MAX_CONNECTIONS` at
-once (more are answered 503 at once), :data:`REQUEST_TIMEOUT` to send a request, requests
-over 16 KiB refused. See ``docs/decisions/0002-health-http-on-h11.md``.
+once, :data:`REQUEST_TIMEOUT` to send a request, requests over 16 KiB refused. When every slot
+is taken, the connection that has waited longest without sending a request is closed to make
+room, so idle sockets can't starve the health check (a full house of busy ones is answered
+503). See ``docs/decisions/0002-health-http-on-h11.md``.
 
 - ``GET /healthz``: 200 ``ok`` while the daemon's event loop answers (liveness).
 - ``GET /readyz``: 200 ``ready``, or 503 with one line per reason (a ``required`` server not
@@ -29,10 +31,10 @@ from mcpl_router.metrics import CONTENT_TYPE
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
 
-#: Connections served at once; more are answered 503 and closed.
-MAX_CONNECTIONS = 16
-#: Time a client has to send its whole request.
-REQUEST_TIMEOUT = 10.0
+#: Connections served at once (idle ones make room for new ones; see the module docstring).
+MAX_CONNECTIONS = 64
+#: Time a client has to send its whole request (a probe sends it at once).
+REQUEST_TIMEOUT = 2.0
 #: Time to write the answer (a scraper that stops reading is dropped).
 RESPONSE_TIMEOUT = 10.0
 _MAX_REQUEST_BYTES = 16 * 1024
@@ -100,15 +102,38 @@ async def serve_health(
     url = f"http://{host}:{port}"
     log = get_logger()
     log.info("health.listening", url=url)
-    limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+    slots = _Slots(trio.CapacityLimiter(MAX_CONNECTIONS))
     task_status.started(url)
-    await trio.serve_listeners(partial(_serve_connection, daemon, limiter), listeners)
+    await trio.serve_listeners(partial(_serve_connection, daemon, slots), listeners)
 
 
-async def _serve_connection(daemon: Daemon, limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
-    try:
-        limiter.acquire_nowait()
-    except trio.WouldBlock:
+@attrs.define(eq=False)
+class _Slots:
+    """The connection bound, and the connections still waiting for their request (oldest first)."""
+
+    limiter: trio.CapacityLimiter
+    waiting: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    next_id: int = 0
+
+    async def acquire(self) -> bool:
+        try:
+            self.limiter.acquire_nowait()
+            return True
+        except trio.WouldBlock:
+            pass
+        if self.waiting:
+            # Full: close the connection that has sent nothing for longest, and take its slot.
+            oldest = next(iter(self.waiting))
+            self.waiting.pop(oldest).cancel()
+            with trio.move_on_after(1.0):
+                await self.limiter.acquire()
+                return True
+        return False
+
+
+async def _serve_connection(daemon: Daemon, slots: _Slots, stream: trio.SocketStream) -> None:
+    limiter = slots.limiter
+    if not await slots.acquire():
         # Answered before reading the request (h11 won't answer one it hasn't read): raw bytes.
         body = b"busy: too many health connections\n"
         head = f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -120,16 +145,19 @@ async def _serve_connection(daemon: Daemon, limiter: trio.CapacityLimiter, strea
         await trio.aclose_forcefully(stream)
         return
     try:
-        await _serve_one(daemon, stream)
+        await _serve_one(daemon, stream, slots)
     finally:
         limiter.release()
         await trio.aclose_forcefully(stream)
 
 
-async def _serve_one(daemon: Daemon, stream: trio.SocketStream) -> None:
+async def _serve_one(daemon: Daemon, stream: trio.SocketStream, slots: _Slots) -> None:
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_REQUEST_BYTES)
     request: h11.Request | None = None
-    with trio.move_on_after(REQUEST_TIMEOUT):
+    slot = slots.next_id
+    slots.next_id += 1
+    with trio.move_on_after(REQUEST_TIMEOUT) as waiting:
+        slots.waiting[slot] = waiting
         try:
             while request is None:
                 event = connection.next_event()
@@ -151,8 +179,10 @@ async def _serve_one(daemon: Daemon, stream: trio.SocketStream) -> None:
             return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
+        finally:
+            slots.waiting.pop(slot, None)
     if request is None:
-        return  # too slow: closed without an answer
+        return  # too slow (or closed to make room): no answer
     method = request.method.decode("ascii", "replace").upper()
     path = request.target.decode("ascii", "replace").split("?", 1)[0]
     try:

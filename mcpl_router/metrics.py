@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -57,6 +57,11 @@ def registration_reason_label(reason: str | None) -> str:
     return "other"
 
 
+#: Agents labelled by name; past this many, host-declared agents share :data:`OTHER_AGENTS`.
+MAX_AGENT_LABELS: Final = 200
+OTHER_AGENTS: Final = "other"
+
+
 class DaemonMetrics:
     """The daemon's metrics registry; the shell calls the ``*_`` recording methods."""
 
@@ -91,6 +96,8 @@ class DaemonMetrics:
             registry=registry,
         )
         self.reloads = Counter("mcpl_router_config_reloads", "Config reloads (SIGHUP, mcpl-router reload) by outcome.", ["outcome"], registry=registry)
+        self._daemon = daemon
+        self._labelled_agents: set[str] = set()
         registry.register(_StateCollector(daemon))
 
     def render(self) -> bytes:
@@ -130,13 +137,25 @@ class DaemonMetrics:
             if server_id in elapsed:
                 self.context_seconds.labels(server_id).observe(elapsed[server_id])
 
+    def agent_label(self, agent: str) -> str:
+        """The ``agent`` label for ``agent``: its name for the first :data:`MAX_AGENT_LABELS`
+        agents seen (configured ones always), :data:`OTHER_AGENTS` for the rest, so hosts
+        declaring new agent names can't grow the series without end."""
+        if agent in self._labelled_agents:
+            return agent
+        configured = agent in self._daemon.config.agents
+        if configured or len(self._labelled_agents) < MAX_AGENT_LABELS:
+            self._labelled_agents.add(agent)
+            return agent
+        return OTHER_AGENTS
+
     def wake_sent(self, agent: str) -> None:
-        self.wakes_sent.labels(agent).inc()
+        self.wakes_sent.labels(self.agent_label(agent)).inc()
 
     def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None:
-        # An ack names seqs, not agents: with several agents the count goes to the first.
+        # An ack names seqs, not agents: with several agents the count goes to "*".
         if count and agents:
-            self.wakes_acked.labels(agents[0] if len(agents) == 1 else "*").inc(count)
+            self.wakes_acked.labels(self.agent_label(agents[0]) if len(agents) == 1 else "*").inc(count)
 
 
 class _StateCollector(Collector):
@@ -218,8 +237,12 @@ class _StateCollector(Collector):
         hosts.add_metric([], float(len(connections)))
         yield hosts
         wakes = GaugeMetricFamily("mcpl_router_wakes_pending", "Wakes journaled for the agent and not acked yet.", labels=["agent"])
+        pending: dict[str, float] = {}
         for spec in daemon.sessions.agents():
-            wakes.add_metric([spec.name], float(daemon.journal.unacked_count(spec.name)))
+            label = daemon.metrics.agent_label(spec.name)
+            pending[label] = pending.get(label, 0.0) + daemon.journal.unacked_count(spec.name)
+        for label, count in pending.items():
+            wakes.add_metric([label], count)
         yield wakes
         refusals = CounterMetricFamily("mcpl_router_resolution_refusals", "Channel names that picked no single channel, by kind.", labels=["kind"])
         for kind, count in daemon.router.names.refusals.items():

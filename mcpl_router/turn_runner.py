@@ -100,6 +100,8 @@ ACKNOWLEDGE: Final = "channels.acknowledge"
 STREAMING: Final = "channels.streaming"
 #: The reaction a turn the model provider refused leaves on the message it answered.
 REFUSAL_REACTION: Final = "🚫"
+#: The most a refusal reaction's answer is waited for (it goes out after the turn has ended).
+REFUSAL_REACTION_TIMEOUT: Final = 5.0
 
 
 @attrs.define(eq=False)
@@ -278,6 +280,8 @@ async def acknowledge_message(
         return texts.REASON_NO_LINK
     except PeerClosed:
         return texts.REASON_UNCONFIRMED
+    if answer is NOTIFIED:
+        return texts.REASON_UNCONFIRMED  # sent as a Notification: no answer says it landed
     if isinstance(answer, dict) and answer.get("acknowledged") is False:
         return texts.REASON_SERVER_REFUSED
     return None
@@ -1120,9 +1124,14 @@ class TurnManager:
                         run.suppressed += 1
                     else:
                         self._new_draft(run, text, prose.REASON_NO_DESTINATION, detail=f"turn-{outcome}")
-        if outcome == "refused":
-            await self._react_to_refusal(run)
         await self._finish(run, "failed" if outcome == "refused" else outcome, why="closed", usage=usage)
+        if outcome == "refused":
+            # After the turn has ended (typing stopped, terminal sent), and in the background:
+            # a server slow to answer the reaction must not hold the host's close.
+            if self._nursery is not None:
+                self._nursery.start_soon(self._react_to_refusal, run)
+            else:
+                await self._react_to_refusal(run)
         deliveries = turn.routing.deliveries
         receipt_text = self._receipt(run)
         receipt = {
@@ -1194,7 +1203,8 @@ class TurnManager:
             log.info("refusal.reaction.skipped", why="not-permitted", server=ref.server_id)
             return
         reason = await acknowledge_message(
-            link, ref, message_id, intent=ACK_INTENT_REFUSED, value=self.refusal_reaction, timeout=self.publish_timeout
+            link, ref, message_id, intent=ACK_INTENT_REFUSED, value=self.refusal_reaction,
+            timeout=min(REFUSAL_REACTION_TIMEOUT, link.config.request_timeout),
         )
         if reason is not None:
             log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id, reason=reason)

@@ -943,7 +943,9 @@ ACK_NO_MESSAGE: Final = (
 
 
 def ack_not_sent(reason: str) -> str:
-    """An acknowledgement that didn't go out."""
+    """An acknowledgement that didn't go out (or went out with no word that it landed)."""
+    if reason == REASON_UNCONFIRMED:
+        return "The acknowledgement was sent, but its server gives no answer to say it landed."
     why = _DELIVERY_WHY.get(reason, "its server did not take it")
     return f"No acknowledgement was sent: {why}."
 

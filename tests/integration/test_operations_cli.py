@@ -229,7 +229,7 @@ async def test_queries_over_the_websocket_with_a_token_file(short_tmp: Path, tmp
             wrong = tmp_path / "wrong-token"
             wrong.write_text("nope\n")
             refused = await _cli("status", "--url", url, "--token-file", str(wrong))
-            assert refused.returncode == 1 and b"refused the token (401)" in refused.stderr
+            assert refused.returncode == 2 and b"refused the token (401)" in refused.stderr  # a config problem (docs/operations.md)
             assert refused.stderr.decode().count("\n") == 1
             # No socket configured: said in one line, with what to do instead.
             no_socket = await _cli("status", "--config", str(config))

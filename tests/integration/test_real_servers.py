@@ -311,3 +311,27 @@ async def test_connectome_hosts_mcpl_servers_json_runs_unchanged_from_another_di
                 assert daemon.process is not None
                 daemon.process.send_signal(signal.SIGTERM)
                 assert await daemon.wait() == 0
+
+
+async def test_3_a_refusal_reaction_the_server_never_answers_does_not_hold_the_close(tmp_path: Path) -> None:
+    """The reaction goes out after the turn has ended: typing stopped and the close answered at
+    once, whatever the server takes to answer the acknowledge (here: never)."""
+    with trio.fail_after(60):
+        async with FixtureProcess.start(
+            transport="tcp", personality="discord", channels=[DISCORD_CHANNEL], control_dir=tmp_path, grace=1,
+            never_answer=["channels/acknowledge"],
+        ) as server:
+            entry = dialled_server(server, requestTimeout=30)
+            async with running_daemon(tmp_path, {"s": entry}, unix_socket=True) as daemon:
+                await wait_channel(daemon, "s", DISCORD_CHANNEL)
+                async with host(daemon) as client:
+                    turn = await woken_turn(client, server, DISCORD_CHANNEL, tags=["chat:mention"])
+                    with trio.fail_after(5):  # far below the server's 30 s requestTimeout
+                        await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "refused"})
+                    ops = [e["params"].get("op") for e in await server.recorded("channels/typing")]
+                    assert ops and ops[-1] == "stop"
+                    await wait_until(lambda: _acknowledge_sent(server), timeout=10)
+
+
+async def _acknowledge_sent(server: Any) -> bool:
+    return bool(await server.recorded("channels/acknowledge"))
