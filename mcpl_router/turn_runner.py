@@ -100,6 +100,8 @@ ACKNOWLEDGE: Final = "channels.acknowledge"
 STREAMING: Final = "channels.streaming"
 #: The reaction a turn the model provider refused leaves on the message it answered.
 REFUSAL_REACTION: Final = "🚫"
+#: Rendered closed-channel invitations kept (cleared whenever the registry changes).
+INVITATION_CACHE: Final = 1024
 #: The most a refusal reaction's answer is waited for (it goes out after the turn has ended).
 REFUSAL_REACTION_TIMEOUT: Final = 5.0
 
@@ -316,6 +318,8 @@ class TurnManager:
         self._bounce_streak: dict[str, int] = {}
         #: The reaction a provider-refused turn's latest inbound message gets (not for named).
         self.refusal_reaction: str = REFUSAL_REACTION
+        self._invitations: dict[tuple[str, ChannelRef, str | None, bool], str] = {}
+        self._invitations_generation = -1
 
     def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
         """Every provider's tools this agent may call, in provider order."""
@@ -951,13 +955,19 @@ class TurnManager:
         author = payload.get("author") if isinstance(payload, Mapping) else None
         if isinstance(author, Mapping):
             author = author.get("name") or author.get("id")
-        return prose.invitation_text(
-            mode,
-            self._daemon.router.names,
-            ref,
-            author if isinstance(author, str) else None,
-            may_publish=agent_may_call(spec, "channel_publish"),
-        )
+        author = author if isinstance(author, str) else None
+        may_publish = agent_may_call(spec, "channel_publish")
+        # One text per (agent's mode, channel, author) while the registry stands: a busy channel's
+        # wakes don't each render it anew.
+        generation = self._daemon.router.registry.generation
+        if generation != self._invitations_generation or len(self._invitations) >= INVITATION_CACHE:
+            self._invitations.clear()
+            self._invitations_generation = generation
+        key = (mode, ref, author, may_publish)
+        text = self._invitations.get(key)
+        if text is None:
+            text = self._invitations[key] = prose.invitation_text(mode, self._daemon.router.names, ref, author, may_publish=may_publish)
+        return text
 
     # ------------------------------------------------------------------ drafts
 

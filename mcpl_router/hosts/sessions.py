@@ -36,6 +36,7 @@ from mcpl_router.routing.wakes import (
     REASON_PUSH,
     InboundFacts,
     Wake,
+    WakePolicy,
     resolve_policy,
     wakes,
 )
@@ -203,6 +204,8 @@ class SessionManager:
         self._owners: dict[str, HostConnection] = {}
         self._holds: dict[str, _Hold] = {}
         self._outboxes: dict[HostConnection, HostOutbox] = {}
+        # Each agent's resolved wake policy, with the registry generation it was resolved at.
+        self._policies: dict[str, tuple[int, AgentSpec, WakePolicy]] = {}
         # The newest wakes by (seq, agent), oldest first, at most RECENT_WAKES (turn/open reads).
         self._recent: dict[tuple[int, str], Wake] = {}
         # Counters over every host connection that has closed (live ones are read when asked).
@@ -418,13 +421,22 @@ class SessionManager:
     def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
         """Which agents an event wakes (decided before its commit and written with it)."""
         facts = self._facts(event)
-        names = self._daemon.router.names
         decided: list[Delivery] = []
         for spec in self._agents.values():
-            policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, names.channels_named)
-            if wakes(policy, facts):
+            if wakes(self._policy_of(spec), facts):
                 decided.append(Delivery(spec.name, facts.kind, facts.tags, facts.addressed))
         return decided
+
+    def _policy_of(self, spec: AgentSpec) -> WakePolicy:
+        """``spec``'s wake policy with its channel names resolved, once per registry change
+        (not once per message)."""
+        generation = self._daemon.router.registry.generation
+        cached = self._policies.get(spec.name)
+        if cached is not None and cached[0] == generation and cached[1] is spec:
+            return cached[2]
+        policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, self._daemon.router.names.channels_named)
+        self._policies[spec.name] = (generation, spec, policy)
+        return policy
 
     def accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
         """The event ``seq`` committed: hand its wakes to the agents' owners."""

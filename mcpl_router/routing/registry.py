@@ -371,6 +371,9 @@ class ChannelRegistry:
         factory=dict, init=False
     )
     _next_order: int = attrs.field(default=0, init=False)
+    #: Bumped by every change to what is registered (or open): values derived from the
+    #: registry (a resolved wake policy, a rendered invitation) are valid while it stands.
+    generation: int = attrs.field(default=0, init=False)
 
     # ------------------------------------------------------------------ register / change
 
@@ -496,6 +499,7 @@ class ChannelRegistry:
             entry = ChannelEntry(ref, descriptor, lazy=lazy, open=is_open, order=old.order)
             self._unindex_description(old)
         self._entries[ref] = entry
+        self.generation += 1
         self._index_description(entry)
         return entry
 
@@ -532,6 +536,7 @@ class ChannelRegistry:
 
     def _drop(self, ref: ChannelRef) -> bool:
         entry = self._entries.pop(ref, None)
+        self.generation += 1
         if entry is None:
             return False
         self._unindex_description(entry)
@@ -580,6 +585,7 @@ class ChannelRegistry:
         if entry is None or entry.open == is_open:
             return False
         self._entries[ref] = attrs.evolve(entry, open=is_open)
+        self.generation += 1
         return True
 
     # ------------------------------------------------------------------ inbound and pushes
