@@ -28,7 +28,7 @@ import attrs
 
 from mcpl_router.routing import texts
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.routing.registry import ChannelRegistry
+from mcpl_router.routing.registry import ChannelEntry, ChannelRegistry
 
 __all__ = [
     "MATCH_DM_LABEL",
@@ -466,7 +466,6 @@ class ChannelNames:
         rows = []
         for entry in entries:
             ref = entry.ref
-            descriptor = entry.descriptor
             name: str | None = None
             # Each row answers to its own id and qualified name, so a count of 1 is this row.
             if answering(ref.channel_id) == 1:
@@ -475,19 +474,7 @@ class ChannelNames:
                 name = shown = ref.qualified_name
             else:
                 shown = texts.unnamed_channel(ref.channel_id, ref.server_id)
-            rows.append(
-                ChannelRow(
-                    server_id=ref.server_id,
-                    channel_id=ref.channel_id,
-                    label=descriptor.label,
-                    type=descriptor.type,
-                    direction=descriptor.direction,
-                    open=entry.open,
-                    lazy=entry.lazy,
-                    name=name,
-                    shown=shown,
-                )
-            )
+            rows.append(_row(entry, name, shown))
         return rows
 
     def channel_page(self, start: int, limit: int) -> list[ChannelRow]:
@@ -497,20 +484,9 @@ class ChannelNames:
         for entry in self.registry.entries_between(start, start + limit):
             ref = entry.ref
             picked = self.pick_name(ref)
-            descriptor = entry.descriptor
-            rows.append(
-                ChannelRow(
-                    server_id=ref.server_id,
-                    channel_id=ref.channel_id,
-                    label=descriptor.label,
-                    type=descriptor.type,
-                    direction=descriptor.direction,
-                    open=entry.open,
-                    lazy=entry.lazy,
-                    name=picked if picked is not None and picked != ref.channel_id else None,
-                    shown=picked if picked is not None else texts.unnamed_channel(ref.channel_id, ref.server_id),
-                )
-            )
+            name = picked if picked is not None and picked != ref.channel_id else None
+            shown = picked if picked is not None else texts.unnamed_channel(ref.channel_id, ref.server_id)
+            rows.append(_row(entry, name, shown))
         return rows
 
     # ------------------------------------------------------------------ explain
@@ -561,3 +537,19 @@ class ChannelNames:
             refusal=refusal,
             candidates=candidates,
         )
+
+
+def _row(entry: ChannelEntry, name: str | None, shown: str) -> ChannelRow:
+    """A ``channel_list`` row for ``entry``, named as its caller worked out."""
+    ref, descriptor = entry.ref, entry.descriptor
+    return ChannelRow(
+        server_id=ref.server_id,
+        channel_id=ref.channel_id,
+        label=descriptor.label,
+        type=descriptor.type,
+        direction=descriptor.direction,
+        open=entry.open,
+        lazy=entry.lazy,
+        name=name,
+        shown=shown,
+    )
