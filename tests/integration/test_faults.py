@@ -148,10 +148,15 @@ async def test_a_stdio_server_killed_every_second_leaks_no_task_fd_or_child(shor
                 assert daemon.host_socket_path is not None
                 async with RouterClient.connect_unix(daemon.host_socket_path) as host:
                     await host.hello("host", ["kai"])
-                    await trio.sleep(0.5)
-                    baseline = (_tasks(), len(os.listdir("/proc/self/fd")), len(_children()))
                     received = 0
-                    for round_ in range(6):
+                    baseline: tuple[int, int, int] | None = None
+                    for round_ in range(7):
+                        if round_ == 1:
+                            # After one full cycle (a kill, a respawn that registered again, a
+                            # wake): every part that lives as long as its connection (a lane, an
+                            # outbox) exists now.
+                            await wait_channel(daemon, "flappy", "general")
+                            baseline = (_tasks(), len(os.listdir("/proc/self/fd")), len(_children()))
                         epoch = daemon.links["flappy"].epoch
                         pid = json.loads(control_file.read_text())["pid"]
                         os.kill(pid, 9)
@@ -163,7 +168,7 @@ async def test_a_stdio_server_killed_every_second_leaks_no_task_fd_or_child(shor
                         await wait_ready(daemon, "flappy", epoch=epoch + 1, timeout=20)
                         await trio.sleep(1.0 - 0.1 * (round_ % 2))
                     await wait_channel(daemon, "flappy", "general")
-                    assert received == 6 and daemon.links["flappy"].epoch >= 7
+                    assert received == 7 and daemon.links["flappy"].epoch >= 8
 
                     def settled() -> bool:
                         # A respawn's own short tasks (its tool listing, …) end on their own;
