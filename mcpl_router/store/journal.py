@@ -7,8 +7,8 @@ learns its seqs only once the transaction holding it has committed, so ``accepte
 answered only after the commit; everything that arrived meanwhile shares the next one. The
 trio thread never waits on SQLite or fsync.
 
-Every per-message statement is an indexed search (``tests/unit/test_journal.py`` asserts the
-query plans), and what was acked or settled is pruned after ``retention`` seconds, so the cost
+Every per-message statement is an indexed search (:mod:`mcpl_router.store.schema`; a test
+asserts the query plans), and what was acked or settled is pruned after ``retention`` seconds, so the cost
 of a message does not grow with the journal's history. Counts the daemon reads often (each
 agent's unacked wakes, the last seq) and the drafts and declines the turn code reads are kept
 in memory and written behind, in order, by the same writer.
@@ -20,8 +20,6 @@ journal is refused at start with :class:`JournalLocked`.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import os
 import sqlite3
@@ -36,6 +34,25 @@ import msgspec
 import trio
 
 from mcpl_router.logs import get_logger
+from mcpl_router.store.schema import (
+    SQL_ACK_DELIVERY,
+    SQL_ACK_EVENT,
+    SQL_DELIVERY,
+    SQL_EVENT,
+    SQL_FIND_DUPLICATE,
+    SQL_INSERT_DELIVERY,
+    SQL_INSERT_EVENT,
+    SQL_PRUNABLE_EVENTS,
+    SQL_PRUNE_DELIVERIES,
+    SQL_PRUNE_DRAFTS,
+    SQL_PRUNE_EVENT,
+    SQL_SAVE_DRAFT,
+    SQL_UNACKED_DELIVERIES,
+    JournalLocked,  # noqa: F401 - raised here (at open), so importable from here
+    last_seq_before,
+    lock,
+    migrate,
+)
 
 #: Inbound batches (and other writes) that may wait for the writer before submitters wait.
 WRITE_QUEUE: Final = 4096
@@ -49,113 +66,7 @@ PRUNE_CHUNK: Final = 5000
 #: How long the last commit at shutdown may take before the daemon exits without it.
 SHUTDOWN_COMMIT_TIMEOUT: Final = 10.0
 
-SCHEMA_VERSION: Final = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS inbound (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    server TEXT NOT NULL,
-    channel TEXT,
-    kind TEXT NOT NULL,
-    dedup TEXT NOT NULL,
-    -- What the message said (a digest): a re-send is the same id with the same digest.
-    digest BLOB,
-    payload BLOB NOT NULL,
-    received_at REAL NOT NULL,
-    acked INTEGER NOT NULL DEFAULT 0
-);
--- Few indexes on purpose: each costs a B-tree insert per message. Pruning walks the primary
--- key (seq follows received_at), so it needs none of its own.
-CREATE INDEX IF NOT EXISTS inbound_dedup ON inbound (server, kind, dedup, seq);
--- One row per agent an inbound event woke; written in the event's own transaction, so a wake
--- is durable before the server hears "accepted". Re-sent to the agent's owner until acked.
--- Keyed by (seq, agent) without a rowid: one B-tree serves the row, its acks and its pruning.
-CREATE TABLE IF NOT EXISTS deliveries (
-    seq INTEGER NOT NULL REFERENCES inbound (seq),
-    agent TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    tags BLOB NOT NULL,
-    addressed INTEGER NOT NULL,
-    acked INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (seq, agent)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS deliveries_unacked ON deliveries (agent, acked, seq);
--- Agents hosts declared, so wakes for them are kept while their host is away (and across
--- restarts). Config agents are not stored: the config declares them at every start.
-CREATE TABLE IF NOT EXISTS agents (
-    name TEXT PRIMARY KEY,
-    spec BLOB NOT NULL
-);
--- channel_decline: an agent chose to stay out of a channel (server + id: a channel is a pair).
-CREATE TABLE IF NOT EXISTS declines (
-    agent TEXT NOT NULL,
-    server TEXT NOT NULL,
-    channel TEXT NOT NULL,
-    declined_at REAL NOT NULL,
-    PRIMARY KEY (agent, server, channel)
-);
--- Drafts: plain speech held instead of posted (mcpl_router.routing.drafts), one row each,
--- rewritten whole on every change (an attempt is saved before its publish goes out).
--- settled_at: when it was delivered or dismissed (NULL while it is live), for pruning.
-CREATE TABLE IF NOT EXISTS drafts (
-    id TEXT PRIMARY KEY,
-    agent TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    row BLOB NOT NULL,
-    settled_at REAL
-);
-CREATE INDEX IF NOT EXISTS drafts_by_agent ON drafts (agent, created_at);
-CREATE INDEX IF NOT EXISTS drafts_settled ON drafts (settled_at);
-"""
-
 _SETTLED_STATES: Final = frozenset({"delivered", "dismissed"})
-
-# The statements run once per message or per ack: each must be an indexed search.
-SQL_FIND_DUPLICATE: Final = "SELECT seq, digest FROM inbound WHERE server = ? AND kind = ? AND dedup = ? ORDER BY seq DESC LIMIT 1"
-SQL_INSERT_EVENT: Final = (
-    "INSERT INTO inbound (server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
-SQL_INSERT_DELIVERY: Final = "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)"
-SQL_ACK_DELIVERY: Final = "UPDATE deliveries SET acked = 1 WHERE agent = ? AND seq = ? AND acked = 0"
-SQL_ACK_EVENT: Final = (
-    "UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0"
-    " AND NOT EXISTS (SELECT 1 FROM deliveries WHERE seq = ? AND acked = 0)"
-)
-SQL_UNACKED_DELIVERIES: Final = (
-    "SELECT d.agent, d.reason, d.tags, d.addressed, i.seq, i.server, i.channel, i.kind, i.payload, i.received_at"
-    " FROM deliveries d JOIN inbound i ON i.seq = d.seq"
-    " WHERE d.agent = ? AND d.acked = 0 AND d.seq > ? ORDER BY d.seq LIMIT ?"
-)
-SQL_DELIVERY: Final = "SELECT reason, tags, addressed FROM deliveries WHERE agent = ? AND seq = ?"
-SQL_EVENT: Final = "SELECT seq, server, channel, kind, payload, received_at FROM inbound WHERE seq = ?"
-SQL_SAVE_DRAFT: Final = (
-    "INSERT INTO drafts (id, agent, created_at, row, settled_at) VALUES (?, ?, ?, ?, ?)"
-    " ON CONFLICT (id) DO UPDATE SET row = excluded.row, settled_at = excluded.settled_at"
-)
-SQL_PRUNABLE_EVENTS: Final = "SELECT seq FROM inbound WHERE seq <= ? AND acked = 1 ORDER BY seq LIMIT ?"
-SQL_FIRST_FROM: Final = "SELECT seq, received_at FROM inbound WHERE seq >= ? ORDER BY seq LIMIT 1"
-SQL_PRUNE_DELIVERIES: Final = "DELETE FROM deliveries WHERE seq = ?"
-SQL_PRUNE_EVENT: Final = "DELETE FROM inbound WHERE seq = ?"
-SQL_PRUNE_DRAFTS: Final = "DELETE FROM drafts WHERE settled_at IS NOT NULL AND settled_at < ?"
-
-#: Every statement above that runs per message, per ack or per turn (for the query-plan test).
-HOT_STATEMENTS: Final = {
-    "find duplicate": (SQL_FIND_DUPLICATE, ("s", "message", "k")),
-    "ack delivery": (SQL_ACK_DELIVERY, ("kai", 1)),
-    "ack event": (SQL_ACK_EVENT, (1, 1)),
-    "unacked deliveries": (SQL_UNACKED_DELIVERIES, ("kai", 0, 100)),
-    "one delivery": (SQL_DELIVERY, ("kai", 1)),
-    "one event": (SQL_EVENT, (1,)),
-    "prunable events": (SQL_PRUNABLE_EVENTS, (100, 10)),
-    "prune cutoff probe": (SQL_FIRST_FROM, (1,)),
-    "prune deliveries": (SQL_PRUNE_DELIVERIES, (1,)),
-    "prune event": (SQL_PRUNE_EVENT, (1,)),
-    "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
-}
-
-
-class JournalLocked(Exception):
-    """Another daemon holds this journal; the message names the file and its pid."""
 
 
 class JournalFailure(Exception):
@@ -355,10 +266,10 @@ class Journal:
         self.retention = retention
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._log = get_logger(journal=str(self.path))
-        self._lock_file = _lock(self.path)
+        self._lock_file = lock(self.path)
         try:
             self._db = self._connect()
-            self._migrate()
+            migrate(self._db, self._log)
             # The trio thread's own connection: reads for start-up, status and tests only.
             self._reader = self._connect()
         except BaseException:
@@ -411,55 +322,6 @@ class Journal:
         # 64 MiB of page cache: the indexes a message touches stay in memory as the file grows.
         db.execute("PRAGMA cache_size=-65536")
         return db
-
-    def _migrate(self) -> None:
-        db = self._db
-        version = int(db.execute("PRAGMA user_version").fetchone()[0])
-        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if version < 1 and "inbound" in tables:
-            # Version 0 made (server, kind, dedup) unique and kept no digest: rebuild inbound
-            # without the constraint, and give drafts their settled time.
-            # Legacy rename: otherwise SQLite rewrites deliveries' REFERENCES inbound to the old
-            # table's new name, which is dropped below.
-            db.execute("PRAGMA legacy_alter_table = ON")
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("ALTER TABLE inbound RENAME TO inbound_v0")
-            # Statement by statement: executescript would commit the transaction halfway.
-            db.execute("DROP INDEX IF EXISTS inbound_dedup")
-            db.execute("DROP INDEX IF EXISTS inbound_prunable")
-            for statement in _statements(_SCHEMA):
-                if "drafts_settled" not in statement and "deliveries" not in statement:
-                    db.execute(statement)
-            db.execute(
-                "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked)"
-                " SELECT seq, server, channel, kind, dedup, NULL, payload, received_at, acked FROM inbound_v0"
-            )
-            db.execute("DROP TABLE inbound_v0")
-            # Deliveries move to (seq, agent) without a rowid.
-            db.execute("ALTER TABLE deliveries RENAME TO deliveries_v0")
-            db.execute("DROP INDEX IF EXISTS deliveries_unacked")
-            db.execute("DROP INDEX IF EXISTS deliveries_by_seq")
-            for statement in _statements(_SCHEMA):
-                if "deliveries" in statement and statement.startswith("CREATE"):
-                    db.execute(statement)
-            db.execute(
-                "INSERT INTO deliveries (seq, agent, reason, tags, addressed, acked)"
-                " SELECT seq, agent, reason, tags, addressed, acked FROM deliveries_v0"
-            )
-            db.execute("DROP TABLE deliveries_v0")
-            columns = {row[1] for row in db.execute("PRAGMA table_info(drafts)")}
-            if "settled_at" not in columns:
-                db.execute("ALTER TABLE drafts ADD COLUMN settled_at REAL")
-                # Drafts already delivered or dismissed are settled as of now: pruned after retention.
-                db.execute(
-                    "UPDATE drafts SET settled_at = ? WHERE json_extract(CAST(row AS TEXT), '$.state') IN ('delivered', 'dismissed')",
-                    (time.time(),),
-                )
-            db.execute("COMMIT")
-            db.execute("PRAGMA legacy_alter_table = OFF")
-            self._log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
-        db.executescript(_SCHEMA)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- the writer --------------------------------------------------------------------------
 
@@ -614,7 +476,7 @@ class Journal:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            last = _last_seq_before(db, cutoff)
+            last = last_seq_before(db, cutoff)
             seqs = [(seq,) for (seq,) in db.execute(SQL_PRUNABLE_EVENTS, (last, PRUNE_CHUNK)).fetchall()]
             db.executemany(SQL_PRUNE_DELIVERIES, seqs)
             db.executemany(SQL_PRUNE_EVENT, seqs)
@@ -871,40 +733,6 @@ class Journal:
         self._lock_file.close()
 
 
-def _last_seq_before(db: sqlite3.Connection, cutoff: float) -> int:
-    """The newest seq received before ``cutoff`` (0 if none), in O(log n) primary-key probes.
-
-    Seqs are assigned in commit order and ``received_at`` at commit, so it grows with seq.
-    """
-    first = db.execute(SQL_FIRST_FROM, (0,)).fetchone()
-    if first is None or first[1] >= cutoff:
-        return 0
-    low = int(first[0])  # received before the cutoff
-    high = int(db.execute("SELECT MAX(seq) FROM inbound").fetchone()[0])
-    while low < high:
-        middle = (low + high + 1) // 2
-        seq, received_at = db.execute(SQL_FIRST_FROM, (middle,)).fetchone()
-        if received_at < cutoff:
-            low = int(seq)
-        else:
-            high = middle - 1
-    return low
-
-
-def _statements(script: str) -> list[str]:
-    """The SQL statements of ``script``, one by one (comments may hold semicolons)."""
-    statements: list[str] = []
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        if line.lstrip().startswith("--"):
-            continue
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            statements.append(buffer.strip())
-            buffer = ""
-    return statements
-
-
 def _stored_delivery(row: tuple[Any, ...]) -> StoredDelivery:
     agent, reason, tags, addressed, seq, server, channel, kind, payload, received_at = row
     return StoredDelivery(
@@ -920,27 +748,3 @@ def _read_delivery(db: sqlite3.Connection, seq: int, agent: str) -> StoredDelive
         return None
     reason, tags, addressed = row
     return _stored_delivery((agent, reason, tags, addressed, *event))
-
-
-def _lock(path: Path) -> Any:
-    """Take ``<path>.lock`` (flock) and write our pid in it, or raise :class:`JournalLocked`."""
-    lock_path = Path(f"{path}.lock")
-    handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held open while we run
-    try:
-        os.chmod(lock_path, 0o600)
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-            raise JournalLocked(
-                f"the journal {path} is in use by another daemon (pid {holder}); stop that daemon, "
-                "or give this one its own journal.path"
-            ) from None
-        raise
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle

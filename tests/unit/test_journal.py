@@ -11,7 +11,8 @@ import trio
 from structlog.testing import capture_logs
 
 from mcpl_router.mcpl.inbound import substance_digest
-from mcpl_router.store.journal import HOT_STATEMENTS, Delivery, InboundEvent, Journal, JournalFailure, JournalLocked
+from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, JournalLocked
+from mcpl_router.store.schema import HOT_STATEMENTS
 from mcpl_router.testing.journal import open_journal
 
 KAI = Delivery("kai", "message", ("chat:mention",), True)
