@@ -6,7 +6,7 @@ A :class:`MessageStream` moves whole messages (bytes). It knows nothing of JSON-
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import Protocol
 
 import trio
@@ -34,11 +34,12 @@ class MessageStream(Protocol):
 
     async def send_message(self, data: bytes) -> None: ...
 
-    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
+    async def send_messages(self, messages: list[bytes], *, progress: Callable[[], None] | None = None) -> None:
         """Send several messages in order, in as few writes as the framing allows.
 
-        Raises :class:`trio.TooSlowError` when the other side accepts nothing for
-        ``stall_timeout`` seconds (a slow reader that keeps reading never trips it).
+        ``progress`` is called each time a piece of at most 64 KiB has gone out: the caller's
+        stall deadline measures progress, not the whole write (a slow reader that keeps
+        reading never trips it).
         """
         ...
 
@@ -80,15 +81,20 @@ class NdjsonStream:
             raise trio.ClosedResourceError("this stream is receive-only")
         await self._send_stream.send_all(data + b"\n")
 
-    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
+    async def send_messages(self, messages: list[bytes], *, progress: Callable[[], None] | None = None) -> None:
         if self._send_stream is None:
             raise trio.ClosedResourceError("this stream is receive-only")
-        # Joined: a burst of small messages costs one syscall, not one each. Written in chunks,
-        # each with its own deadline, so the deadline measures progress, not the total.
-        data = memoryview(b"\n".join(messages) + b"\n")
-        for start in range(0, len(data), _WRITE_CHUNK):
-            with trio.fail_after(stall_timeout):
-                await self._send_stream.send_all(data[start : start + _WRITE_CHUNK])
+        # Joined: a burst of small messages costs one syscall, not one each. Written in pieces,
+        # each reported, so the caller's stall deadline measures progress, not the total.
+        data = b"\n".join(messages) + b"\n"
+        if len(data) <= _WRITE_CHUNK:
+            await self._send_stream.send_all(data)
+        else:
+            view = memoryview(data)
+            for start in range(0, len(view), _WRITE_CHUNK):
+                await self._send_stream.send_all(view[start : start + _WRITE_CHUNK])
+                if progress is not None:
+                    progress()
 
     async def receive_message(self) -> bytes:
         while True:
@@ -158,12 +164,14 @@ class WebSocketMessageStream:
         except trio_websocket.ConnectionClosed as exc:
             raise trio.ClosedResourceError(f"websocket closed: {exc.reason}") from exc
 
-    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
-        # WebSocket carries one message per frame: nothing to join, and a frame can't be
-        # split, so a frame's deadline allows one stall period per chunk's worth of bytes.
+    async def send_messages(self, messages: list[bytes], *, progress: Callable[[], None] | None = None) -> None:
+        # WebSocket carries one message per frame: nothing to join, and a frame can't be split,
+        # so progress is reported per frame (a frame of many pieces counts them all).
         for data in messages:
-            with trio.fail_after(stall_timeout * (1 + len(data) // _WRITE_CHUNK)):
-                await self.send_message(data)
+            await self.send_message(data)
+            if progress is not None:
+                for _ in range(1 + len(data) // _WRITE_CHUNK):
+                    progress()
 
     async def receive_message(self) -> bytes:
         try:

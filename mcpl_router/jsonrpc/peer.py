@@ -258,7 +258,7 @@ class Peer:
         self._concurrent = frozenset(concurrent_methods)
         self._log = get_logger(**(log_fields or {}))
         self._next_id = 1
-        self._pending: dict[int, trio.MemorySendChannel[Envelope | BaseException]] = {}
+        self._pending: dict[int, _Waiter] = {}
         self._answer_hooks: dict[int, Callable[[Envelope], None]] = {}
         self._lanes: dict[Hashable, _Lane] = {}
         self._queued = 0
@@ -390,8 +390,8 @@ class Peer:
         deadline = self.request_timeout if timeout is None else timeout
         request_id = self._next_id
         self._next_id += 1
-        answer_send, answer_receive = trio.open_memory_channel[Envelope | BaseException](1)
-        self._pending[request_id] = answer_send
+        waiter = _Waiter()
+        self._pending[request_id] = waiter
         if on_answer is not None:
             self._answer_hooks[request_id] = on_answer
         sent = False
@@ -401,7 +401,8 @@ class Peer:
                 # Queued is as good as sent: from here the outcome is unknown until answered.
                 sent = True
                 self._counts["requests_sent"] += 1
-                answer = await answer_receive.receive()
+                await waiter.done.wait()
+                answer = waiter.answer
             if scope.cancelled_caught:
                 raise RequestTimeout(method, deadline, sent=sent)
         finally:
@@ -463,38 +464,48 @@ class Peer:
             self._writer_done = True
 
     async def _write_forever(self) -> None:
-        while True:
-            while not self._outbox:
+        stall = self.limits.stall_timeout
+        # One watchdog for the writer's life, not a scope per write: its deadline is the stall
+        # timeout from the last progress while a write is under way, and never while idle.
+        with trio.CancelScope() as watchdog:
+
+            def progress() -> None:
+                watchdog.deadline = trio.current_time() + stall
+
+            while True:
+                while not self._outbox:
+                    if self._closed:
+                        return
+                    self._outbox_ready = trio.Event()
+                    await self._outbox_ready.wait()
                 if self._closed:
                     return
-                self._outbox_ready = trio.Event()
-                await self._outbox_ready.wait()
-            if self._closed:
-                return
-            batch: list[bytes] = []
-            size = 0
-            while self._outbox and (not batch or size + len(self._outbox[0]) <= _WRITE_BATCH_BYTES):
-                data = self._outbox.popleft()
-                batch.append(data)
-                size += len(data)
-            self._outbox_bytes -= size
-            self._writing_bytes = size
-            self._outbox_room.set()
-            self._outbox_room = trio.Event()
-            try:
-                await self._stream.send_messages(batch, stall_timeout=self.limits.stall_timeout)
-            except trio.TooSlowError:
-                await self._stall(f"not reading: a write made no progress for {self.limits.stall_timeout:g}s")
+                batch: list[bytes] = []
+                size = 0
+                while self._outbox and (not batch or size + len(self._outbox[0]) <= _WRITE_BATCH_BYTES):
+                    data = self._outbox.popleft()
+                    batch.append(data)
+                    size += len(data)
+                self._outbox_bytes -= size
+                self._writing_bytes = size
+                self._outbox_room.set()
+                self._outbox_room = trio.Event()
+                progress()
+                try:
+                    await self._stream.send_messages(batch, progress=progress)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._writing_bytes = 0
+                    self._writer_done = True
+                    self._mark_closed(f"connection closed while sending: {exc}")
+                    return
+                watchdog.deadline = math.inf
                 self._writing_bytes = 0
-                return
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._writing_bytes = 0
-                self._writer_done = True
-                self._mark_closed(f"connection closed while sending: {exc}")
-                return
+                self._outbox_room.set()
+                self._outbox_room = trio.Event()
+        if watchdog.cancelled_caught:
+            with trio.CancelScope(shield=True):
+                await self._stall(f"not reading: a write made no progress for {stall:g}s")
             self._writing_bytes = 0
-            self._outbox_room.set()
-            self._outbox_room = trio.Event()
 
     async def _stall(self, reason: str) -> None:
         if self._closed:
@@ -632,11 +643,11 @@ class Peer:
                 hook(envelope)
             except Exception:
                 self._log.exception("jsonrpc.answer_hook.crashed", id=answer_id)
-        try:
-            waiter.send_nowait(envelope)
-        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-            # A duplicate answer, or the requester gave up (deadline) a moment ago.
-            self._log.warning("jsonrpc.response.unclaimed", id=answer_id)
+        if waiter.done.is_set():
+            self._log.warning("jsonrpc.response.unclaimed", id=answer_id)  # a duplicate answer
+            return
+        waiter.answer = envelope
+        waiter.done.set()
 
     async def _run_lane(self, lane: _Lane) -> None:
         try:
@@ -713,10 +724,17 @@ class Peer:
 
     def _fail_pending(self, error: BaseException) -> None:
         for waiter in list(self._pending.values()):
-            try:
-                waiter.send_nowait(error)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+            if not waiter.done.is_set():
+                waiter.answer = error
+                waiter.done.set()
+
+
+@attrs.define(eq=False)
+class _Waiter:
+    """One request of ours awaiting its answer (cheaper than a channel per request)."""
+
+    done: trio.Event = attrs.field(factory=trio.Event)
+    answer: Envelope | BaseException | None = None
 
 
 __all__ = [

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import hmac
-import math
 import os
 import signal
 import sys
@@ -368,11 +367,12 @@ class _HookedStream:
         if hook is not None and hook.then is not None:
             hook.then()
 
-    async def send_messages(self, messages: list[bytes], *, stall_timeout: float = math.inf) -> None:
+    async def send_messages(self, messages: list[bytes], *, progress: Callable[[], None] | None = None) -> None:
         # One at a time: each answer may have an after-reply hook to run right behind it.
         for data in messages:
-            with trio.fail_after(stall_timeout):
-                await self.send_message(data)
+            await self.send_message(data)
+            if progress is not None:
+                progress()
 
     async def send_raw(self, data: bytes) -> None:
         """Write ``data`` verbatim (no framing added)."""

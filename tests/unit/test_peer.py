@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import json
 
+from typing import Any
+
 import msgspec
 import pytest
 import structlog
@@ -457,9 +459,9 @@ async def test_two_peers_talk_and_every_message_says_jsonrpc_2_0(nursery: trio.N
             wire.append(data)
             await super().send_message(data)
 
-        async def send_messages(self, messages: list[bytes], **options: object) -> None:
+        async def send_messages(self, messages: list[bytes], **options: Any) -> None:
             wire.extend(messages)
-            await super().send_messages(messages, **options)  # type: ignore[arg-type]
+            await super().send_messages(messages, **options)
 
     box: list[Peer] = []
     a = Peer(Tapped(left, left), make_table(box))
