@@ -85,7 +85,7 @@ MANIFEST_REFETCH_INTERVAL = 1.0
 #: A connection that stayed ready this long resets the backoff.
 STABLE_AFTER = 10.0
 #: Handshake answers that mean "not with that credential": with ``tokenIn = "auto"`` the next
-#: dial sends the token as ``?token=`` instead (connectome-host's way).
+#: dial sends the token as ``?token=`` instead (connectome-host's way), once.
 _AUTH_REFUSED = (401, 403)
 
 
@@ -245,6 +245,13 @@ class ServerLink:
         self._ready_event = trio.Event()
         self._ready_since: float | None = None
         self._epoch_exit = 0
+        # Where a WebSocket token goes. Kept here, not in ``config``: a reload replaces the
+        # config but must not forget what ``tokenIn = "auto"`` learned about this server.
+        self._token_place = "query" if config.token_in == "query" else "header"
+        #: ``auto`` only: the query was tried (after the header was refused), and whether a
+        #: connection with it then came up.
+        self._token_query_tried = False
+        self._token_query_worked = False
 
     # -- status ------------------------------------------------------------------------------
 
@@ -388,15 +395,36 @@ class ServerLink:
                 self._set_state(LinkState.CLOSED)
 
     def _maybe_token_in_query(self, failure: BaseException) -> None:
-        """After a 401/403 to the header token (``tokenIn = "auto"``), dial with ``?token=``."""
+        """``tokenIn = "auto"`` after a 401/403: the header refused → try ``?token=`` once; the
+        query refused too → back to the header for good, so a server that reads the header (and
+        refuses a rotated token) gets the token in a URL, and so in its access log, once at most.
+        """
         config = self.config
         if config.transport != "websocket" or not config.token or config.token_in != "auto":
             return
-        if getattr(failure, "status_code", getattr(failure, "status", None)) not in _AUTH_REFUSED:
+        status = getattr(failure, "status_code", getattr(failure, "status", None))
+        if status not in _AUTH_REFUSED:
             return
-        self.config = attrs.evolve(config, token_in="query")
-        self.attempts = 0  # not a failure of the server's: the next dial comes at once
-        self._log.info("link.token.query", refused=getattr(failure, "status_code", None), hint='set tokenIn = "query" to start there')
+        if self._token_place == "header" and not self._token_query_tried:
+            self._token_place = "query"
+            self._token_query_tried = True
+            self.attempts = 0  # not a failure of the server's: the next dial comes at once
+            self._log.info("link.token.query", refused=status, hint='set tokenIn = "query" to start there')
+        elif self._token_place == "query" and not self._token_query_worked:
+            self._token_place = "header"
+            self._log.warning(
+                "link.token.refused",
+                refused=status,
+                places=["header", "query"],
+                hint="the server refused the token in the header and in the query: check the token; "
+                'dialling with the header from now on (set tokenIn = "header" or "query" to choose)',
+            )
+
+    def _dial_config(self) -> ServerConfig:
+        """The config to dial with: the token where this link has learned to put it."""
+        if self.config.transport != "websocket" or not self.config.token or self.config.token_in == self._token_place:
+            return self.config
+        return attrs.evolve(self.config, token_in=self._token_place)
 
     def _exited(self) -> str | None:
         """"exited with code N: <its last stderr line>" when this epoch's child has exited."""
@@ -432,7 +460,7 @@ class ServerLink:
             async with trio.open_nursery() as nursery:
                 try:
                     self._epoch_nursery = nursery
-                    transport = await self._open_transport(self.config, nursery)
+                    transport = await self._open_transport(self._dial_config(), nursery)
                     self._endpoint = transport.description
                     peer = Peer(
                         transport.stream,
@@ -453,6 +481,8 @@ class ServerLink:
 
                     await nursery.start(serve)
                     await self._handshake(peer)
+                    if self._token_place == "query":
+                        self._token_query_worked = True  # a later refusal is a rotated token
                     self._ready_since = trio.current_time()
                     self._set_state(LinkState.READY, endpoint=self._endpoint, grant=self.grant.summary())
                     await peer_done.wait()
