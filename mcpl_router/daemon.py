@@ -434,11 +434,14 @@ class Daemon:
         answer waits for those receipts :data:`RELOAD_ANSWER_WAIT` at most and names the servers
         still to answer in ``policyPending``. Agents added or changed take effect for new turns.
         ``host``, ``journal``, ``health`` and ``logging`` need a restart: reported, not applied.
-        An invalid file is refused and nothing changes.
+        An invalid file is refused and nothing changes; so is any reload while shutting down.
 
         Returns:
             what was done (also kept as :attr:`last_reload` for ``status``).
         """
+        if self.draining:
+            # Shutting down: a new link or grant now would only be torn down again.
+            return self._reloaded({"outcome": "refused", "errors": ["the daemon is shutting down: reload ignored"]})
         async with self._reload_lock:
             if new_config is None:
                 try:

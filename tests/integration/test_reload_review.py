@@ -6,6 +6,7 @@
   answer does not wait for a slow server past its bound (D2);
 - a reload revives a failed link (D3);
 - a server that takes the policy only as a Notification is told its new grant (D4);
+- no turn opens and no reload applies while the daemon drains (R3);
 - revoking ``channels.register`` withdraws the server's channels (R5).
 """
 
@@ -19,8 +20,10 @@ from typing import Any
 import pytest
 import trio
 
+from mcpl_router.client import RouterClient
 from mcpl_router.config import RouterConfig, parse_config
 from mcpl_router.daemon import RELOAD_ANSWER_WAIT, Daemon
+from mcpl_router.jsonrpc import RpcError
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
@@ -218,6 +221,33 @@ async def test_a_legacy_servers_grant_and_link_agree_after_the_policy_answer(sho
                 # It takes the policy as a Request, so it is sent one.
                 recorded = await wait_until(_policy_count(fixture, before + 1), timeout=10, interval=0.1)
                 assert "channels.typing" not in recorded[-1]
+
+
+# ------------------------------------------------------------------------------------------ R3
+
+
+async def test_no_turn_opens_and_no_reload_applies_while_draining(short_tmp: Path) -> None:
+    with trio.fail_after(60):
+        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as fixture:
+            entry = dialled_server(fixture)
+            async with _daemon(_config(short_tmp, {"s": entry}, unix_socket=True)) as daemon:
+                await wait_ready(daemon, "s")
+                await wait_channel(daemon, "s", "general")
+                assert daemon.host_socket_path is not None
+                async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                    await client.hello("test-host", ["ann"])
+                    # As between the shutdown starting and the links stopping.
+                    daemon.draining = True
+                    with pytest.raises(RpcError) as refused:
+                        await client.call("turn/open", {"agent": "ann", "channel": "general"})
+                    assert refused.value.code == -32053 and "shutting down" in refused.value.message
+                    assert daemon.turns.open_turns() == []
+                    typing = [e for e in await fixture.recorded() if e["method"] == "channels/typing"]
+                    assert typing == []
+                    result = await daemon.reload(_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.typing"]}}))
+                    assert result["outcome"] == "refused" and "shutting down" in result["errors"][0]
+                    assert daemon.links["s"].grant.allows("channels.typing")
+                    daemon.draining = False
 
 
 # ------------------------------------------------------------------------------------------ R5
