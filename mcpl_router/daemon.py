@@ -477,6 +477,10 @@ class Daemon:
             async def tell(link: ServerLink) -> None:
                 try:
                     await link.send_policy()
+                except Exception:
+                    # A bug in telling one server must not take the daemon down: its narrowing
+                    # is already in force; log it whole.
+                    self._log.exception("config.reload.policy_crashed", server=link.server_id)
                 finally:
                     pending.discard(link.server_id)
                     if not pending:
