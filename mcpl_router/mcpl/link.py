@@ -810,11 +810,16 @@ class ServerLink:
         self.grant = attrs.evolve(new_grant, legacy=self.legacy)
         self.manifest = new_manifest
         sent = False
-        if new_grant.effective != old_grant.effective and not self.legacy:
+        if new_grant.effective != old_grant.effective:
+            # Told the way it learned its policy at connect, as a reload tells it: a Request, or
+            # the Notification for a server that takes only that (mcpl-editor).
             try:
-                await peer.request("featureSets/update", new_grant.to_update_params())
+                if _POLICY_METHOD in self._notification_only:
+                    await peer.notify(_POLICY_METHOD, self.grant.to_update_params())
+                else:
+                    await peer.request(_POLICY_METHOD, new_grant.to_update_params())
                 sent = True
-            except (RpcError, RequestTimeout, PeerClosed) as exc:
+            except (RpcError, RequestTimeout, PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._log.warning("link.manifest.policy_update_failed", error=str(exc))
         self._log.info(
             "link.manifest.changed",

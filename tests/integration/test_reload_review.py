@@ -204,6 +204,30 @@ async def test_a_notification_only_server_is_told_its_new_grant(short_tmp: Path)
                 assert (await fixture.state())["grant"]["disabled"] == after[-1]["params"]["disabled"]
 
 
+async def test_a_notification_only_server_is_told_a_manifest_changes_narrowing_too(short_tmp: Path) -> None:
+    """The manifest-change path tells it the way the reload path does (one "legacy" answer)."""
+    with trio.fail_after(60):
+        async with FixtureProcess.start(transport="ws", personality="editor", channels=["editor:chat"], control_dir=short_tmp, grace=1) as fixture:
+            async with _daemon(_config(short_tmp, {"s": dialled_server(fixture)})) as daemon:
+                await wait_ready(daemon, "s")
+                await wait_channel(daemon, "s", "editor:chat")
+                link = daemon.links["s"]
+                assert link.manifest is not None and link.grant.allows("channels.publish")
+                before = await fixture.recorded("featureSets/update")
+                # mcpl-editor's manifest without channels.publish (and without its feature sets).
+                narrowed = {"version": "0.5", "pushEvents": True, "stateUpdate": True, "channels": {"register": True, "observe": True}}
+                await fixture.manifest_changed(narrowed)
+                await wait_until(lambda: not link.grant.allows("channels.publish"), timeout=10)
+
+                async def told() -> list[dict[str, Any]] | None:
+                    after = await fixture.recorded("featureSets/update")
+                    return after if len(after) > len(before) else None
+
+                after = await wait_until(told, timeout=10, interval=0.1)
+                assert after[-1]["kind"] == "notification"
+                assert "channels.publish" not in after[-1]["params"]["effectiveCapabilities"]
+
+
 async def test_a_legacy_servers_grant_and_link_agree_after_the_policy_answer(short_tmp: Path) -> None:
     """discord (0.4) answers featureSets/update: its grant must stay legacy, as the link is."""
     with trio.fail_after(60):
