@@ -30,7 +30,7 @@ from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
-from mcpl_router.mcpl.link import LinkState, ServerLink
+from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.speech_tools import SpeechTools
@@ -452,10 +452,13 @@ class Daemon:
             plan = plan_reload(self.config, new_config, revive=revive)
             try:
                 fresh = {server.id: ServerLink(server, self) for server in plan.to_start(new_config)}
+                # Checked before any is applied, so a bad one refuses the reload whole.
+                for server_id in plan.regranted:
+                    policy_for(new_config.servers[server_id]).validate()
             except Exception as exc:  # a policy the link refuses (config validation should catch it)
                 return self._reloaded({"outcome": "refused", "errors": [f"{self.config.source}: {exc}"]})
             # Every narrowing first, host-side and without awaiting anything, so no server's
-            # round trip delays another's withdrawal (D2): grants, then agents.
+            # round trip delays another's withdrawal: grants, then agents.
             to_tell: list[ServerLink] = []
             for server_id in plan.regranted:
                 link = self.links[server_id]

@@ -539,7 +539,7 @@ class ServerLink:
                 raise _LegacyRefused(f'legacy server refused by config (legacy = "deny"): {legacy_why}')
             manifest = self._map_legacy_vocabulary(manifest)
         self.manifest = manifest
-        # A reload may change the policy while this handshake waits (D1): the generation tells
+        # A reload may change the policy while this handshake waits: the generation tells
         # the answer, and the end of the handshake, that the grant computed here is stale.
         generation = self._policy_generation
         granted = compute_grant(manifest, self.policy)
