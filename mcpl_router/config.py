@@ -87,8 +87,10 @@ _TOP_KEYS: Final = ("mcplServers", "host", "journal", "logging", "health", "agen
 _STDIO_KEYS: Final = ("command", "args", "env", "cwd", "envAllowlist", "inheritEnv", "protocol")
 _TCP_KEYS: Final = ("host", "port")
 _WEBSOCKET_KEYS: Final = ("token", "tokenHeader", "tokenIn")
-#: Where a WebSocket token goes: ``auto`` = the header, and if the handshake is refused (401/403)
-#: once more as ``?token=`` (connectome-host's way); ``header``/``query`` = only that way.
+#: Where a WebSocket token goes: ``header``/``query`` = only that way; ``auto`` = the header,
+#: after a refusal (401/403) ``?token=`` once (connectome-host's way), and back to the header for
+#: good if the query is refused too. The default is ``header`` (``query`` in connectome-host's
+#: own mcpl-servers.json, see :func:`token_in_default`): a token in a URL lands in access logs.
 TOKEN_PLACES: Final = ("auto", "header", "query")
 #: ``protocol`` of a stdio server in connectome-host's file: the MCP family it speaks. This daemon
 #: speaks ``legacy`` (MCP 2024-11-05 + MCPL), connectome-host's default.
@@ -266,7 +268,7 @@ class ServerConfig:
     url: str | None = attrs.field(default=None, repr=_url_repr)
     token: str | None = attrs.field(default=None, repr=False)
     token_header: str = "Authorization"
-    token_in: str = "auto"
+    token_in: str = "header"
     # grant policy
     enabled_capabilities: tuple[str, ...] | None = None
     disabled_capabilities: tuple[str, ...] = ()
@@ -622,7 +624,7 @@ def parse_config(
     root = _Section.of(problems, substituted, "", "top-level", _TOP_KEYS)
     assert root is not None  # a mapping, checked above
     servers_section = root.table("mcplServers", None, "mcplServers")
-    servers = _parse_servers(servers_section, base_dir, env)
+    servers = _parse_servers(servers_section, base_dir, env, token_in=token_in_default(data, source))
     journal = _parse_journal(root.table("journal", _JOURNAL_KEYS, "journal"), base_dir, env)
     host = _parse_host(root.table("host", _HOST_KEYS, "host"), base_dir, env, journal)
     logging_config = _parse_logging(root.table("logging", _LOGGING_KEYS, "logging"))
@@ -641,6 +643,18 @@ def parse_config(
         agents=agents,
         warnings=tuple(problems.warnings),
     )
+
+
+def token_in_default(data: Mapping[str, Any], source: str) -> str:
+    """Where a WebSocket server's token goes when its entry has no ``tokenIn``.
+
+    ``query`` in connectome-host's own file shape, a ``.json`` file holding nothing but
+    ``mcplServers`` (its mcpl-servers.json): connectome-host sends ``?token=`` and the servers
+    written for it read it there, so that file runs unchanged. ``header`` everywhere else.
+    """
+    if source.lower().endswith(".json") and set(data) == {"mcplServers"}:
+        return "query"
+    return "header"
 
 
 def check_config(
@@ -1339,7 +1353,7 @@ def _parse_health(section: _Section) -> HealthConfig:
 
 
 def _parse_servers(
-    section: _Section, base_dir: Path, env: Mapping[str, str]
+    section: _Section, base_dir: Path, env: Mapping[str, str], *, token_in: str
 ) -> dict[str, ServerConfig]:
     servers: dict[str, ServerConfig] = {}
     for server_id, value in section.data.items():
@@ -1361,14 +1375,14 @@ def _parse_servers(
         )
         if server is None:
             continue
-        parsed = _parse_server(server_id, server, base_dir, env)
+        parsed = _parse_server(server_id, server, base_dir, env, token_in=token_in)
         if parsed is not None:
             servers[server_id] = parsed
     return servers
 
 
 def _parse_server(
-    server_id: str, s: _Section, base_dir: Path, env: Mapping[str, str]
+    server_id: str, s: _Section, base_dir: Path, env: Mapping[str, str], *, token_in: str
 ) -> ServerConfig | None:
     for name in _SERVER_IGNORED_HOST_KEYS:
         if s.has(name):
@@ -1379,7 +1393,7 @@ def _parse_server(
         # unloaded it). Nothing to start, nothing to check beyond the policy keys.
         transport_and_endpoint: tuple[str, dict[str, Any]] | None = (TOMBSTONE, {})
     else:
-        transport_and_endpoint = _parse_transport(s, base_dir, env)
+        transport_and_endpoint = _parse_transport(s, base_dir, env, token_in=token_in)
 
     enabled_capabilities = _grant_patterns(s, "enabledCapabilities", "capability path")
     disabled_capabilities = _grant_patterns(s, "disabledCapabilities", "capability path") or ()
@@ -1422,7 +1436,7 @@ def _parse_server(
 
 
 def _parse_transport(
-    s: _Section, base_dir: Path, env: Mapping[str, str]
+    s: _Section, base_dir: Path, env: Mapping[str, str], *, token_in: str
 ) -> tuple[str, dict[str, Any]] | None:
     """Which transport the server uses, and its endpoint fields; ``None`` when that is unclear.
 
@@ -1494,7 +1508,7 @@ def _parse_transport(
     elif transport == "tcp":
         endpoint = _tcp_endpoint(s)
     else:
-        endpoint = _websocket_endpoint(s)
+        endpoint = _websocket_endpoint(s, token_in)
     if endpoint is None or misplaced:
         return None
     return transport, endpoint
@@ -1591,7 +1605,7 @@ def _tcp_endpoint(s: _Section) -> dict[str, Any] | None:
     return {"host": host, "port": port}
 
 
-def _websocket_endpoint(s: _Section) -> dict[str, Any] | None:
+def _websocket_endpoint(s: _Section, token_in_default: str) -> dict[str, Any] | None:
     token = s.string("token", secret=True)
     header = s.string("tokenHeader", "Authorization") or "Authorization"
     if not _HEADER_NAME.fullmatch(header):
@@ -1609,7 +1623,9 @@ def _websocket_endpoint(s: _Section) -> dict[str, Any] | None:
         return None
     if _split_url(s, ("ws", "wss"), need_port=False) is None:
         return None
-    token_in = s.choice("tokenIn", TOKEN_PLACES, "auto", "a place for the token")
+    # Without a token there is nothing to place: such an entry keeps the daemon's default.
+    default = token_in_default if token else "header"
+    token_in = s.choice("tokenIn", TOKEN_PLACES, default, "a place for the token")
     return {"url": s.raw("url"), "token": token, "token_header": header, "token_in": token_in}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import attrs
@@ -30,7 +30,7 @@ from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
-from mcpl_router.mcpl.link import LinkState, ServerLink
+from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.speech_tools import SpeechTools
@@ -41,6 +41,11 @@ from mcpl_router.turn_runner import TurnManager
 SHUTDOWN_GRACE = 5.0
 #: How long the ``daemon/shutdown`` notice may take to reach each host before draining starts.
 SHUTDOWN_NOTICE_TIMEOUT = 1.0
+
+#: The longest a reload's answer waits for the servers to answer their new policies. The
+#: narrowing is host-side before any is sent; a slower server's receipt still arrives (within
+#: its ``requestTimeout``) and the answer names it in ``policyPending``.
+RELOAD_ANSWER_WAIT = 2.0
 
 #: Server keys a live link can take without reconnecting: its tool filters and readiness.
 _LIVE_KEYS = frozenset({"enabled_tools", "disabled_tools", "required"})
@@ -405,48 +410,102 @@ class Daemon:
         async for _ in self._reload_receive:
             await self.reload()
 
+    def _withdraw_if_register_revoked(self, link: ServerLink) -> None:
+        """A reload took ``channels.register`` away: the server's channels go now, as at a link
+        loss (hosts hear ``channels/changed``, typing on them stops), not at its next reconnect."""
+        if link.grant.allows("channels.register"):
+            return
+        removed = self.router.registry.remove_server(link.server_id)
+        if not removed:
+            return
+        self.channel_tools.server_removed(link.server_id)
+        self._log.info("server.channels.withdrawn", server=link.server_id, channels=len(removed), why="channels.register revoked by reload")
+        self._channels_changed(link.server_id, [], removed)
+
     async def reload(self, new_config: RouterConfig | None = None) -> dict[str, Any]:
         """Re-read the config file (or take ``new_config``) and apply what can change live.
 
         Servers added are connected, removed ones disconnected (their channels withdrawn, their
-        typing stopped), changed ones re-granted in place when only their grant policy changed
-        (the narrowing applies at once, host-side, before the server is sent the wider grant),
-        else reconnected. Agents added or changed in the config take effect for new turns.
+        typing stopped), changed ones re-granted in place when only their grant policy changed,
+        else reconnected; a server whose link has failed is reconnected, changed or not. Every
+        narrowing applies at once, host-side, before any server is sent anything (revoking
+        ``channels.register`` withdraws the server's channels); the servers are then sent their
+        new grants concurrently, and what a grant adds applies on that server's receipt. The
+        answer waits for those receipts :data:`RELOAD_ANSWER_WAIT` at most and names the servers
+        still to answer in ``policyPending``. Agents added or changed take effect for new turns.
         ``host``, ``journal``, ``health`` and ``logging`` need a restart: reported, not applied.
-        An invalid file is refused and nothing changes.
+        An invalid file is refused and nothing changes; so is any reload while shutting down.
 
         Returns:
             what was done (also kept as :attr:`last_reload` for ``status``).
         """
+        if self.draining:
+            # Shutting down: a new link or grant now would only be torn down again.
+            return self._reloaded({"outcome": "refused", "errors": ["the daemon is shutting down: reload ignored"]})
         async with self._reload_lock:
             if new_config is None:
                 try:
                     new_config = load_config(self.config.source)
                 except ConfigError as exc:
                     return self._reloaded({"outcome": "refused", "errors": str(exc).splitlines()})
-            plan = plan_reload(self.config, new_config)
+            revive = {server_id for server_id, link in self.links.items() if link.state in (LinkState.FAILED, LinkState.CLOSED)}
+            plan = plan_reload(self.config, new_config, revive=revive)
             try:
                 fresh = {server.id: ServerLink(server, self) for server in plan.to_start(new_config)}
+                # Checked before any is applied, so a bad one refuses the reload whole.
+                for server_id in plan.regranted:
+                    policy_for(new_config.servers[server_id]).validate()
             except Exception as exc:  # a policy the link refuses (config validation should catch it)
                 return self._reloaded({"outcome": "refused", "errors": [f"{self.config.source}: {exc}"]})
+            # Every narrowing first, host-side and without awaiting anything, so no server's
+            # round trip delays another's withdrawal: grants, then agents.
+            to_tell: list[ServerLink] = []
+            for server_id in plan.regranted:
+                link = self.links[server_id]
+                if link.regrant_host_side(new_config.servers[server_id]):
+                    to_tell.append(link)
+                self._withdraw_if_register_revoked(link)
+            for server_id in plan.updated:
+                # The link keeps what it learned (e.g. where its token goes): only config changes.
+                self.links[server_id].config = new_config.servers[server_id]
+            agents_added, agents_changed = self.sessions.configure_agents(new_config.agents)
             for server_id in (*plan.removed, *plan.reconnected):
                 await self._stop_link(server_id)
-            for server_id in plan.updated:
-                self.links[server_id].config = new_config.servers[server_id]
-            for server_id in plan.regranted:
-                await self.links[server_id].regrant(new_config.servers[server_id])
             assert self._serving is not None
+            # The servers are sent their new grants concurrently, each bounded by its own
+            # requestTimeout, in the background: the answer waits RELOAD_ANSWER_WAIT at most.
+            pending: set[str] = set()
+            all_told = trio.Event()
+
+            async def tell(link: ServerLink) -> None:
+                try:
+                    await link.send_policy()
+                except Exception:
+                    # A bug in telling one server must not take the daemon down: its narrowing
+                    # is already in force; log it whole.
+                    self._log.exception("config.reload.policy_crashed", server=link.server_id)
+                finally:
+                    pending.discard(link.server_id)
+                    if not pending:
+                        all_told.set()
+
+            for link in to_tell:
+                pending.add(link.server_id)
+                self._serving.start_soon(tell, link)
+            if not pending:
+                all_told.set()
             for server_id, link in fresh.items():
                 self.links[server_id] = link
                 await self._serving.start(self._run_link, link)
             order = [server.id for server in new_config.enabled_servers()]
             self.links = {server_id: self.links[server_id] for server_id in order if server_id in self.links}
-            agents_added, agents_changed = self.sessions.configure_agents(new_config.agents)
             # What can't change live stays as it was, so status keeps telling the truth.
             self.config = attrs.evolve(
                 new_config, source=self.config.source, host=self.config.host, journal=self.config.journal,
                 health=self.config.health, logging=self.config.logging,
             )
+            with trio.move_on_after(RELOAD_ANSWER_WAIT):
+                await all_told.wait()
             return self._reloaded(
                 {
                     "outcome": "applied",
@@ -455,6 +514,7 @@ class Daemon:
                     "reconnected": list(plan.reconnected),
                     "regranted": list(plan.regranted),
                     "updated": list(plan.updated),
+                    "policyPending": sorted(pending),
                     "agentsAdded": agents_added,
                     "agentsChanged": agents_changed,
                     "restartNeeded": list(plan.restart_needed),
@@ -488,13 +548,21 @@ class ReloadPlan:
         return [config.servers[server_id] for server_id in (*self.reconnected, *self.added)]
 
 
-def plan_reload(old: RouterConfig, new: RouterConfig) -> ReloadPlan:
-    """Compare two configs: which servers to connect, disconnect, reconnect or re-grant."""
+def plan_reload(old: RouterConfig, new: RouterConfig, *, revive: Collection[str] = ()) -> ReloadPlan:
+    """Compare two configs: which servers to connect, disconnect, reconnect or re-grant.
+
+    ``revive``: servers whose link has failed or closed. Each one still configured is
+    reconnected, changed or not: a failed link never retries by itself, and a grant sent to
+    no connection would change nothing (a reload, SIGHUP, is the operator's "try again").
+    """
     before = {server.id: server for server in old.enabled_servers()}
     after = {server.id: server for server in new.enabled_servers()}
     reconnected, regranted, updated = [], [], []
     for server_id, server in after.items():
         previous = before.get(server_id)
+        if previous is not None and server_id in revive:
+            reconnected.append(server_id)
+            continue
         if previous is None or previous == server:
             continue
         changed = {field.name for field in attrs.fields(ServerConfig) if getattr(previous, field.name) != getattr(server, field.name)}

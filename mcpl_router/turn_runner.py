@@ -93,6 +93,7 @@ FINISH_GRACE: Final = 5.0
 TURN_NOT_OPEN: Final = -32050
 WAKE_UNKNOWN: Final = -32051
 CHANNEL_REFUSED: Final = -32052
+DAEMON_DRAINING: Final = -32053
 
 TYPING: Final = "channels.typing"
 PUBLISH: Final = "channels.publish"
@@ -431,6 +432,15 @@ class TurnManager:
         position of every request of the turn (named mode's line); ``subagent`` (or the
         agent spec's ``subagent``) picks the subagent wording.
         """
+        if self._daemon.draining:
+            # Shutdown ends open turns and then stops the links: a turn opened now would start
+            # typing and get no terminal.
+            raise RpcError(
+                DAEMON_DRAINING,
+                "The daemon is shutting down (daemon/shutdown was sent): no new turns. Open the"
+                " turn again once it is back.",
+                {"agent": agent},
+            )
         sessions = self._sessions
         spec = sessions.require_owner(connection, agent)
         facts: list[WakeFact] = []

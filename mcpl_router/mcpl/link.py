@@ -85,8 +85,10 @@ MANIFEST_REFETCH_INTERVAL = 1.0
 #: A connection that stayed ready this long resets the backoff.
 STABLE_AFTER = 10.0
 #: Handshake answers that mean "not with that credential": with ``tokenIn = "auto"`` the next
-#: dial sends the token as ``?token=`` instead (connectome-host's way).
+#: dial sends the token as ``?token=`` instead (connectome-host's way), once.
 _AUTH_REFUSED = (401, 403)
+#: The method whose Request form a server may refuse (-32601) while reading its Notification.
+_POLICY_METHOD = "featureSets/update"
 
 
 #: What :meth:`ServerLink.request_or_notify` returns when the method went as a Notification.
@@ -245,6 +247,18 @@ class ServerLink:
         self._ready_event = trio.Event()
         self._ready_since: float | None = None
         self._epoch_exit = 0
+        # Where a WebSocket token goes. Kept here, not in ``config``: a reload replaces the
+        # config but must not forget what ``tokenIn = "auto"`` learned about this server.
+        self._token_place = "query" if config.token_in == "query" else "header"
+        #: ``auto`` only: the query was tried (after the header was refused), and whether a
+        #: connection with it then came up.
+        self._token_query_tried = False
+        self._token_query_worked = False
+        #: Bumped by every reload that changes this server's policy. A policy answer applies
+        #: only within the policy current when it arrives, and an answer to an older policy
+        #: than the newest one answered is ignored (two reloads' requests may cross).
+        self._policy_generation = 0
+        self._answered_generation = 0
 
     # -- status ------------------------------------------------------------------------------
 
@@ -388,15 +402,36 @@ class ServerLink:
                 self._set_state(LinkState.CLOSED)
 
     def _maybe_token_in_query(self, failure: BaseException) -> None:
-        """After a 401/403 to the header token (``tokenIn = "auto"``), dial with ``?token=``."""
+        """``tokenIn = "auto"`` after a 401/403: the header refused → try ``?token=`` once; the
+        query refused too → back to the header for good, so a server that reads the header (and
+        refuses a rotated token) gets the token in a URL, and so in its access log, once at most.
+        """
         config = self.config
         if config.transport != "websocket" or not config.token or config.token_in != "auto":
             return
-        if getattr(failure, "status_code", getattr(failure, "status", None)) not in _AUTH_REFUSED:
+        status = getattr(failure, "status_code", getattr(failure, "status", None))
+        if status not in _AUTH_REFUSED:
             return
-        self.config = attrs.evolve(config, token_in="query")
-        self.attempts = 0  # not a failure of the server's: the next dial comes at once
-        self._log.info("link.token.query", refused=getattr(failure, "status_code", None), hint='set tokenIn = "query" to start there')
+        if self._token_place == "header" and not self._token_query_tried:
+            self._token_place = "query"
+            self._token_query_tried = True
+            self.attempts = 0  # not a failure of the server's: the next dial comes at once
+            self._log.info("link.token.query", refused=status, hint='set tokenIn = "query" to start there')
+        elif self._token_place == "query" and not self._token_query_worked:
+            self._token_place = "header"
+            self._log.warning(
+                "link.token.refused",
+                refused=status,
+                places=["header", "query"],
+                hint="the server refused the token in the header and in the query: check the token; "
+                'dialling with the header from now on (set tokenIn = "header" or "query" to choose)',
+            )
+
+    def _dial_config(self) -> ServerConfig:
+        """The config to dial with: the token where this link has learned to put it."""
+        if self.config.transport != "websocket" or not self.config.token or self.config.token_in == self._token_place:
+            return self.config
+        return attrs.evolve(self.config, token_in=self._token_place)
 
     def _exited(self) -> str | None:
         """"exited with code N: <its last stderr line>" when this epoch's child has exited."""
@@ -432,7 +467,7 @@ class ServerLink:
             async with trio.open_nursery() as nursery:
                 try:
                     self._epoch_nursery = nursery
-                    transport = await self._open_transport(self.config, nursery)
+                    transport = await self._open_transport(self._dial_config(), nursery)
                     self._endpoint = transport.description
                     peer = Peer(
                         transport.stream,
@@ -453,6 +488,8 @@ class ServerLink:
 
                     await nursery.start(serve)
                     await self._handshake(peer)
+                    if self._token_place == "query":
+                        self._token_query_worked = True  # a later refusal is a rotated token
                     self._ready_since = trio.current_time()
                     self._set_state(LinkState.READY, endpoint=self._endpoint, grant=self.grant.summary())
                     await peer_done.wait()
@@ -502,6 +539,9 @@ class ServerLink:
                 raise _LegacyRefused(f'legacy server refused by config (legacy = "deny"): {legacy_why}')
             manifest = self._map_legacy_vocabulary(manifest)
         self.manifest = manifest
+        # A reload may change the policy while this handshake waits: the generation tells
+        # the answer, and the end of the handshake, that the grant computed here is stale.
+        generation = self._policy_generation
         granted = compute_grant(manifest, self.policy)
         # A legacy server acts right after "initialized" (mcpl-editor even waits for the answer
         # to its channels/register before reading our policy), so its host-side grant must be
@@ -514,9 +554,9 @@ class ServerLink:
         await peer.notify("notifications/initialized")
         try:
             await peer.request(
-                "featureSets/update",
+                _POLICY_METHOD,
                 granted.to_update_params(),
-                on_answer=lambda envelope: self._on_policy_answer(envelope, granted),
+                on_answer=lambda envelope: self._on_policy_answer(envelope, granted, generation),
             )
         except RpcError as error:
             if error.code != METHOD_NOT_FOUND:
@@ -528,8 +568,12 @@ class ServerLink:
                 log = self._log.warning if self.config.legacy == "auto" else self._log.info
                 log("link.legacy", reason="featureSets/update answered -32601", hint='set legacy = "allow" to silence, "deny" to refuse')
             # Servers that take the policy only as a Notification (mcpl-editor, src/mcpl.ts:219)
-            # still learn which feature sets are enabled; the grant stays host-side.
-            await peer.notify("featureSets/update", self.grant.to_update_params())
+            # still learn which feature sets are enabled; the grant stays host-side. A reload
+            # tells them the same way (send_policy).
+            self._notification_only.add(_POLICY_METHOD)
+            if self._policy_generation != generation:
+                self._apply_grant(compute_grant(manifest, self.policy), host_side=True)
+            await peer.notify(_POLICY_METHOD, self.grant.to_update_params())
             self._log.info("link.policy.notified", reason="featureSets/update answered -32601")
             return
         if isinstance(self.receipt, dict) and self.receipt.get("accepted") is False:
@@ -541,16 +585,35 @@ class ServerLink:
                 self._log.warning("link.policy.refused", fallback="mcp-only", receipt=self.receipt)
             else:
                 raise _PolicyRefused(f"the server refused the policy (fallback {fallback!r})")
+            return
+        if self._policy_generation != generation and self._epoch_nursery is not None:
+            # A reload changed the policy while the server held our first one: what it narrowed
+            # is already withdrawn (the answer applied only within the new policy); now send
+            # the server the new grant, so what it adds can take effect on its receipt. In the
+            # background: readiness need not wait another round trip for a grant already safe.
+            self._epoch_nursery.start_soon(self._send_current_policy, peer)
 
-    def _on_policy_answer(self, envelope: Envelope, granted: Grant) -> None:
+    def _within_policy(self, granted: Grant) -> Grant:
+        """``granted`` ∩ what the current policy grants: a grant sent before a reload never
+        brings back what the reload took away."""
+        if self.manifest is None:
+            return granted
+        return narrow_on_manifest_change(granted, self.manifest, self.policy)
+
+    def _on_policy_answer(self, envelope: Envelope, granted: Grant, generation: int) -> None:
         """Runs in the read loop as the receipt arrives, before the server's next message."""
         if envelope.error is not msgspec.UNSET:
             if envelope.error.code == METHOD_NOT_FOUND and self.config.legacy != "deny" and not self.legacy:
                 # A legacy server (e.g. heartbeat-mcpl): the host-side grant applies from its
                 # very next message. "deny" is refused by the link task.
                 self.legacy = True
-                self._apply_grant(attrs.evolve(granted, legacy=True), host_side=True)
+                self._apply_grant(self._within_policy(granted), host_side=True)
             return  # other errors fail the epoch in the link task
+        if generation < self._answered_generation:
+            # The answer to an older policy, after a newer one's: the newer grant stands.
+            self._log.info("link.policy.receipt.stale", generation=generation, answered=self._answered_generation)
+            return
+        self._answered_generation = generation
         try:
             receipt = msgspec.json.decode(envelope.result) if envelope.result is not msgspec.UNSET else None
         except msgspec.DecodeError:
@@ -559,8 +622,8 @@ class ServerLink:
         if isinstance(receipt, dict) and receipt.get("accepted") is False:
             self._log.warning("link.policy.receipt", accepted=False, receipt=receipt)
             return
-        # A receipt never widens the grant: we apply exactly what we sent.
-        self._apply_grant(granted, host_side=False)
+        # A receipt never widens the grant: we apply what we sent, within the current policy.
+        self._apply_grant(self._within_policy(granted), host_side=False)
         if isinstance(receipt, dict) and receipt.get("mode") == "degraded":
             self._log.warning("link.policy.receipt", accepted=True, mode="degraded", unavailable=receipt.get("unavailableFeatures"), notes=receipt.get("notes"))
         else:
@@ -582,35 +645,84 @@ class ServerLink:
             self._log.warning("link.legacy", reason=why, hint='set legacy = "allow" to silence, "deny" to refuse')
         else:
             self._log.info("link.legacy", reason=why)
-        self._apply_grant(attrs.evolve(granted, legacy=True), host_side=True)
+        self._apply_grant(granted, host_side=True)
 
     def _apply_grant(self, grant: Grant, *, host_side: bool) -> None:
-        self.grant = grant
-        self._log.info("link.grant", host_side=host_side, **grant.summary())
+        # ``self.legacy`` is the one answer to "is this server legacy": the grant's flag only
+        # mirrors it, so a policy answer (computed without it) can't flip it back.
+        self.grant = attrs.evolve(grant, legacy=self.legacy)
+        self._log.info("link.grant", host_side=host_side, **self.grant.summary())
 
-    async def regrant(self, config: ServerConfig) -> None:
-        """A reload changed this server's grant policy: apply it to the live connection.
+    def regrant_host_side(self, config: ServerConfig) -> bool:
+        """A reload changed this server's grant policy: withdraw, host-side and at once, what the
+        new policy takes away (narrowing never waits for the server). True when the server is
+        to be sent the new grant now (:meth:`send_policy`).
 
-        What the new policy takes away is withdrawn at once, host-side, before anything is sent
-        (narrowing never waits); the server is then sent the new grant, and what it adds takes
-        effect when its receipt arrives, as at connect. Not connected: the next epoch uses it.
+        Ready: what the new policy adds takes effect when the server's receipt arrives, as at
+        connect (a legacy server acts without its policy: all of it applies host-side now).
+        Mid-handshake: the handshake's policy answer applies only within the new policy, and the
+        handshake then sends the new grant itself. Not connected: the next epoch computes it.
         """
         self.config = config
         self.policy = policy_for(config)
         self.policy.validate()
+        self._policy_generation += 1
+        if self._peer is None or self.manifest is None:
+            self._log.info("link.regrant", state=self.state.value, sent=False, hint="the next connection uses the new policy")
+            return False
+        old = self.grant
+        wanted = compute_grant(self.manifest, self.policy)
+        if self.legacy:
+            self._apply_grant(wanted, host_side=True)
+        else:
+            self._apply_grant(narrow_on_manifest_change(old, self.manifest, self.policy), host_side=True)
+        ready = self.state is LinkState.READY
+        self._log.info(
+            "link.regrant",
+            state=self.state.value,
+            revoked=sorted(old.effective - self.grant.effective),
+            added=sorted(wanted.effective - old.effective),
+            sent=ready,
+        )
+        return ready
+
+    async def send_policy(self) -> None:
+        """Send the server the grant its current policy gives (after :meth:`regrant_host_side`).
+
+        Bounded by ``requestTimeout``; a failure is logged and leaves the narrowed grant.
+        """
         peer = self._peer
         if peer is None or self.manifest is None or self.state is not LinkState.READY:
             return
-        old = self.grant
-        wanted = compute_grant(self.manifest, self.policy, legacy=old.legacy)
-        self.grant = narrow_on_manifest_change(old, self.manifest, self.policy)
-        self._log.info("link.regrant", revoked=sorted(old.effective - wanted.effective), added=sorted(wanted.effective - old.effective))
-        if old.legacy:
-            self._apply_grant(wanted, host_side=True)  # a legacy server has no policy to receive
-            return
+        await self._send_current_policy(peer)
+
+    async def regrant(self, config: ServerConfig) -> None:
+        """:meth:`regrant_host_side`, then :meth:`send_policy` when the server is to be told."""
+        if self.regrant_host_side(config):
+            await self.send_policy()
+
+    async def _send_current_policy(self, peer: Peer) -> None:
+        assert self.manifest is not None
+        generation = self._policy_generation
+        wanted = compute_grant(self.manifest, self.policy)
         try:
-            await peer.request("featureSets/update", wanted.to_update_params(), on_answer=lambda envelope: self._on_policy_answer(envelope, wanted))
-        except (RpcError, RequestTimeout, PeerClosed) as exc:
+            if _POLICY_METHOD not in self._notification_only:
+                try:
+                    await peer.request(
+                        _POLICY_METHOD,
+                        wanted.to_update_params(),
+                        on_answer=lambda envelope: self._on_policy_answer(envelope, wanted, generation),
+                    )
+                    return
+                except RpcError as error:
+                    if error.code != METHOD_NOT_FOUND:
+                        raise
+                    self._notification_only.add(_POLICY_METHOD)
+            # As at connect: a server that reads only the Notification (mcpl-editor) is told
+            # which feature sets are enabled that way; its grant is host-side.
+            await peer.notify(_POLICY_METHOD, self.grant.to_update_params())
+            self._log.info("link.policy.notified", generation=generation)
+        except (RpcError, RequestTimeout, PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._log.warning("link.regrant.failed", error=str(exc))
 
     # -- inbound -----------------------------------------------------------------------------
@@ -695,14 +807,19 @@ class ServerLink:
         old_grant = self.grant
         new_grant = narrow_on_manifest_change(old_grant, new_manifest, self.policy)
         # Removals first, host-side, before telling the server: narrowing never waits.
-        self.grant = attrs.evolve(new_grant, legacy=old_grant.legacy)
+        self.grant = attrs.evolve(new_grant, legacy=self.legacy)
         self.manifest = new_manifest
         sent = False
-        if new_grant.effective != old_grant.effective and not self.legacy:
+        if new_grant.effective != old_grant.effective:
+            # Told the way it learned its policy at connect, as a reload tells it: a Request, or
+            # the Notification for a server that takes only that (mcpl-editor).
             try:
-                await peer.request("featureSets/update", new_grant.to_update_params())
+                if _POLICY_METHOD in self._notification_only:
+                    await peer.notify(_POLICY_METHOD, self.grant.to_update_params())
+                else:
+                    await peer.request(_POLICY_METHOD, new_grant.to_update_params())
                 sent = True
-            except (RpcError, RequestTimeout, PeerClosed) as exc:
+            except (RpcError, RequestTimeout, PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._log.warning("link.manifest.policy_update_failed", error=str(exc))
         self._log.info(
             "link.manifest.changed",

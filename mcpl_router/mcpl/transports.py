@@ -197,9 +197,11 @@ async def _dial_websocket(config: ServerConfig, nursery: trio.Nursery, max_messa
     """Dial with the token in the header, or as ``?token=`` when ``tokenIn = "query"``.
 
     connectome-host sends a WebSocket server's token as ``?token=`` and the servers written for
-    it read it there. With ``tokenIn = "auto"`` the link starts with the header and switches to
-    the query after a 401/403 (see ``ServerLink``), so a server that reads the header never gets
-    the token in a URL (its access logs).
+    it read it there (``query`` is the default only in its mcpl-servers.json). With ``tokenIn =
+    "header"`` (the default) the token is never in a URL. With ``"auto"`` the link passes the
+    place it learned (see ``ServerLink``): the header, after a 401/403 the query once, and the
+    header again for good if that is refused too, so a server that reads the header gets the
+    token in a URL (its access logs) at most once.
     """
     place = "query" if config.token_in == "query" else "header"
     return await _dial_websocket_once(config, nursery, max_message_bytes, token_place=place if config.token else None)

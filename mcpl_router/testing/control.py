@@ -253,11 +253,16 @@ class FixtureControl:
         tools: Sequence[Mapping[str, Any]] | None = None,
         receipt: Mapping[str, Any] | None = None,
         tool_call: Mapping[str, Any] | None = None,
+        policy_delay_ms: int | None = None,
     ) -> None:
-        """Set how the fixture answers publishes, hooks, tool listings and calls, and the policy."""
+        """Set how the fixture answers publishes, hooks, tool listings and calls, and the policy
+        (``policy_delay_ms``: how long each ``featureSets/update`` Request waits for its answer)."""
         await self.call(
             "configure",
-            **_given(publish=publish, beforeInference=before_inference, tools=tools, receipt=receipt, toolCall=tool_call),
+            **_given(
+                publish=publish, beforeInference=before_inference, tools=tools, receipt=receipt, toolCall=tool_call,
+                policyDelayMs=policy_delay_ms,
+            ),
         )
 
     async def recorded(self, method: str | None = None, *, epoch: int | None = None) -> list[dict[str, Any]]:

@@ -407,6 +407,9 @@ class _Behaviour:
     #: How ``tools/call`` answers: ``delayMs`` before answering (a connector-call deadline test).
     tool_call: dict[str, Any] = attrs.field(factory=dict)
     receipt: dict[str, Any] | None = None
+    #: Milliseconds to hold each ``featureSets/update`` Request before answering it (a host that
+    #: widened before the receipt, or narrowed only after it, shows in that window).
+    policy_delay_ms: int = 0
 
 
 @attrs.define(eq=False)
@@ -818,6 +821,9 @@ class _HostSession:
             self.grant = params
             self.log.info("fixture.policy.notified", enabled=params.get("enabled"), disabled=params.get("disabled"))
             return None
+        delay_ms = self.server.behaviour.policy_delay_ms
+        if delay_ms:
+            await trio.sleep(delay_ms / 1000)
         self.grant = params
         receipt = self.server.behaviour.receipt or self._receipt(params)
         self.receipt = receipt
@@ -1283,6 +1289,8 @@ class _ControlSession:
             behaviour.tool_call = {**behaviour.tool_call, **params["toolCall"]}
         if "receipt" in params:
             behaviour.receipt = params["receipt"]
+        if isinstance(params.get("policyDelayMs"), int):
+            behaviour.policy_delay_ms = params["policyDelayMs"]
         return {}
 
     async def _recorded(self, params: dict[str, Any], _inbound: Inbound) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from mcpl_router.config import parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
-from .conftest import FAST_RECONNECT, stdio_server, wait_channel, wait_ready
+from .conftest import FAST_RECONNECT, control_of, stdio_server, wait_channel, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -203,14 +203,33 @@ async def test_reload_in_process_narrows_a_grant_and_refuses_a_bad_config(short_
                 assert daemon.links["s"] is link and link.epoch == 1  # the same connection
                 assert not link.grant.allows("channels.typing") and link.grant.allows("channels.publish")
                 # Widening back waits for the server's receipt, then applies; an agent is added.
-                write_agents = {"s": server}
-                write(write_agents)
-                data = json.loads(config_file.read_text())
-                data["agents"] = {"kai": {"proseRouting": "named"}}
-                config_file.write_text(json.dumps(data))
-                widened = await daemon.reload()
+                # The server holds its answer, so a widening applied before it would show.
+                async with control_of(control) as fixture:
+                    await fixture.configure(policy_delay_ms=1500)
+                    sent = len(await fixture.recorded("featureSets/update"))
+                    write_agents = {"s": server}
+                    write(write_agents)
+                    data = json.loads(config_file.read_text())
+                    data["agents"] = {"kai": {"proseRouting": "named"}}
+                    config_file.write_text(json.dumps(data))
+                    async with trio.open_nursery() as reloading:
+                        widening: list[dict[str, Any]] = []
+
+                        async def widen() -> None:
+                            widening.append(await daemon.reload())
+
+                        reloading.start_soon(widen)
+
+                        async def received() -> bool:
+                            return len(await fixture.recorded("featureSets/update")) > sent
+
+                        await wait_until(received, timeout=10, interval=0.05)
+                        assert not link.grant.allows("channels.typing")  # sent, not yet answered
+                    widened = widening[0]
+                    await fixture.configure(policy_delay_ms=0)
                 assert widened["regranted"] == ["s"] and widened["agentsAdded"] == ["kai"]
-                assert link.grant.allows("channels.typing") and link.epoch == 1
+                await wait_until(lambda: link.grant.allows("channels.typing"), timeout=10)
+                assert link.epoch == 1
                 assert daemon.sessions.agent("kai").prose_routing == "named"
                 config_file.write_text("{ not json")
                 refused = await daemon.reload()

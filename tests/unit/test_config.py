@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from mcpl_router.config import (
@@ -103,8 +104,13 @@ def test_toml_and_json_say_the_same_thing(tmp_path: Path) -> None:
     (tmp_path / "j").mkdir()
     from_toml = load_toml(tmp_path / "t", TOML_CONFIG)
     from_json = load_json(tmp_path / "j", JSON_CONFIG)
+    # One intended difference: a .json file holding only mcplServers is connectome-host's
+    # mcpl-servers.json, whose servers read the token as ?token= (tokenIn's default there).
+    assert from_toml.servers["editor"].token_in == "header"
+    assert from_json.servers["editor"].token_in == "query"
+    from_json_servers = {**from_json.servers, "editor": attrs.evolve(from_json.servers["editor"], token_in="header")}
     assert {k: v.redacted() for k, v in from_toml.servers.items()} == {
-        k: v.redacted() for k, v in from_json.servers.items()
+        k: v.redacted() for k, v in from_json_servers.items()
     }
     assert list(from_json.servers) == ["discord", "editor"]
     discord = from_json.servers["discord"]
@@ -975,7 +981,7 @@ def test_protocol_legacy_is_what_the_daemon_speaks_and_modern_is_refused() -> No
     assert "does not apply to a websocket server" in str(server_error({"url": "ws://127.0.0.1:1/mcpl", "protocol": "legacy"}))
 
 
-@pytest.mark.parametrize(("written", "place"), [(None, "auto"), ("header", "header"), ("query", "query")])
+@pytest.mark.parametrize(("written", "place"), [(None, "header"), ("auto", "auto"), ("header", "header"), ("query", "query")])
 def test_token_in(written: str | None, place: str) -> None:
     entry: dict[str, Any] = {"url": "ws://127.0.0.1:1/mcpl", "token": "t"}
     if written is not None:
