@@ -415,6 +415,9 @@ def _reload_summary(reload: Any) -> str:
     ]
     if reload.get("restartNeeded"):
         parts.append(f"needs a restart to apply: {', '.join(reload['restartNeeded'])}")
+    if reload.get("policyPending"):
+        # Narrowed host-side already; these servers are still being told their new grant.
+        parts.append(f"policy still being sent to: {', '.join(reload['policyPending'])}")
     return "applied: " + ("; ".join(parts) if parts else "nothing changed")
 
 
