@@ -9,7 +9,8 @@ messages over the time from the first send to the last wake; its CPU cost is mes
 CPU-second of its own process. Sides, interleaved and repeated:
 - the **forwarder** (bench/forwarder.py): answers ``accepted`` and forwards one wake per message;
 - the **daemon** with its journal pre-filled with 0, 50,000 and 200,000 acked rows;
-- the daemon with the journal's fsync off (``synchronous=OFF``): the journal's share.
+- the daemon with the journal's fsync off (``synchronous=OFF``): the journal's share;
+- with ``--journal-rounds N``: an empty and a 200,000-row journal alone, alternating N rounds.
 
 **Latency.** One server paced open-loop at 200, 500, 1,000 and 2,000 msgs/s for ``--seconds``
 each; the host measures each wake's delay from the message's send time (CLOCK_MONOTONIC, shared
@@ -103,6 +104,28 @@ async def throughput(workdir: Path, servers: int, messages: int, rounds: int) ->
     }
 
 
+async def journal_sizes(workdir: Path, servers: int, messages: int, rounds: int) -> dict[str, Any]:
+    """An empty journal against one of 200,000 rows, alternating, ``rounds`` times: the cost of
+    history alone, with the noise of the other sides out of the way."""
+    rates: dict[int, list[float]] = {0: [], 200_000: []}
+    cpu: dict[int, list[float]] = {0: [], 200_000: []}
+    for round_ in range(rounds):
+        for rows in (0, 200_000) if round_ % 2 == 0 else (200_000, 0):
+            tag = f"j{round_}-{rows}"
+            async with fixtures_running(workdir, servers) as fixtures, daemon_running(workdir, _servers(fixtures), tag=tag, rows=rows) as (proc, socket):
+                measured = await _drive(socket, proc.pid, fixtures, messages, tag)
+            rates[rows].append(measured["rate"])
+            cpu[rows].append(measured["per_cpu_second"])
+        print(f"  journal round {round_ + 1}: empty {rates[0][-1]:,.0f}/s, 200,000 rows {rates[200_000][-1]:,.0f}/s", flush=True)
+    return {
+        "rounds": rounds,
+        "empty_msgs_per_s": median(rates[0]),
+        "full_msgs_per_s": median(rates[200_000]),
+        "rate_ratio": median([f / e for e, f in zip(rates[0], rates[200_000], strict=True)]),
+        "cpu_ratio": median([f / e for e, f in zip(cpu[0], cpu[200_000], strict=True)]),
+    }
+
+
 async def latency(workdir: Path, rates: tuple[int, ...], seconds: float) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for rate in rates:
@@ -143,6 +166,9 @@ async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="mr-bench-", dir="/tmp") as tmp:
         figures = await throughput(Path(tmp), args.servers, args.messages, args.rounds)
         print_throughput(figures, args.servers, args.messages)
+        if args.journal_rounds:
+            sizes = await journal_sizes(Path(tmp), args.servers, args.messages, args.journal_rounds)
+            print(f"\n200,000-row journal ÷ empty, {sizes['rounds']} alternating rounds: {sizes['rate_ratio']:.3f} (msgs/s), {sizes['cpu_ratio']:.3f} (msgs per CPU-second)")
         if args.latency:
             print_latency(await latency(Path(tmp), (200, 500, 1000, 2000), args.seconds))
 
@@ -153,6 +179,7 @@ if __name__ == "__main__":
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latency", action="store_true", help="also measure latency under offered load")
+    parser.add_argument("--journal-rounds", type=int, default=0, help="also compare an empty and a 200,000-row journal, alternating, this many rounds")
     parser.add_argument("--seconds", type=float, default=3.0)
     configure_logging("error", json=True)
     trio.run(main, parser.parse_args())
