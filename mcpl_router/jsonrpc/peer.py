@@ -263,6 +263,8 @@ class Peer:
         self._lanes: dict[Hashable, _Lane] = {}
         self._queued = 0
         self._queued_bytes = 0
+        # Messages being handled right now (in lanes or their own tasks).
+        self._handling = 0
         self._inbound_room = trio.Event()
         self._writer_done = False
         self._lane_slots = trio.Semaphore(self.limits.max_lanes)
@@ -335,7 +337,7 @@ class Peer:
 
     async def _wait_quiet(self) -> None:
         """Until no handler is running or queued and the outbox is empty."""
-        while not self._closed and (self._lanes or self._outbox or self._writing_bytes or self._busy_tasks()):
+        while not self._closed and (self._queued or self._handling or self._outbox or self._writing_bytes or self._busy_tasks()):
             # A short poll, only at EOF and bounded by the caller: simpler than an event per kind.
             await trio.sleep(0.005)
 
@@ -680,6 +682,13 @@ class Peer:
 
     async def _handle(self, inbound: Inbound) -> None:
         self._counts["inbound_handled"] += 1
+        self._handling += 1
+        try:
+            await self._handle_one(inbound)
+        finally:
+            self._handling -= 1
+
+    async def _handle_one(self, inbound: Inbound) -> None:
         try:
             result = await self._handler(inbound)
         except Exception as exc:
