@@ -18,7 +18,8 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
-# Implementation-defined server error: the inbound queue of a peer is full (see Peer docs).
+# Implementation-defined server error, reserved: a full queue is backpressure now, never this
+# refusal (docs/errors.md), but the code stays taken so no other meaning can reuse it.
 OVERLOADED = -32000
 
 RequestId = int | str
