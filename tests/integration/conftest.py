@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from mcpl_router.client import RouterClient
-from mcpl_router.config import parse_config
+from mcpl_router.config import RouterConfig, parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, FixtureProcess, fixture_command, wait_until
 
@@ -47,10 +47,11 @@ def dialled_server(fixture: FixtureProcess, **options: Any) -> dict[str, Any]:
     return entry
 
 
-@asynccontextmanager
-async def running_daemon(
+def daemon_config(
     workdir: Path, servers: dict[str, dict[str, Any]], *, unix_socket: bool = False, host: dict[str, Any] | None = None
-) -> AsyncIterator[Daemon]:
+) -> RouterConfig:
+    """A daemon config for an in-process daemon: ``servers``, the journal in ``workdir``, the host
+    Unix socket in ``workdir/run`` when ``unix_socket``, no WebSocket unless ``host`` says so."""
     data = {
         "mcplServers": servers,
         "host": {
@@ -60,7 +61,12 @@ async def running_daemon(
         },
         "journal": {"path": str(workdir / "journal.sqlite3")},
     }
-    config = parse_config(data, source="<test>", base_dir=workdir)
+    return parse_config(data, source="<test>", base_dir=workdir)
+
+
+@asynccontextmanager
+async def daemon_running(config: RouterConfig) -> AsyncIterator[Daemon]:
+    """``config``'s daemon in this test's trio run, started and, at the end, shut down."""
     daemon = Daemon(config)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.run)
@@ -68,6 +74,14 @@ async def running_daemon(
             yield daemon
         finally:
             daemon.request_shutdown()
+
+
+@asynccontextmanager
+async def running_daemon(
+    workdir: Path, servers: dict[str, dict[str, Any]], *, unix_socket: bool = False, host: dict[str, Any] | None = None
+) -> AsyncIterator[Daemon]:
+    async with daemon_running(daemon_config(workdir, servers, unix_socket=unix_socket, host=host)) as daemon:
+        yield daemon
 
 
 async def wait_ready(daemon: Daemon, server_id: str, *, epoch: int = 1, timeout: float = 15) -> None:

@@ -9,8 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,8 @@ from mcpl_router.daemon import Daemon
 from mcpl_router.hosts.auth import HostAuthError
 from mcpl_router.hosts.listener import SocketSetupError
 
+from .conftest import daemon_running
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,21 +37,10 @@ def config_for(workdir: Path, host: dict[str, Any]) -> RouterConfig:
     return parse_config(data, source="<test>", base_dir=workdir)
 
 
-@asynccontextmanager
-async def running(config: RouterConfig) -> AsyncIterator[Daemon]:
-    daemon = Daemon(config)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(daemon.run)
-        try:
-            yield daemon
-        finally:
-            daemon.request_shutdown()
-
-
 async def test_wrong_and_missing_token_are_refused_and_never_logged(short_tmp: Path) -> None:
     config = config_for(short_tmp, {"unixSocket": False, "websocket": {"port": 0}, "token": TOKEN})
     with trio.fail_after(20), capture_logs() as logs:
-        async with running(config) as daemon:
+        async with daemon_running(config) as daemon:
             url = daemon.host_websocket_url
             assert url is not None and url.startswith("ws://127.0.0.1:")
             for offered in ("wrong-token", None):
@@ -75,7 +64,7 @@ async def test_token_generated_into_a_private_file(short_tmp: Path) -> None:
     token_file = short_tmp / "secrets" / "host-token"
     config = config_for(short_tmp, {"unixSocket": False, "websocket": {"port": 0}, "tokenFile": str(token_file)})
     with trio.fail_after(20), capture_logs() as logs:
-        async with running(config) as daemon:
+        async with daemon_running(config) as daemon:
             assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
             assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
             token = token_file.read_text().strip()
@@ -84,7 +73,7 @@ async def test_token_generated_into_a_private_file(short_tmp: Path) -> None:
             async with RouterClient.connect_websocket(daemon.host_websocket_url, token, timeout=5) as client:
                 await client.call("status")
         # The next start reads the same token back.
-        async with running(config):
+        async with daemon_running(config):
             assert token_file.read_text().strip() == token
     assert token not in repr(logs)
 

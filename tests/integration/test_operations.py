@@ -173,7 +173,6 @@ async def test_reload_in_process_narrows_a_grant_and_refuses_a_bad_config(short_
     control = short_tmp / "c.json"
     server = stdio_server(control, channels=("general",))
     config_file = short_tmp / "router.json"
-    import json
 
     def write(servers: dict[str, Any]) -> None:
         config_file.write_text(

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +19,17 @@ import pytest
 import trio
 
 from mcpl_router.client import RouterClient
-from mcpl_router.config import RouterConfig, parse_config
-from mcpl_router.daemon import RELOAD_ANSWER_WAIT, Daemon
+from mcpl_router.daemon import RELOAD_ANSWER_WAIT
 from mcpl_router.jsonrpc import RpcError
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
-from .conftest import FAST_RECONNECT, dialled_server, wait_channel, wait_ready
+from .conftest import FAST_RECONNECT, daemon_running, dialled_server, daemon_config, wait_channel, wait_ready
 
 pytestmark = pytest.mark.integration
 
 #: How long a slow fixture holds each featureSets/update Request before answering it.
 SLOW_POLICY_MS = 3000
-
-
-def _config(workdir: Path, servers: dict[str, Any], *, unix_socket: bool = False) -> RouterConfig:
-    data = {
-        "mcplServers": servers,
-        "host": {"unixSocket": str(workdir / "run" / "host.sock") if unix_socket else False, "websocket": {"enabled": False}},
-        "journal": {"path": str(workdir / "journal.sqlite3")},
-    }
-    return parse_config(data, source="<test>", base_dir=workdir)
-
-
-@asynccontextmanager
-async def _daemon(config: RouterConfig) -> AsyncIterator[Daemon]:
-    daemon = Daemon(config)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(daemon.run)
-        try:
-            yield daemon
-        finally:
-            daemon.request_shutdown()
 
 
 async def _policies(fixture: FixtureProcess) -> list[list[str]]:
@@ -68,12 +45,12 @@ async def test_a_narrowing_during_the_handshake_holds_for_the_whole_connection(s
         async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as fixture:
             await fixture.configure(policy_delay_ms=SLOW_POLICY_MS)
             entry = dialled_server(fixture)
-            async with _daemon(_config(short_tmp, {"s": entry})) as daemon:
+            async with daemon_running(daemon_config(short_tmp, {"s": entry})) as daemon:
                 link = daemon.links["s"]
                 # The server holds the policy answer: the reload lands inside the handshake.
                 await wait_until(_recorded_policy(fixture), timeout=15, interval=0.05)
                 assert link.state.value == "connecting"
-                result = await daemon.reload(_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.publish"]}}))
+                result = await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.publish"]}}))
                 assert result["outcome"] == "applied" and result["regranted"] == ["s"]
                 assert not link.grant.allows("channels.publish")  # host-side at once
                 await wait_ready(daemon, "s", timeout=20)
@@ -112,7 +89,7 @@ async def test_a_reload_narrows_every_server_before_waiting_on_any(short_tmp: Pa
             FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, server_name="b") as b,
         ):
             entries = {"a": dialled_server(a), "b": dialled_server(b)}
-            async with _daemon(_config(short_tmp, entries)) as daemon:
+            async with daemon_running(daemon_config(short_tmp, entries)) as daemon:
                 await wait_ready(daemon, "a", timeout=20)
                 await wait_ready(daemon, "b", timeout=20)
                 for fixture in (a, b):
@@ -122,7 +99,7 @@ async def test_a_reload_narrows_every_server_before_waiting_on_any(short_tmp: Pa
                 results: list[dict[str, Any]] = []
 
                 async def reload() -> None:
-                    results.append(await daemon.reload(_config(short_tmp, narrowed)))
+                    results.append(await daemon.reload(daemon_config(short_tmp, narrowed)))
                     done.set()
 
                 async with trio.open_nursery() as nursery:
@@ -162,11 +139,11 @@ async def test_a_reload_revives_a_failed_server(short_tmp: Path) -> None:
         port = probe.getsockname()[1]
     entry = {"url": f"tcp://127.0.0.1:{port}", "reconnect": {**FAST_RECONNECT, "maxAttempts": 1}}
     with trio.fail_after(60):
-        async with _daemon(_config(short_tmp, {"s": entry})) as daemon:
+        async with daemon_running(daemon_config(short_tmp, {"s": entry})) as daemon:
             await wait_until(lambda: daemon.links["s"].state.value == "failed", timeout=15)
             async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, port=port):
                 # A grant-only change to a failed server reconnects it (nothing to re-grant).
-                result = await daemon.reload(_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.typing"]}}))
+                result = await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.typing"]}}))
                 assert result["reconnected"] == ["s"] and result["regranted"] == []
                 await wait_until(lambda: daemon.links["s"].state.value == "ready", timeout=15)
                 assert not daemon.links["s"].grant.allows("channels.typing")
@@ -185,13 +162,13 @@ async def test_a_notification_only_server_is_told_its_new_grant(short_tmp: Path)
     with trio.fail_after(60):
         async with FixtureProcess.start(transport="ws", personality="editor", channels=["editor:chat"], control_dir=short_tmp, grace=1) as fixture:
             entry = dialled_server(fixture)
-            async with _daemon(_config(short_tmp, {"s": entry})) as daemon:
+            async with daemon_running(daemon_config(short_tmp, {"s": entry})) as daemon:
                 await wait_ready(daemon, "s")
                 await wait_channel(daemon, "s", "editor:chat")
                 link = daemon.links["s"]
                 assert link.legacy and link.grant.legacy  # one answer to "is it legacy"
                 before = await fixture.recorded("featureSets/update")
-                result = await daemon.reload(_config(short_tmp, {"s": {**entry, "disabledFeatureSets": ["editor.chat"]}}))
+                result = await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "disabledFeatureSets": ["editor.chat"]}}))
                 assert result["regranted"] == ["s"] and link.epoch == 1
                 assert "editor.chat" not in link.grant.enabled_feature_sets and link.grant.legacy
 
@@ -208,7 +185,7 @@ async def test_a_notification_only_server_is_told_a_manifest_changes_narrowing_t
     """The manifest-change path tells it the way the reload path does (one "legacy" answer)."""
     with trio.fail_after(60):
         async with FixtureProcess.start(transport="ws", personality="editor", channels=["editor:chat"], control_dir=short_tmp, grace=1) as fixture:
-            async with _daemon(_config(short_tmp, {"s": dialled_server(fixture)})) as daemon:
+            async with daemon_running(daemon_config(short_tmp, {"s": dialled_server(fixture)})) as daemon:
                 await wait_ready(daemon, "s")
                 await wait_channel(daemon, "s", "editor:chat")
                 link = daemon.links["s"]
@@ -233,13 +210,13 @@ async def test_a_legacy_servers_grant_and_link_agree_after_the_policy_answer(sho
     with trio.fail_after(60):
         async with FixtureProcess.start(transport="tcp", personality="discord", channels=["general"], control_dir=short_tmp, grace=0) as fixture:
             entry = dialled_server(fixture, legacy="allow")
-            async with _daemon(_config(short_tmp, {"s": entry})) as daemon:
+            async with daemon_running(daemon_config(short_tmp, {"s": entry})) as daemon:
                 await wait_ready(daemon, "s")
                 link = daemon.links["s"]
                 await wait_until(lambda: link.receipt is not None, timeout=10)
                 assert link.legacy and link.grant.legacy
                 before = len(await fixture.recorded("featureSets/update"))
-                await daemon.reload(_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.typing"]}}))
+                await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.typing"]}}))
                 assert not link.grant.allows("channels.typing") and link.grant.legacy
                 # It takes the policy as a Request, so it is sent one.
                 recorded = await wait_until(_policy_count(fixture, before + 1), timeout=10, interval=0.1)
@@ -253,7 +230,7 @@ async def test_no_turn_opens_and_no_reload_applies_while_draining(short_tmp: Pat
     with trio.fail_after(60):
         async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as fixture:
             entry = dialled_server(fixture)
-            async with _daemon(_config(short_tmp, {"s": entry}, unix_socket=True)) as daemon:
+            async with daemon_running(daemon_config(short_tmp, {"s": entry}, unix_socket=True)) as daemon:
                 await wait_ready(daemon, "s")
                 await wait_channel(daemon, "s", "general")
                 assert daemon.host_socket_path is not None
@@ -267,7 +244,7 @@ async def test_no_turn_opens_and_no_reload_applies_while_draining(short_tmp: Pat
                     assert daemon.turns.open_turns() == []
                     typing = [e for e in await fixture.recorded() if e["method"] == "channels/typing"]
                     assert typing == []
-                    result = await daemon.reload(_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.typing"]}}))
+                    result = await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.typing"]}}))
                     assert result["outcome"] == "refused" and "shutting down" in result["errors"][0]
                     assert daemon.links["s"].grant.allows("channels.typing")
                     daemon.draining = False
@@ -280,12 +257,12 @@ async def test_revoking_channels_register_withdraws_the_servers_channels(short_t
     with trio.fail_after(60):
         async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as fixture:
             entry = dialled_server(fixture)
-            async with _daemon(_config(short_tmp, {"s": entry})) as daemon:
+            async with daemon_running(daemon_config(short_tmp, {"s": entry})) as daemon:
                 changes: list[dict[str, Any]] = []
                 daemon.observers.append(lambda event, fields: changes.append(fields) if event == "channels/changed" else None)
                 await wait_ready(daemon, "s")
                 await wait_channel(daemon, "s", "general")
-                result = await daemon.reload(_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.register"]}}))
+                result = await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "disabledCapabilities": ["channels.register"]}}))
                 assert result["regranted"] == ["s"] and daemon.links["s"].epoch == 1
                 assert not daemon.router.registry.is_registered(ChannelRef("s", "general"))
                 assert daemon.router.registry.channels_for("s") == [] or not daemon.router.registry.channels_for("s")

@@ -5,8 +5,6 @@ learned survives a reload. The config side is in tests/unit/test_token_in.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +13,11 @@ import trio
 import trio_websocket
 from structlog.testing import capture_logs
 
-from mcpl_router.config import RouterConfig, parse_config
-from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
-from .conftest import dialled_server
+from .conftest import daemon_running, dialled_server, daemon_config
 
 pytestmark = pytest.mark.integration
-
-
-def _config(workdir: Path, servers: dict[str, Any]) -> RouterConfig:
-    data = {
-        "mcplServers": servers,
-        "host": {"unixSocket": False, "websocket": {"enabled": False}},
-        "journal": {"path": str(workdir / "journal.sqlite3")},
-    }
-    return parse_config(data, source="<test>", base_dir=workdir)
-
-
-@asynccontextmanager
-async def _daemon(config: RouterConfig) -> AsyncIterator[Daemon]:
-    daemon = Daemon(config)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(daemon.run)
-        try:
-            yield daemon
-        finally:
-            daemon.request_shutdown()
-
 
 
 async def test_a_header_server_never_sees_the_token_in_a_url(short_tmp: Path) -> None:
@@ -60,12 +35,12 @@ async def test_a_header_server_never_sees_the_token_in_a_url(short_tmp: Path) ->
             server = await nursery.start(trio_websocket.serve_websocket, refuse, "127.0.0.1", 0, None)
             url = f"ws://127.0.0.1:{server.port}/mcpl"
             entry = {"url": url, "token": "rotated-SECRET", "reconnect": reconnect}
-            async with _daemon(_config(short_tmp, {"s": entry})):
+            async with daemon_running(daemon_config(short_tmp, {"s": entry})):
                 await wait_until(lambda: len(targets) >= 4, timeout=10, interval=0.02)
             assert not any("SECRET" in target for target in targets), targets
             targets.clear()
             with capture_logs() as logs:
-                async with _daemon(_config(short_tmp, {"s": {**entry, "tokenIn": "auto"}})):
+                async with daemon_running(daemon_config(short_tmp, {"s": {**entry, "tokenIn": "auto"}})):
                     await wait_until(lambda: len(targets) >= 5, timeout=10, interval=0.02)
             assert [("SECRET" in target) for target in targets[:3]] == [False, True, False], targets
             assert not any("SECRET" in target for target in targets[2:]), targets
@@ -79,12 +54,12 @@ async def test_a_learned_token_place_survives_a_reload(short_tmp: Path) -> None:
     with trio.fail_after(60):
         async with FixtureProcess.start(transport="ws", channels=["general"], control_dir=short_tmp, token="tok", token_in="query") as fixture:
             entry = dialled_server(fixture, token="tok", tokenIn="auto")
-            async with _daemon(_config(short_tmp, {"s": entry})) as daemon:
+            async with daemon_running(daemon_config(short_tmp, {"s": entry})) as daemon:
                 link = daemon.links["s"]
                 await wait_until(lambda: link.state.value == "ready", timeout=20)
-                result = await daemon.reload(_config(short_tmp, {"s": {**entry, "required": True}}))
+                result = await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "required": True}}))
                 assert result["updated"] == ["s"]
-                result = await daemon.reload(_config(short_tmp, {"s": {**entry, "required": True, "disabledCapabilities": ["channels.typing"]}}))
+                result = await daemon.reload(daemon_config(short_tmp, {"s": {**entry, "required": True, "disabledCapabilities": ["channels.typing"]}}))
                 assert result["regranted"] == ["s"]
                 epoch = link.epoch
                 await fixture.disconnect()

@@ -342,14 +342,16 @@ async def test_one_slow_lane_does_not_hold_another(nursery: trio.Nursery) -> Non
 async def test_a_slow_reader_that_keeps_reading_is_never_taken_for_a_stalled_one(nursery: trio.Nursery) -> None:
     """The stall timeout measures progress: a big message to a slow but steady reader goes out."""
     left, right = trio.testing.lockstep_stream_pair()
-    peer = Peer(NdjsonStream(left, left), make_table(), limits=PeerLimits(stall_timeout=0.3))
+    # Each 64 KiB piece takes ~0.16 s at this reader's pace, the whole message ~1.5 s: a stall
+    # deadline on the whole write (the old behaviour) trips, one on progress never does.
+    peer = Peer(NdjsonStream(left, left), make_table(), limits=PeerLimits(stall_timeout=1.0))
     await nursery.start(peer.run)
     received = bytearray()
 
     async def slow_reader() -> None:
         while b"\n" not in received:
             received.extend(await right.receive_some(8192))
-            await trio.sleep(0.02)  # ~400 KiB/s: the whole message takes far longer than 0.3 s
+            await trio.sleep(0.02)  # ~400 KiB/s
 
     with trio.fail_after(10):
         nursery.start_soon(slow_reader)
