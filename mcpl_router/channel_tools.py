@@ -36,13 +36,13 @@ from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.tool_calls import ToolCall, tool_result
-from mcpl_router.turn_runner import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
+from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.store.journal import InboundEvent
-    from mcpl_router.turn_runner import _TurnRun
+    from mcpl_router.turns import TurnRun
 
 __all__ = ["CHANNEL_TOOLS", "LIFECYCLE_TIMEOUT", "ChannelTools"]
 
@@ -152,8 +152,8 @@ class ChannelTools:
         """``channel_publish`` posts: its round's plain text is held (send-silencing)."""
         return name == "channel_publish"
 
-    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
-        named = getattr(agent, "prose_routing", None) == "named"
+    def tools_for(self, agent: Any, run: TurnRun) -> list[dict[str, Any]]:
+        named = agent.mode.sends_only_where_named
         publish_props = {
             "channelId": _channel_id(),
             "threadId": {**_STRING, "description": "Post into this thread of the channel. Optional."},
@@ -356,7 +356,7 @@ class ChannelTools:
         speech_here = False
         if turn is not None and call.scope.may_move_routing:
             # Only a call made inside the turn moves it; between turns an open sets no trigger.
-            speech_here = set_target and call.run.prose_routing in ("locus", "hybrid")
+            speech_here = set_target and call.run.mode.infers_locus
             turn.routing.moved_to(ref, set_locus=speech_here)
         self._log_call(call, "channel_open.opened", ref, speech_target=speech_here)
         text = texts.opened(shown, ref.server_id, speech_here=speech_here, outside_turn=turn is None)
@@ -388,7 +388,7 @@ class ChannelTools:
         self._daemon.router.registry.set_open(ref, False)
         self._desired[(call.run.turn.agent, ref)] = "closed"
         # Typing stops in exactly this channel; another server's with the id keeps its own.
-        await self._daemon.turns.stop_typing_in(ref)
+        await self._daemon.turns.typing.stop_in(ref, self._daemon.turns.runs())
         self._log_call(call, "channel_close.closed", ref)
         return tool_result(texts.closed(shown, ref.server_id), data=self._data(ref, open=False))
 
@@ -450,7 +450,7 @@ class ChannelTools:
                 return _refused(resolved)
             ref = resolved.ref
         else:
-            named = getattr(call.agent, "prose_routing", None) == "named" or call.run.prose_routing == "named"
+            named = call.agent.mode.sends_only_where_named or call.run.mode.sends_only_where_named
             target = self.defaults.target(
                 agent, self._daemon.router.names, server_id=server_id, named_mode=named, not_done=not_done
             )

@@ -23,7 +23,7 @@ daemon holds, so the daemon lists them (``tools/list``, capability ``tools``) an
   send: its channel argument (``_meta["mcpl/channelArgument"]``, default ``channelId``; for a
   result naming ``channelId`` in its ``structuredContent``, that) is read **on the tool's own
   server only**, as ``ChannelRef(serverId, channelId)``, engaged for the calling turn through
-  :meth:`~mcpl_router.turn_runner.TurnManager.record_explicit_send`, and opened in the registry
+  :meth:`~mcpl_router.turns.TurnManager.record_explicit_send`, and opened in the registry
   if it was closed, with a notice in the result.
 """
 

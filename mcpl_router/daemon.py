@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import signal
 import time
+from functools import partial
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -23,9 +24,11 @@ from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_con
 from mcpl_router.connector_tools import ConnectorTools
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
-from mcpl_router.metrics import DaemonMetrics, registration_reason_label
+from mcpl_router.metrics import DaemonMetrics, ScrapedParts, registration_reason_label
 from mcpl_router.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
+from mcpl_router.hosts.services import HostServices
+from mcpl_router.hosts.sessions import SessionManager
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
@@ -35,7 +38,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.speech_tools import SpeechTools
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal
-from mcpl_router.turn_runner import TurnManager
+from mcpl_router.turns import Invitations, TurnManager
 
 #: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
 SHUTDOWN_GRACE = 5.0
@@ -68,7 +71,7 @@ class Daemon:
         self.config = config
         self.router = Router()
         self.journal = Journal(config.journal.path, retention=config.journal.retention)
-        self.metrics = DaemonMetrics(self)
+        self.metrics = DaemonMetrics(config.agents)
         #: Open host connections (the metrics read their peers' queues; the shutdown notice).
         self.host_connections: set[HostConnection] = set()
         #: True from the moment shutdown starts: ``/readyz`` answers 503.
@@ -84,14 +87,6 @@ class Daemon:
         self.health_url: str | None = None
         self._serving: trio.Nursery | None = None
         self._reload_lock = trio.Lock()
-        self.inbound = ServerInbound(
-            self.router.registry,
-            self.journal,
-            on_channels_changed=self._channels_changed,
-            deliveries_for=lambda event: self.sessions.deliveries_for(event),
-            on_accepted=self._accepted,
-            on_tools_changed=lambda link: self.connector_tools.list_changed(link),
-        )
         self.links: dict[str, ServerLink] = {
             server_id: ServerLink(server, self)
             for server_id, server in config.servers.items()
@@ -104,15 +99,30 @@ class Daemon:
         #: ``ws://host:port/path`` once the host WebSocket listens (the actual port).
         self.host_websocket_url: str | None = None
         self._host_token: str | None = None
+        self._wire_parts()
+
+    def _wire_parts(self) -> None:
+        """Build the parts, each given what it uses; none of them holds the daemon."""
         # Sessions own agents and wakes: the inbound handler asks them whom each new event wakes
         # before its commit (the deliveries commit with it), and they relay server and channel
         # changes to hosts.
-        from mcpl_router.hosts.sessions import SessionManager
-
-        self.sessions = SessionManager(self)
-        self.host_connection_hooks = self
+        self.sessions = SessionManager(
+            agents=self.config.agents,
+            journal=self.journal,
+            router=self.router,
+            metrics=self.metrics,
+            invitations=Invitations(self.router),
+            servers_list=self.servers_list,
+        )
         self.observers.append(self.sessions.observe)
-        self.turns = TurnManager(self)
+        self.turns = TurnManager(
+            router=self.router,
+            links=self.links,
+            journal=self.journal,
+            sessions=self.sessions,
+            metrics=self.metrics,
+            is_draining=lambda: self.draining,
+        )
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(self)
         self.turns.tool_providers.append(self.channel_tools)
@@ -122,8 +132,40 @@ class Daemon:
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
         # and the subconscious agent's tools.
         self.tune_outs = TuneOuts(self)
+        self.sessions.divert_wakes_with(self.tune_outs)
         self.turns.tool_providers.append(self.tune_outs)
         self.turns.tool_providers.append(SpeechTools(self))
+        self.inbound = ServerInbound(
+            self.router.registry,
+            self.journal,
+            on_channels_changed=self._channels_changed,
+            deliveries_for=self.sessions.deliveries_for,
+            on_accepted=self._accepted,
+            on_tools_changed=self.connector_tools.list_changed,
+        )
+        self.host_services = HostServices(
+            router=self.router,
+            links=self.links,
+            sessions=self.sessions,
+            turns=self.turns,
+            hooks=self,
+            status=self.status,
+            servers_list=self.servers_list,
+            explain=self.explain,
+            reload=self.reload,
+            stall_timeout=self.config.host.stall_timeout,
+        )
+        self.metrics.read_state_from(
+            ScrapedParts(
+                router=self.router,
+                links=self.links,
+                host_connections=self.host_connections,
+                sessions=self.sessions,
+                journal=self.journal,
+                turns=self.turns,
+                readiness=self.readiness,
+            )
+        )
 
     # -- LinkDelegate ------------------------------------------------------------------------
 
@@ -285,7 +327,12 @@ class Daemon:
 
     def readiness(self) -> Readiness:
         """What ``/readyz`` answers (see :func:`mcpl_router.health.readiness`)."""
-        return readiness(self)
+        return readiness(
+            draining=self.draining,
+            journal_failing=self.journal.statistics().failing,
+            links=self.links.values(),
+            server_problem=self.server_problem,
+        )
 
     def channels_list(self) -> list[dict[str, Any]]:
         return [row.to_dict() for row in self.router.names.channel_list()]
@@ -324,7 +371,7 @@ class Daemon:
             if self.config.host.unix_socket:
                 prepare_socket_path(self.config.host.unix_socket)
             if websocket is not None:
-                self._host_token = prepare_websocket(self, websocket)
+                self._host_token = prepare_websocket(self.config.host, websocket)
             async with trio.open_nursery() as root:
                 # The journal's writer first and last: cancelled with the root, it still commits
                 # what was queued (acks, drafts) before the file is closed below.
@@ -336,17 +383,25 @@ class Daemon:
                 async with trio.open_nursery() as serving:
                     self._serving = serving
                     if self.config.host.unix_socket:
-                        self.host_socket_path = await serving.start(serve_unix_socket, self, self.config.host.unix_socket)
+                        self.host_socket_path = await serving.start(serve_unix_socket, self.host_services, self.config.host.unix_socket)
                     if websocket is not None and self._host_token is not None:
                         try:
-                            self.host_websocket_url = await serving.start(serve_websocket, self, websocket, self._host_token)
+                            self.host_websocket_url = await serving.start(serve_websocket, self.host_services, websocket, self._host_token)
                         except BaseException as exc:
                             failure = bind_failure(exc)
                             if failure is None:
                                 raise
                             raise listen_refusal(self.config.source, "host.websocket.port", websocket.bind, websocket.port, failure) from None
                     if self.config.health.enabled:
-                        self.health_url = await serving.start(serve_health, self, self.config.health)
+                        self.health_url = await serving.start(
+                            partial(
+                                serve_health,
+                                self.config.health,
+                                config_source=self.config.source,
+                                ready=self.readiness,
+                                metrics=self.metrics,
+                            )
+                        )
                     for link in self.links.values():
                         await serving.start(self._run_link, link)
                     serving.start_soon(self._serve_reloads)

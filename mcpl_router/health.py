@@ -17,6 +17,7 @@ room, so idle sockets can't starve the health check (a full house of busy ones i
 from __future__ import annotations
 
 from functools import partial
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -26,10 +27,10 @@ import trio
 from mcpl_router.config import HealthConfig
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.logs import get_logger
-from mcpl_router.metrics import CONTENT_TYPE
+from mcpl_router.metrics import CONTENT_TYPE, DaemonMetrics
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.mcpl.link import ServerLink
 
 #: Connections served at once (idle ones make room for new ones; see the module docstring).
 MAX_CONNECTIONS = 64
@@ -56,7 +57,13 @@ class Readiness:
         return "not ready:\n" + "".join(f"- {problem}\n" for problem in self.problems)
 
 
-def readiness(daemon: Daemon) -> Readiness:
+def readiness(
+    *,
+    draining: bool,
+    journal_failing: str | None,
+    links: Iterable[ServerLink],
+    server_problem: Callable[[ServerLink], str | None],
+) -> Readiness:
     """The daemon's readiness: what ``/readyz``, ``status`` and ``mcpl-router health`` report.
 
     Not ready while: shutting down; the journal's latest commit failed; a server marked
@@ -64,13 +71,12 @@ def readiness(daemon: Daemon) -> Readiness:
     or, when no server is marked required, none of the configured servers is serving.
     """
     problems: list[str] = []
-    if daemon.draining:
+    if draining:
         problems.append("the daemon is shutting down")
-    journal_error = daemon.journal.statistics().failing
-    if journal_error is not None:
-        problems.append(f"the journal is failing: {journal_error}")
-    links = list(daemon.links.values())
-    serving = {link.server_id: daemon.server_problem(link) for link in links}
+    if journal_failing is not None:
+        problems.append(f"the journal is failing: {journal_failing}")
+    links = list(links)
+    serving = {link.server_id: server_problem(link) for link in links}
     required = [link for link in links if link.config.required]
     for link in required:
         problem = serving[link.server_id]
@@ -85,9 +91,16 @@ def readiness(daemon: Daemon) -> Readiness:
 
 
 async def serve_health(
-    daemon: Daemon, health: HealthConfig, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    health: HealthConfig,
+    *,
+    config_source: str | None,
+    ready: Callable[[], Readiness],
+    metrics: DaemonMetrics,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen until cancelled; ``task_status.started`` gets ``http://host:port`` (the real port).
+
+    ``ready`` answers ``/readyz`` and ``metrics`` renders ``/metrics``, each asked per request.
 
     Raises:
         StartupRefusal: the port is in use (or the bind can't be had), naming ``health.port``.
@@ -96,7 +109,7 @@ async def serve_health(
         listeners = await trio.open_tcp_listeners(health.port, host=health.bind)
     except OSError as exc:
         failure = bind_failure(exc)
-        raise listen_refusal(daemon.config.source, "health.port", health.bind, health.port, failure or exc) from None
+        raise listen_refusal(config_source, "health.port", health.bind, health.port, failure or exc) from None
     port = listeners[0].socket.getsockname()[1]
     host = health.bind if ":" not in health.bind else f"[{health.bind}]"
     url = f"http://{host}:{port}"
@@ -104,7 +117,15 @@ async def serve_health(
     log.info("health.listening", url=url)
     slots = _Slots(trio.CapacityLimiter(MAX_CONNECTIONS))
     task_status.started(url)
-    await trio.serve_listeners(partial(_serve_connection, daemon, slots), listeners)
+    await trio.serve_listeners(partial(_serve_connection, _Pages(ready, metrics), slots), listeners)
+
+
+@attrs.frozen
+class _Pages:
+    """What the two live pages read."""
+
+    ready: Callable[[], Readiness]
+    metrics: DaemonMetrics
 
 
 @attrs.define(eq=False)
@@ -131,7 +152,7 @@ class _Slots:
         return False
 
 
-async def _serve_connection(daemon: Daemon, slots: _Slots, stream: trio.SocketStream) -> None:
+async def _serve_connection(pages: _Pages, slots: _Slots, stream: trio.SocketStream) -> None:
     limiter = slots.limiter
     if not await slots.acquire():
         # Answered before reading the request (h11 won't answer one it hasn't read): raw bytes.
@@ -145,13 +166,13 @@ async def _serve_connection(daemon: Daemon, slots: _Slots, stream: trio.SocketSt
         await trio.aclose_forcefully(stream)
         return
     try:
-        await _serve_one(daemon, stream, slots)
+        await _serve_one(pages, stream, slots)
     finally:
         limiter.release()
         await trio.aclose_forcefully(stream)
 
 
-async def _serve_one(daemon: Daemon, stream: trio.SocketStream, slots: _Slots) -> None:
+async def _serve_one(pages: _Pages, stream: trio.SocketStream, slots: _Slots) -> None:
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_REQUEST_BYTES)
     request: h11.Request | None = None
     slot = slots.next_id
@@ -186,7 +207,7 @@ async def _serve_one(daemon: Daemon, stream: trio.SocketStream, slots: _Slots) -
     method = request.method.decode("ascii", "replace").upper()
     path = request.target.decode("ascii", "replace").split("?", 1)[0]
     try:
-        status, body, content_type = _route(daemon, method, path)
+        status, body, content_type = _route(pages, method, path)
     except Exception:
         # A bug reading some part's state must not take the listener (and the daemon) down.
         get_logger().exception("health.request.crashed", path=path)
@@ -198,17 +219,17 @@ async def _serve_one(daemon: Daemon, stream: trio.SocketStream, slots: _Slots) -
             pass
 
 
-def _route(daemon: Daemon, method: str, path: str) -> tuple[int, bytes, str]:
+def _route(pages: _Pages, method: str, path: str) -> tuple[int, bytes, str]:
     text = "text/plain; charset=utf-8"
     if method not in ("GET", "HEAD"):
         return 405, b"method not allowed: use GET\n", text
     if path == "/healthz":
         return 200, b"ok\n", text
     if path == "/readyz":
-        state = daemon.readiness()
+        state = pages.ready()
         return (200 if state.ready else 503), state.text().encode(), text
     if path == "/metrics":
-        return 200, daemon.metrics.render(), CONTENT_TYPE
+        return 200, pages.metrics.render(), CONTENT_TYPE
     return 404, b"not found: try /healthz, /readyz or /metrics\n", text
 
 

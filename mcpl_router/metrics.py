@@ -16,7 +16,7 @@ Every series is prefixed ``mcpl_router_``; ``docs/operations.md`` lists them.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -27,7 +27,13 @@ from prometheus_client.registry import Collector
 from mcpl_router.routing import texts
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.health import Readiness
+    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.hosts.sessions import SessionManager
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.routing.router import Router
+    from mcpl_router.store.journal import Journal
+    from mcpl_router.turns import TurnManager
     from mcpl_router.store.journal import JournalStatistics
 
 #: The Content-Type of :meth:`DaemonMetrics.render`.
@@ -65,7 +71,7 @@ OTHER_AGENTS: Final = "other"
 class DaemonMetrics:
     """The daemon's metrics registry; the shell calls the ``*_`` recording methods."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, configured_agents: Collection[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         self.inbound = Counter(
@@ -96,9 +102,12 @@ class DaemonMetrics:
             registry=registry,
         )
         self.reloads = Counter("mcpl_router_config_reloads", "Config reloads (SIGHUP, mcpl-router reload) by outcome.", ["outcome"], registry=registry)
-        self._daemon = daemon
+        self._configured_agents = configured_agents
         self._labelled_agents: set[str] = set()
-        registry.register(_StateCollector(daemon))
+
+    def read_state_from(self, parts: ScrapedParts) -> None:
+        """Read ``parts``' state at every scrape (once: the daemon calls it when they exist)."""
+        self.registry.register(_StateCollector(parts, self))
 
     def render(self) -> bytes:
         """The exposition text (Prometheus format 0.0.4)."""
@@ -143,7 +152,7 @@ class DaemonMetrics:
         declaring new agent names can't grow the series without end."""
         if agent in self._labelled_agents:
             return agent
-        configured = agent in self._daemon.config.agents
+        configured = agent in self._configured_agents
         if configured or len(self._labelled_agents) < MAX_AGENT_LABELS:
             self._labelled_agents.add(agent)
             return agent
@@ -158,17 +167,31 @@ class DaemonMetrics:
             self.wakes_acked.labels(self.agent_label(agents[0]) if len(agents) == 1 else "*").inc(count)
 
 
-class _StateCollector(Collector):
-    """Series read from the daemon's state at each scrape."""
+@attrs.frozen
+class ScrapedParts:
+    """The parts whose state each scrape reads (the daemon's own objects, read-only here)."""
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    router: Router
+    links: Mapping[str, ServerLink]
+    host_connections: Collection[HostConnection]
+    sessions: SessionManager
+    journal: Journal
+    turns: TurnManager
+    readiness: Callable[[], Readiness]
+
+
+class _StateCollector(Collector):
+    """Series read from the parts' state at each scrape."""
+
+    def __init__(self, parts: ScrapedParts, metrics: DaemonMetrics) -> None:
+        self._parts = parts
+        self._metrics = metrics
 
     def describe(self) -> list[Metric]:
         return []  # unchecked: the series depend on the servers configured now
 
     def collect(self) -> Iterator[Metric]:
-        daemon = self._daemon
+        parts = self._parts
         up = GaugeMetricFamily("mcpl_router_server_up", "1 while the server's link is ready.", labels=["server"])
         state = GaugeMetricFamily("mcpl_router_server_state", "The link's state (1 for the current one).", labels=["server", "state"])
         required = GaugeMetricFamily("mcpl_router_server_required", "1 for a server marked required (readiness waits for it).", labels=["server"])
@@ -187,9 +210,9 @@ class _StateCollector(Collector):
         )
         outbox_bytes = GaugeMetricFamily("mcpl_router_peer_outbox_bytes", "Bytes queued for a peer to read now.", labels=["peer", "owner"])
         per_server: dict[str, int] = {}
-        for entry in daemon.router.registry.all_entries():
+        for entry in parts.router.registry.all_entries():
             per_server[entry.ref.server_id] = per_server.get(entry.ref.server_id, 0) + 1
-        for server_id, link in list(daemon.links.items()):
+        for server_id, link in list(parts.links.items()):
             current = link.state.value
             up.add_metric([server_id], 1.0 if current == "ready" else 0.0)
             for name in _LINK_STATES:
@@ -205,13 +228,13 @@ class _StateCollector(Collector):
             stats = link.peer_statistics()
             if stats is not None:
                 _peer_series(stats, "server", server_id, depth, pending, pressure, outbox_bytes)
-        connections = list(daemon.host_connections)
+        connections = list(parts.host_connections)
         live: collections.Counter[str] = collections.Counter()
         for connection in connections:
             if connection.peer is not None:
                 live.update({key: value for key, value in attrs.asdict(connection.peer.statistics()).items() if isinstance(value, int)})
         # Host connections summed; the counters include connections that have closed.
-        hosts_total = daemon.sessions.host_statistics()
+        hosts_total = parts.sessions.host_statistics()
         depth.add_metric(["host-inbound", "*"], float(live["inbound_queued"]))
         depth.add_metric(["host-outbox", "*"], float(live["outbox_messages"]))
         pending.add_metric(["host", "*"], float(live["pending_requests"]))
@@ -224,11 +247,11 @@ class _StateCollector(Collector):
         )
         disconnects.add_metric(["stalled"], float(hosts_total["stalledDisconnects"]))
         disconnects.add_metric(["outbox-full"], float(hosts_total["outboxFullDisconnects"]))
-        outboxes = daemon.sessions.outbox_statistics()
+        outboxes = parts.sessions.outbox_statistics()
         depth.add_metric(["host-wakes", "*"], float(sum(row["notices_queued"] + row["fresh_queued"] for row in outboxes)))
         in_flight = GaugeMetricFamily("mcpl_router_wakes_in_flight", "Wakes sent and not acked yet, on open connections (each connection's window).")
         in_flight.add_metric([], float(sum(row["in_flight"] for row in outboxes)))
-        journal = daemon.journal.statistics()
+        journal = parts.journal.statistics()
         depth.add_metric(["journal-writes", "*"], float(journal.queued_writes))
         yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, outbox_bytes, in_flight, disconnects)
         yield from _journal_series(journal)
@@ -238,25 +261,25 @@ class _StateCollector(Collector):
         yield hosts
         wakes = GaugeMetricFamily("mcpl_router_wakes_pending", "Wakes journaled for the agent and not acked yet.", labels=["agent"])
         pending: dict[str, float] = {}
-        for spec in daemon.sessions.agents():
-            label = daemon.metrics.agent_label(spec.name)
-            pending[label] = pending.get(label, 0.0) + daemon.journal.unacked_count(spec.name)
+        for spec in parts.sessions.agents():
+            label = self._metrics.agent_label(spec.name)
+            pending[label] = pending.get(label, 0.0) + parts.journal.unacked_count(spec.name)
         for label, count in pending.items():
             wakes.add_metric([label], count)
         yield wakes
         refusals = CounterMetricFamily("mcpl_router_resolution_refusals", "Channel names that picked no single channel, by kind.", labels=["kind"])
-        for kind, count in daemon.router.names.refusals.items():
+        for kind, count in parts.router.names.refusals.items():
             refusals.add_metric([kind], float(count))
         yield refusals
         typing = GaugeMetricFamily("mcpl_router_typing_active", "Typing indicators the daemon holds now (source: turn, host).", labels=["source"])
-        for source, count in daemon.turns.typing_statistics().items():
+        for source, count in parts.turns.typing.statistics(parts.turns.runs()).items():
             typing.add_metric([source], float(count))
         yield typing
         turns = GaugeMetricFamily("mcpl_router_open_turns", "Turns open now.")
-        turns.add_metric([], float(len(daemon.turns.table.all())))
+        turns.add_metric([], float(len(parts.turns.table.all())))
         yield turns
         ready = GaugeMetricFamily("mcpl_router_ready", "1 when /readyz answers 200.")
-        ready.add_metric([], 0.0 if daemon.readiness().problems else 1.0)
+        ready.add_metric([], 0.0 if parts.readiness().problems else 1.0)
         yield ready
 
 

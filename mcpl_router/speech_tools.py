@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
+from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.drafts import Draft, page
 from mcpl_router.tool_calls import ToolCall, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
-    from mcpl_router.turn_runner import _TurnRun
+    from mcpl_router.turns import TurnRun
 
 __all__ = ["SPEECH_TOOLS", "SpeechTools"]
 
@@ -42,10 +43,10 @@ def _schema(properties: dict[str, Any], required: list[str] | None = None) -> di
     return schema
 
 
-def tool_specs(mode: str) -> list[dict[str, Any]]:
+def tool_specs(mode: ProseMode) -> list[dict[str, Any]]:
     """The speech tools as an agent in ``mode`` is offered them (descriptions agree with the mode)."""
     sleep_properties: dict[str, Any] = {}
-    if mode not in ("named", "disabled"):
+    if mode.speaks:
         sleep_properties["announce"] = {"type": "string", "description": "Words to post before resting."}
     return [
         {
@@ -64,13 +65,13 @@ def tool_specs(mode: str) -> list[dict[str, Any]]:
             ),
         },
         {"name": "prose_help", "description": texts.PROSE_HELP_DESCRIPTION, "inputSchema": _schema({})},
-        {"name": "skip_reply", "description": texts.skip_reply_description(mode), "inputSchema": _schema({})},
+        {"name": "skip_reply", "description": mode.skip_reply_description, "inputSchema": _schema({})},
         {
             "name": "think",
-            "description": texts.think_description(mode),
+            "description": mode.think_description,
             "inputSchema": _schema({"thought": {"type": "string"}}),
         },
-        {"name": "sleep", "description": texts.sleep_description(mode), "inputSchema": _schema(sleep_properties)},
+        {"name": "sleep", "description": mode.sleep_description, "inputSchema": _schema(sleep_properties)},
     ]
 
 
@@ -81,8 +82,8 @@ class SpeechTools:
         self._daemon = daemon
         self._log = get_logger()
 
-    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
-        return tool_specs(run.prose_routing)
+    def tools_for(self, agent: Any, run: TurnRun) -> list[dict[str, Any]]:
+        return tool_specs(run.mode)
 
     def handles(self, name: str) -> bool:
         return name in SPEECH_TOOLS
@@ -104,8 +105,8 @@ class SpeechTools:
     # ------------------------------------------------------------------ small tools
 
     async def _prose_help(self, call: ToolCall) -> dict[str, Any]:
-        mode = call.run.prose_routing
-        return tool_result(texts.PROSE_HELP.get(mode, texts.PROSE_HELP["locus"]), data={"proseRouting": mode})
+        mode = call.run.mode
+        return tool_result(mode.help_text, data={"proseRouting": mode.name})
 
     async def _skip_reply(self, call: ToolCall) -> dict[str, Any]:
         if call.scope.turn is not None:
@@ -120,15 +121,15 @@ class SpeechTools:
         announce = call.arguments.get("announce")
         turn = call.scope.turn
         log = self._log.bind(agent=run.turn.agent, turn=run.turn.turn_id, call=call.call_id)
-        if run.prose_routing in ("named", "disabled") or turn is None or not isinstance(announce, str) or not announce.strip():
-            log.info("sleep.not_announced", mode=run.prose_routing, in_turn=turn is not None)
+        if not run.mode.speaks or turn is None or not isinstance(announce, str) or not announce.strip():
+            log.info("sleep.not_announced", mode=run.mode.name, in_turn=turn is not None)
             return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
         where = turn.routing.sticky_target or turn.routing.locus
         if where is None:
             log.info("sleep.not_announced", why="no-destination")
             return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
         turns = self._daemon.turns
-        delivery = await turns.publish_for(run, where, announce)
+        delivery = await turns.speech.publish(run, where, announce)
         turn.routing.record(delivery)
         log.info("sleep.announced", server=where.server_id, channel=where.channel_id, outcome=delivery.outcome)
         if delivery.outcome == "failed":
@@ -165,7 +166,7 @@ class SpeechTools:
 
     def _list(self, call: ToolCall) -> dict[str, Any]:
         number = call.arguments.get("page", 1)
-        drafts = page(self._daemon.turns.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
+        drafts = page(self._daemon.turns.drafts.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
         now = time.time()
         rows = [draft.to_wire(now) for draft in drafts]
         if not rows:
@@ -175,7 +176,7 @@ class SpeechTools:
 
     def _read(self, call: ToolCall) -> dict[str, Any]:
         [draft_id, *_] = self._ids(call) or [""]
-        draft = self._daemon.turns.draft(call.run.turn.agent, draft_id)
+        draft = self._daemon.turns.drafts.draft(call.run.turn.agent, draft_id)
         if draft is None:
             return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         attempts = [f"- {a.shown}: {a.outcome}" + (f" ({a.reason})" if a.reason else "") for a in draft.attempts]
@@ -186,7 +187,7 @@ class SpeechTools:
         turns = self._daemon.turns
         drafts: list[Draft] = []
         for draft_id in self._ids(call):
-            draft = turns.draft(call.run.turn.agent, draft_id)
+            draft = turns.drafts.draft(call.run.turn.agent, draft_id)
             if draft is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
             if draft.sending:
@@ -194,18 +195,18 @@ class SpeechTools:
             drafts.append(draft)
         for draft in drafts:
             draft.state = "dismissed"
-            turns.save_draft(draft)
+            turns.drafts.save(draft)
         return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
 
     async def _resend(self, call: ToolCall) -> dict[str, Any]:
         turns = self._daemon.turns
         run = call.run
         agent = run.turn.agent
-        named = run.prose_routing == "named"
+        named = run.mode.sends_only_where_named
         # Each id once, in the order given: the same draft named twice is sent once.
         ids = list(dict.fromkeys(self._ids(call)))
         for draft_id in ids:
-            if turns.draft(agent, draft_id) is None:
+            if turns.drafts.draft(agent, draft_id) is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         if not ids:
             return tool_result(texts.draft_unknown(""), error=True, reason=REASON_UNKNOWN_DRAFT)
@@ -216,7 +217,7 @@ class SpeechTools:
             if ref is None:
                 return tool_result(texts.draft_no_destination(named), error=True, reason=REASON_NO_DESTINATION)
         else:
-            target = turns.resolve_speech_target(channel, routing)
+            target = turns.speech.resolve_target(channel, routing)
             if target.ref is None:
                 why = target.text if not target.skip else texts.bounce_why_unknown(channel)
                 lines = "".join(f"\n- {c}" for c in (c[2:] for c in target.candidates))
@@ -234,7 +235,7 @@ class SpeechTools:
             # Read fresh right before sending: an earlier send (this call's, a concurrent
             # resend's or an {{unsent}}'s) may have moved it. The checks below and the
             # "sending" mark resend_draft journals happen with no await between them.
-            draft = turns.draft(agent, draft_id)
+            draft = turns.drafts.draft(agent, draft_id)
             refusal = None
             if draft is None:
                 refusal = (texts.draft_unknown(draft_id), REASON_UNKNOWN_DRAFT)
@@ -249,7 +250,7 @@ class SpeechTools:
                     return tool_result(refusal[0], error=True, reason=refusal[1])
                 rows.append(refusal[0])
                 break
-            delivery = await turns.resend_draft(run, draft, ref)
+            delivery = await turns.speech.resend_draft(run, draft, ref)
             sent.append({"id": draft.draft_id, **delivery.to_wire()})
             rows.append(f"{draft.draft_id} → {delivery.shown}: {delivery.outcome}")
             self._log.info("drafts.resent", agent=agent, draft=draft.draft_id, server=ref.server_id,

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
     from mcpl_router.routing.turns import CallScope
-    from mcpl_router.turn_runner import _TurnRun
+    from mcpl_router.turns import TurnRun
 
 
 @attrs.frozen
@@ -36,8 +35,7 @@ class ToolCall:
         agent: the agent's spec (``prose_routing``, ``allowed_tools``, …).
     """
 
-    daemon: Daemon
-    run: _TurnRun
+    run: TurnRun
     scope: CallScope
     agent: Any
     call_id: str
@@ -60,7 +58,7 @@ def tool_result(text: str, *, error: bool = False, reason: str | None = None, da
 
 
 class ToolProvider(Protocol):
-    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
+    def tools_for(self, agent: Any, run: TurnRun) -> list[dict[str, Any]]:
         """Tool specs (``{name, description, inputSchema}``) offered to this agent in this turn."""
         ...
 

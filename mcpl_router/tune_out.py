@@ -278,7 +278,7 @@ class TuneOuts:
         return tool_result(texts.tuneout_cancelled(shown, held), data={**ref.to_wire(), "shown": shown, "agent": owner, "held": held})
 
     async def _speak(self, call: ToolCall) -> dict[str, Any]:
-        from mcpl_router.turn_runner import publish_text
+        from mcpl_router.turns import publish_text
 
         text = call.arguments.get("text")
         if not isinstance(text, str) or not text.strip():

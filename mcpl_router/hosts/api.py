@@ -23,9 +23,10 @@ from mcpl_router.hosts.sessions import add_session_methods
 from mcpl_router.hosts.turn_api import add_turn_methods
 from mcpl_router.jsonrpc import INVALID_PARAMS, Inbound, MethodTable, RpcError
 from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.router import Router
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.services import HostServices
     from mcpl_router.hosts.connection import HostConnection
 
 
@@ -48,7 +49,7 @@ class ChannelsListParams(msgspec.Struct):
     limit: int | None = None
 
 
-def channels_page(daemon: Daemon, params: ChannelsListParams) -> dict[str, Any]:
+def channels_page(router: Router, params: ChannelsListParams) -> dict[str, Any]:
     """One page of ``channels/list``, in registration order, and the cursor of the next.
 
     The cursor holds the next position and the last row's ref: if channels came or went
@@ -65,33 +66,33 @@ def channels_page(daemon: Daemon, params: ChannelsListParams) -> dict[str, Any]:
             start = int(position)
         except (ValueError, TypeError, msgspec.DecodeError, binascii.Error):
             raise RpcError(INVALID_PARAMS, "cursor: not a cursor this daemon gave. Start again without one.", {"field": "cursor"}) from None
-        found = daemon.router.registry.position_of(last, start - 1)
+        found = router.registry.position_of(last, start - 1)
         if found is not None:
             start = found + 1
-    rows = daemon.router.names.channel_page(start, limit)
+    rows = router.names.channel_page(start, limit)
     answer: dict[str, Any] = {"channels": [row.to_dict() for row in rows]}
-    if rows and start + len(rows) < len(daemon.router.registry):
+    if rows and start + len(rows) < len(router.registry):
         last_row = rows[-1]
         token = msgspec.json.encode([start + len(rows), last_row.server_id, last_row.channel_id])
         answer["nextCursor"] = base64.urlsafe_b64encode(token).decode()
     return answer
 
 
-def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
+def add_query_methods(table: MethodTable, services: HostServices) -> None:
     async def status(_params: NoParams, _inbound: Inbound) -> Any:
-        return daemon.status()
+        return services.status()
 
     async def servers_list(_params: NoParams, _inbound: Inbound) -> Any:
-        return {"servers": daemon.servers_list()}
+        return {"servers": services.servers_list()}
 
     async def channels_list(params: ChannelsListParams, _inbound: Inbound) -> Any:
-        return channels_page(daemon, params)
+        return channels_page(services.router, params)
 
     async def explain(params: ExplainParams, _inbound: Inbound) -> Any:
-        return daemon.explain(params.name, params.server_id or None)
+        return services.explain(params.name, params.server_id or None)
 
     async def reload(_params: NoParams, _inbound: Inbound) -> Any:
-        return await daemon.reload()
+        return await services.reload()
 
     table.add("status", status, NoParams)
     table.add("daemon/reload", reload, NoParams)
@@ -100,12 +101,12 @@ def add_query_methods(table: MethodTable, daemon: Daemon) -> None:
     table.add("explain", explain, ExplainParams)
 
 
-def host_methods(daemon: Daemon, connection: HostConnection | None = None) -> MethodTable:
+def host_methods(services: HostServices, connection: HostConnection | None = None) -> MethodTable:
     """The method table for one host connection (queries only when there is no connection)."""
     table = MethodTable()
-    add_query_methods(table, daemon)
+    add_query_methods(table, services)
     if connection is not None:
-        add_session_methods(table, daemon, connection)
-        add_turn_methods(table, daemon, connection)
-        add_publish_methods(table, daemon, connection)
+        add_session_methods(table, services.sessions, connection)
+        add_turn_methods(table, services.turns, connection)
+        add_publish_methods(table, services, connection)
     return table

@@ -24,7 +24,7 @@ from mcpl_router.jsonrpc import Inbound, MessageStream, NdjsonStream, Peer, Peer
 from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.services import HostServices
 
 
 class SocketSetupError(Exception):
@@ -63,7 +63,7 @@ def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
 
 
 async def serve_unix_socket(
-    daemon: Daemon, path: str | os.PathLike[str], *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    services: HostServices, path: str | os.PathLike[str], *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Listen on ``path`` until cancelled; each connection is a host session."""
     socket_path = prepare_socket_path(path)
@@ -82,14 +82,14 @@ async def serve_unix_socket(
         async with trio.open_nursery() as nursery:
             task_status.started(str(socket_path))
             await trio.serve_listeners(
-                lambda stream: _serve_connection(daemon, stream), [listener], handler_nursery=nursery
+                lambda stream: _serve_connection(services, stream), [listener], handler_nursery=nursery
             )
     finally:
         socket_path.unlink(missing_ok=True)
 
 
-async def _serve_connection(daemon: Daemon, stream: trio.SocketStream) -> None:
-    await serve_host_stream(daemon, NdjsonStream(stream, stream, skip_log_lines=False), transport="unix")
+async def _serve_connection(services: HostServices, stream: trio.SocketStream) -> None:
+    await serve_host_stream(services, NdjsonStream(stream, stream, skip_log_lines=False), transport="unix")
 
 
 class _TurnOf(msgspec.Struct):
@@ -115,24 +115,22 @@ def host_lane(inbound: Inbound) -> Hashable:
     return None if turn_id is None else ("turn", turn_id)
 
 
-async def serve_host_stream(daemon: Daemon, stream: MessageStream, *, transport: str) -> None:
+async def serve_host_stream(services: HostServices, stream: MessageStream, *, transport: str) -> None:
     """Serve one host connection on a framed stream until it closes."""
     connection = HostConnection(transport=transport)
-    methods = host_methods(daemon, connection)
+    methods = host_methods(services, connection)
     peer = Peer(
         stream,
         methods,
         concurrent_methods=methods.concurrent_methods,
         lane_of=host_lane,
-        limits=PeerLimits(stall_timeout=daemon.config.host.stall_timeout),
+        limits=PeerLimits(stall_timeout=services.stall_timeout),
         log_fields={"transport": transport, "connection": connection.id},
     )
     connection.peer = peer
-    hooks = getattr(daemon, "host_connection_hooks", None)
+    hooks = services.hooks
     try:
-        if hooks is not None:
-            hooks.opened(connection)
+        hooks.opened(connection)
         await peer.run()
     finally:
-        if hooks is not None:
-            hooks.closed(connection)
+        hooks.closed(connection)

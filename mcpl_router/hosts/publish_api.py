@@ -8,7 +8,7 @@
 - A **name** goes through the one resolver: a bare id two servers share is refused with
   ``reason: "shared-id"`` (a ref or the qualified name settles it); a name no channel answers
   to, or a ref its server doesn't register, with ``channel-not-registered``.
-- The publish itself is the turns' :func:`~mcpl_router.turn_runner.publish_text`: ``reason`` is
+- The publish itself is the turns' :func:`~mcpl_router.turns.publish_text`: ``reason`` is
   ``server-unavailable``, ``not-permitted`` (the grant lacks ``channels.publish``),
   ``server-refused``, ``not-delivered``, or ``unconfirmed`` (it went out and no receipt came:
   check the channel before resending). ``messageId`` is there when the server gives one.
@@ -28,10 +28,10 @@ from mcpl_router.routing import texts
 from mcpl_router.routing.names import Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import MalformedChannel, ref_from_wire
-from mcpl_router.turn_runner import publish_text
+from mcpl_router.turns import publish_text
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.services import HostServices
     from mcpl_router.hosts.connection import HostConnection
 
 __all__ = ["HostPublishParams", "add_publish_methods", "publish_for_agent"]
@@ -54,9 +54,9 @@ def _refused(reason: str, text: str, **extra: Any) -> dict[str, Any]:
     return {"delivered": False, "reason": reason, "text": text, **extra}
 
 
-async def publish_for_agent(daemon: Daemon, params: HostPublishParams) -> dict[str, Any]:
+async def publish_for_agent(services: HostServices, params: HostPublishParams) -> dict[str, Any]:
     """Resolve the host's channel and publish ``content`` there for ``params.agent``."""
-    names = daemon.router.names
+    names = services.router.names
     log = get_logger().bind(agent=params.agent)
     text = _text_of(params.content)
     if not text.strip():
@@ -86,20 +86,20 @@ async def publish_for_agent(daemon: Daemon, params: HostPublishParams) -> dict[s
             raise RpcError(INVALID_PARAMS, f"{exc}. Nothing was sent.", {"field": "channel"}) from None
         # Its exact pair: publish_text says whether its server is there, may publish, and
         # registers it (server-unavailable, not-permitted, channel-not-registered, in that order).
-    return await _publish(daemon, params, ref, text)
+    return await _publish(services, params, ref, text)
 
 
-async def _publish(daemon: Daemon, params: HostPublishParams, ref: ChannelRef, text: str) -> dict[str, Any]:
-    shown = daemon.router.names.name_shown(ref)
+async def _publish(services: HostServices, params: HostPublishParams, ref: ChannelRef, text: str) -> dict[str, Any]:
+    shown = services.router.names.name_shown(ref)
     delivery = await publish_text(
-        daemon.links.get(ref.server_id),
+        services.links.get(ref.server_id),
         ref,
         shown,
         text,
         conversation_id=params.agent,
         round_=0,
-        registered=daemon.router.registry.is_registered(ref),
-        timeout=daemon.turns.publish_timeout,
+        registered=services.router.registry.is_registered(ref),
+        timeout=services.turns.publish_timeout,
         thread_id=params.thread_id or None,
     )
     get_logger().info(
@@ -124,11 +124,11 @@ async def _publish(daemon: Daemon, params: HostPublishParams, ref: ChannelRef, t
     return answer
 
 
-def add_publish_methods(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
+def add_publish_methods(table: MethodTable, services: HostServices, connection: HostConnection) -> None:
     """Add ``channels/publish`` for one host connection."""
 
     async def channels_publish(params: HostPublishParams, _inbound: Inbound) -> Any:
-        daemon.sessions.require_owner(connection, params.agent)
-        return await publish_for_agent(daemon, params)
+        services.sessions.require_owner(connection, params.agent)
+        return await publish_for_agent(services, params)
 
     table.add("channels/publish", channels_publish, HostPublishParams)

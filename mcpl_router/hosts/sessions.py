@@ -19,7 +19,8 @@ its wakes stay unacked in the journal and come back when it reconnects.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Literal
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import attrs
 import msgspec
@@ -29,6 +30,7 @@ from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
 from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, Inbound, MethodTable, RpcError
 from mcpl_router.logs import get_logger
+from mcpl_router.routing.modes import ProseMode, mode_named
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tags import expand_tags
 from mcpl_router.routing.wakes import (
@@ -42,9 +44,13 @@ from mcpl_router.routing.wakes import (
 )
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, StoredDelivery
+from mcpl_router.tool_calls import agent_may_call
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.metrics import DaemonMetrics
+    from mcpl_router.routing.router import Router
+    from mcpl_router.store.journal import Journal
+    from mcpl_router.turns import Invitations
     from mcpl_router.hosts.connection import HostConnection
 
 #: Recent wakes kept in memory for ``turn/open`` (older ones are read from the journal).
@@ -56,6 +62,29 @@ AGENT_OWNED: Final = -32010
 UNKNOWN_AGENT: Final = -32011
 
 ProseRouting = Literal["disabled", "locus", "hybrid", "explicit", "named"]
+
+
+class WakeDiversion(Protocol):
+    """What holds some wakes back instead of sending them (the tune-outs)."""
+
+    def divert(self, wake: Wake) -> bool:
+        """Whether a new wake is held (then it is not sent)."""
+        ...
+
+    def holds(self, wake: Wake) -> bool:
+        """Whether a wake read back from the journal is held (not to be sent)."""
+        ...
+
+
+class _NoDiversion:
+    def divert(self, wake: Wake) -> bool:
+        return False
+
+    def holds(self, wake: Wake) -> bool:
+        return False
+
+
+_NO_DIVERSION: Final = _NoDiversion()
 
 #: Daemon events every hello'd host is told of, under the same method name.
 BROADCAST_EVENTS: Final = ("server/state", "channels/changed")
@@ -150,6 +179,11 @@ class AgentSpec:
             subconscious_for=params.subconscious_for or None,
         )
 
+    @property
+    def mode(self) -> ProseMode:
+        """The agent's prose-routing mode (config and hello validate the name)."""
+        return mode_named(self.prose_routing)
+
     def to_wire(self) -> dict[str, Any]:
         wake: dict[str, Any] = {"channels": list(self.wake_channels), "servers": list(self.wake_servers)}
         if self.wake_tags is not None:
@@ -191,11 +225,26 @@ class SessionManager:
     the daemon's nursery (it hosts each connection's sender task and the grace timers).
     """
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(
+        self,
+        *,
+        agents: Mapping[str, AgentConfig],
+        journal: Journal,
+        router: Router,
+        metrics: DaemonMetrics,
+        invitations: Invitations,
+        servers_list: Callable[[], list[dict[str, Any]]],
+    ) -> None:
+        self._journal = journal
+        self._router = router
+        self._metrics = metrics
+        self._invitations = invitations
+        self._servers_list = servers_list
+        #: Tune-outs hold some wakes back (set by the daemon once they exist; none until then).
+        self._diversion: WakeDiversion = _NO_DIVERSION
         self.grace = GRACE_SECONDS
-        self._agents: dict[str, AgentSpec] = {name: AgentSpec.from_config(a) for name, a in daemon.config.agents.items()}
-        for name, saved in daemon.journal.saved_agents().items():
+        self._agents: dict[str, AgentSpec] = {name: AgentSpec.from_config(a) for name, a in agents.items()}
+        for name, saved in journal.saved_agents().items():
             if name not in self._agents:
                 try:
                     self._agents[name] = AgentSpec.from_params(msgspec.convert(saved, AgentSpecParams))
@@ -213,6 +262,10 @@ class SessionManager:
                                "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
+
+    def divert_wakes_with(self, diversion: WakeDiversion) -> None:
+        """Ask ``diversion`` (the tune-outs) of every wake before it is sent or re-sent."""
+        self._diversion = diversion
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the sender tasks and grace timers until cancelled."""
@@ -243,7 +296,7 @@ class SessionManager:
                     "proseRouting": spec.prose_routing,
                     "host": session.host if session is not None else None,
                     "connection": owner.id if owner is not None else None,
-                    "unackedWakes": self._daemon.journal.unacked_count(spec.name),
+                    "unackedWakes": self._journal.unacked_count(spec.name),
                 }
             )
         return rows
@@ -291,7 +344,7 @@ class SessionManager:
         if recent is not None:
             await trio.lowlevel.checkpoint()
             return recent
-        stored = await self._daemon.journal.delivery(seq, agent)
+        stored = await self._journal.delivery(seq, agent)
         return None if stored is None else _wake_of(stored)
 
     def _remember(self, wake: Wake) -> None:
@@ -328,10 +381,10 @@ class SessionManager:
     def opened(self, connection: HostConnection) -> None:
         outbox = HostOutbox(
             connection,
-            self._daemon.journal,
+            self._journal,
             render=self._sending_wake,
             wake_of=_wake_of,
-            held=self._daemon.tune_outs.holds,
+            held=lambda wake: self._diversion.holds(wake),
         )
         self._outboxes[connection] = outbox
         if not self._spawn(outbox.run):
@@ -430,11 +483,11 @@ class SessionManager:
     def _policy_of(self, spec: AgentSpec) -> WakePolicy:
         """``spec``'s wake policy with its channel names resolved, once per registry change
         (not once per message)."""
-        generation = self._daemon.router.registry.generation
+        generation = self._router.registry.generation
         cached = self._policies.get(spec.name)
         if cached is not None and cached[0] == generation and cached[1] is spec:
             return cached[2]
-        policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, self._daemon.router.names.channels_named)
+        policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, self._router.names.channels_named)
         self._policies[spec.name] = (generation, spec, policy)
         return policy
 
@@ -452,7 +505,7 @@ class SessionManager:
                 addressed=delivery.addressed,
             )
             self._remember(wake)
-            if self._daemon.tune_outs.divert(wake):
+            if self._diversion.divert(wake):
                 continue  # its channel is tuned out: held for the summary wake (mcpl_router.tune_out)
             owner = self._owners.get(wake.agent)
             outbox = None if owner is None else self._outboxes.get(owner)
@@ -463,7 +516,7 @@ class SessionManager:
 
     def _facts(self, event: InboundEvent) -> InboundFacts:
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
-        entry = None if channel is None else self._daemon.router.registry.get(channel)
+        entry = None if channel is None else self._router.registry.get(channel)
         payload = event.payload if isinstance(event.payload, dict) else {}
         return InboundFacts(
             kind=REASON_MESSAGE if event.kind == "message" else REASON_PUSH,
@@ -475,7 +528,7 @@ class SessionManager:
 
     def _sending_wake(self, wake: Wake) -> dict[str, Any]:
         """The outbox renders a wake as it sends it: counted here for ``/metrics``."""
-        self._daemon.metrics.wake_sent(wake.agent)
+        self._metrics.wake_sent(wake.agent)
         return self.wake_params(wake)
 
     def wake_params(self, wake: Wake) -> dict[str, Any]:
@@ -486,15 +539,17 @@ class SessionManager:
             "reason": wake.reason,
             "channel": None
             if wake.channel is None
-            else {**wake.channel.to_wire(), "shown": self._daemon.router.names.name_shown(wake.channel)},
+            else {**wake.channel.to_wire(), "shown": self._router.names.name_shown(wake.channel)},
             "tags": list(wake.tags),
             "addressed": wake.addressed,
         }
         if wake.reason == REASON_MESSAGE:
             params["messages"] = [wake.payload]
             # A message addressing the agent in a channel it hasn't joined: the options (prose routing).
-            turns = getattr(self._daemon, "turns", None)
-            invitation = turns.invitation_for(wake) if turns is not None else None
+            spec = self._agents.get(wake.agent)
+            invitation = None
+            if spec is not None:
+                invitation = self._invitations.invitation_for(wake, spec.mode, may_publish=agent_may_call(spec, "channel_publish"))
             if invitation is not None:
                 params["invitation"] = invitation
         else:
@@ -528,7 +583,7 @@ class SessionManager:
         for spec in specs:
             self._agents[spec.name] = spec
             if not spec.configured:
-                self._daemon.journal.save_agent(spec.name, msgspec.to_builtins(_params_of(spec)))
+                self._journal.save_agent(spec.name, msgspec.to_builtins(_params_of(spec)))
             self._holds.pop(spec.name, None)
             previous = self._owners.get(spec.name)
             if previous is not connection:
@@ -549,13 +604,13 @@ class SessionManager:
             if outbox is not None:
                 # Replayed from the journal in seq order, paced by acks (hosts/outbox.py).
                 outbox.add_agent(name, after_seq=params.resume_from or 0)
-        pending = {name: self._daemon.journal.unacked_count(name) for name in claimed}
+        pending = {name: self._journal.unacked_count(name) for name in claimed}
         log.info("session.hello", agents=sorted(session.agents), unacked_to_replay=sum(pending.values()), by_agent=pending)
         return {
             "daemonVersion": __version__,
-            "servers": self._daemon.servers_list(),
+            "servers": self._servers_list(),
             "agents": [self._agents[name].to_wire() for name in sorted(session.agents)],
-            "wakeSeq": self._daemon.journal.last_seq(),
+            "wakeSeq": self._journal.last_seq(),
         }
 
     async def ack(self, connection: HostConnection, params: AckParams) -> Deferred:
@@ -578,7 +633,7 @@ class SessionManager:
             for agent in agents:
                 outbox.acked(agent, seqs)
         try:
-            wait = await self._daemon.journal.submit_ack(agents, seqs)
+            wait = await self._journal.submit_ack(agents, seqs)
         except JournalFailure as exc:
             raise _ack_not_recorded(exc) from exc
 
@@ -587,7 +642,7 @@ class SessionManager:
                 acked = await wait()
             except JournalFailure as exc:
                 raise _ack_not_recorded(exc) from exc
-            self._daemon.metrics.wakes_acknowledged(agents, acked)
+            self._metrics.wakes_acknowledged(agents, acked)
             self._log.debug("wake.acked", connection=connection.id, seqs=len(seqs), agents=agents, acked=acked)
             return {"acked": acked}
 
@@ -671,12 +726,8 @@ def _params_of(spec: AgentSpec) -> AgentSpecParams:
     )
 
 
-def add_session_methods(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
+def add_session_methods(table: MethodTable, manager: SessionManager, connection: HostConnection) -> None:
     """Register ``session/hello`` and ``wake/ack`` for one connection."""
-    sessions: SessionManager | None = getattr(daemon, "sessions", None)
-    if sessions is None:
-        return
-    manager = sessions
 
     async def hello(params: HelloParams, _inbound: Inbound) -> Any:
         return manager.hello(connection, params)

@@ -1,7 +1,7 @@
 """Host API methods for turns, typing and context: ``turn/*`` and ``channels/typing``.
 
 Each ``turn/*`` method checks that the connection's session owns the turn's agent
-(``daemon.sessions.require_owner``). The work is :class:`~mcpl_router.turn_runner.TurnManager`'s
+(``daemon.sessions.require_owner``). The work is :class:`~mcpl_router.turns.TurnManager`'s
 (``daemon.turns``); this module only decodes params and shapes answers. Documented in
 ``docs/host-api.md`` (Turns, Typing).
 """
@@ -15,7 +15,7 @@ import msgspec
 from mcpl_router.jsonrpc import Inbound, MethodTable
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.turns import TurnManager
     from mcpl_router.hosts.connection import HostConnection
 
 __all__ = ["add_turn_methods"]
@@ -74,10 +74,8 @@ class TypingParams(msgspec.Struct, rename="camel"):
     op: Literal["start", "stop"] = "start"
 
 
-def add_turn_methods(table: MethodTable, daemon: Daemon, connection: HostConnection) -> None:
+def add_turn_methods(table: MethodTable, turns: TurnManager, connection: HostConnection) -> None:
     """Add ``turn/open|context|text|round|tool|close`` and ``channels/typing`` to ``table``."""
-    turns = daemon.turns
-
     async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> Any:
         return await turns.open(
             connection, params.agent, wakes=params.wakes, channel=params.channel, subagent=params.subagent
@@ -108,7 +106,7 @@ def add_turn_methods(table: MethodTable, daemon: Daemon, connection: HostConnect
         return await turns.close(connection, params.turn_id, params.outcome, params.usage)
 
     async def channels_typing(params: TypingParams, _inbound: Inbound) -> Any:
-        return await turns.host_typing(params.channel, params.op, connection)
+        return await turns.typing.host_typing(params.channel, params.op, connection)
 
     table.add("turn/open", turn_open, TurnOpenParams)
     # Up to the hook timeout per call: its own task, so the host's other calls don't queue

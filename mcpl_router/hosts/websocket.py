@@ -22,20 +22,20 @@ from mcpl_router.jsonrpc.framing import DEFAULT_MAX_MESSAGE_BYTES
 from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.config import HostConfig
+    from mcpl_router.hosts.services import HostServices
 
 # Bounded so a client that never finishes its handshake or close can't hold a task for long.
 _CONNECT_TIMEOUT = 10.0
 _DISCONNECT_TIMEOUT = 5.0
 
 
-def prepare_websocket(daemon: Daemon, websocket: WebSocketListenConfig) -> str:
+def prepare_websocket(host: HostConfig, websocket: WebSocketListenConfig) -> str:
     """Check the bind and get the token, before anything listens.
 
     Raises:
         HostAuthError: a non-loopback bind without a token, or no usable token.
     """
-    host = daemon.config.host
     if not websocket.loopback and not host.allow_non_loopback:
         raise HostAuthError(
             f"host.websocket.bind {websocket.bind!r} is not a loopback address and host.allowNonLoopback "
@@ -50,7 +50,7 @@ def prepare_websocket(daemon: Daemon, websocket: WebSocketListenConfig) -> str:
 
 
 async def serve_websocket(
-    daemon: Daemon,
+    services: HostServices,
     websocket: WebSocketListenConfig,
     token: str,
     *,
@@ -71,7 +71,7 @@ async def serve_websocket(
             await request.reject(401, body=b"unauthorized: send Authorization: Bearer <token> (see host.tokenFile)")
             return
         connection = await request.accept()
-        await serve_host_stream(daemon, WebSocketMessageStream(connection), transport="websocket")
+        await serve_host_stream(services, WebSocketMessageStream(connection), transport="websocket")
 
     async with trio.open_nursery() as nursery:
         server = await nursery.start(

@@ -1,11 +1,13 @@
 """Prose routing: where an agent's plain text goes, decided per segment and per mode.
 
-Pure: no sockets, no trio, no journal. The shell (:mod:`mcpl_router.turn_runner`) hands each
-round's text here as the round ends, with the route in force when the words were written, and
-carries out what comes back (publish, draft, count). The texts an agent reads are
+Pure: no sockets, no trio, no journal. This module is the grammar (envelopes, targets, the
+locus); each mode (:mod:`mcpl_router.routing.modes`) reads a round's text with it
+(``mode.segments``). The turn shell (:mod:`mcpl_router.turns.speech`) hands each round's text
+to the agent's mode as the round ends, with the route in force when the words were written,
+and carries out what comes back (publish, draft, count). The texts an agent reads are
 :mod:`mcpl_router.routing.texts`' (section "prose routing").
 
-The five modes (``proseRouting``):
+The five modes (``proseRouting``), each in its own file under ``routing/modes/``:
 
 - ``locus`` (default): everything goes to the turn's locus (:func:`locus_of`); no locus → a
   draft (``no-destination`` or ``ambiguous``). A round with an explicit send holds its text as
@@ -22,7 +24,7 @@ The five modes (``proseRouting``):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 import attrs
 
@@ -31,10 +33,13 @@ from mcpl_router.routing.names import KIND_AMBIGUOUS, KIND_UNKNOWN, ChannelNames
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import TurnRouting, WakeFact, own_channel_named
 
+if TYPE_CHECKING:
+    # Modes read this module's grammar; here they are only asked their questions.
+    from mcpl_router.routing.modes import ProseMode
+
 __all__ = [
     "EXPLICIT",
     "HYBRID",
-    "MODES",
     "PIN",
     "SKIP_REPLY",
     "UNSENT",
@@ -44,14 +49,12 @@ __all__ = [
     "Segment",
     "Target",
     "candidate_tokens",
-    "decide",
     "locus_of",
     "resolve_target",
     "split_envelopes",
     "substitute_unsent",
 ]
 
-MODES: Final = ("disabled", "locus", "hybrid", "explicit", "named")
 #: The prefix of an explicit-mode envelope line, and of a hybrid-mode one.
 EXPLICIT: Final = ">>"
 PIN: Final = ">>>"
@@ -323,46 +326,12 @@ class Segment:
 Resolve = Callable[[str], Target]
 
 
-def _locus_route(text: str, locus: ChannelRef | None, state: ProseState, silenced: bool, **extra: object) -> Segment:
+def locus_route(text: str, locus: ChannelRef | None, state: ProseState, silenced: bool, **extra: object) -> Segment:
     if silenced:
         return Segment("draft", text, reason=REASON_EXPLICIT_SEND, **extra)  # type: ignore[arg-type]
     if locus is None:
         return Segment("draft", text, reason=state.held_reason, **extra)  # type: ignore[arg-type]
     return Segment("deliver", text, ref=locus, **extra)  # type: ignore[arg-type]
-
-
-def decide(
-    mode: str,
-    text: str,
-    state: ProseState,
-    *,
-    locus: ChannelRef | None,
-    resolve: Resolve,
-    silenced: bool = False,
-) -> list[Segment]:
-    """Decide where a round's text goes, in order; updates ``state`` (pins, holds) as it reads.
-
-    Args:
-        mode: the agent's ``proseRouting``.
-        text: the round's whole text.
-        state: the turn's prose state; moved by ``>>``/``>>>`` lines as they are read.
-        locus: the turn's locus when the words were written (None: no destination).
-        resolve: a target token → :class:`Target` (the one resolver, own channels first).
-        silenced: the round made an explicit send (ignored in explicit mode).
-    """
-    if not text.strip():
-        return []
-    if mode == "disabled":
-        return [Segment("suppressed", text)]
-    if mode == "named":
-        return [Segment("kept", text)]
-    if state.all_private:
-        return [Segment("private", text)]
-    if mode == "explicit":
-        return _decide_explicit(text, state, resolve)
-    if mode == "hybrid":
-        return _decide_hybrid(text, state, locus, resolve, silenced)
-    return [_locus_route(text, locus, state, silenced)]
 
 
 def _bounce(body: str, target: str | None, found: Target, **extra: object) -> Segment:
@@ -372,7 +341,7 @@ def _bounce(body: str, target: str | None, found: Target, **extra: object) -> Se
     )
 
 
-def _decide_explicit(text: str, state: ProseState, resolve: Resolve) -> list[Segment]:
+def decide_explicit(text: str, state: ProseState, resolve: Resolve) -> list[Segment]:
     segments: list[Segment] = []
     for envelope in split_envelopes(text, EXPLICIT):
         body, again = envelope.body, envelope.again
@@ -401,7 +370,7 @@ def _decide_explicit(text: str, state: ProseState, resolve: Resolve) -> list[Seg
     return segments
 
 
-def _decide_hybrid(
+def decide_hybrid(
     text: str, state: ProseState, locus: ChannelRef | None, resolve: Resolve, silenced: bool
 ) -> list[Segment]:
     """Hybrid: unprefixed text along the pin, quiet, hold or locus; ``>>>`` lines move the pin.
@@ -436,7 +405,7 @@ def _decide_hybrid(
                 segments.append(Segment("draft", body, reason=REASON_NO_DESTINATION))
             else:
                 # No >>> in force: as in locus mode, the words are read as written.
-                segments.append(_locus_route(body, locus, state, silenced))
+                segments.append(locus_route(body, locus, state, silenced))
             continue
         found = resolve(envelope.target)
         if found.skip:
@@ -470,8 +439,13 @@ def example_target(candidates: Sequence[str], prefix: str, fallback: str | None)
 # ---------------------------------------------------------------------- the invitation
 
 
+def is_target_token(picked: str | None) -> bool:
+    """Whether a channel's picking name can be written as one ``>>``/``>>>`` target token."""
+    return picked is not None and picked != SKIP_REPLY and not any(char.isspace() for char in picked)
+
+
 def invitation_text(
-    mode: str,
+    mode: ProseMode,
     names: ChannelNames,
     ref: ChannelRef,
     author: str | None,
@@ -480,25 +454,12 @@ def invitation_text(
 ) -> str:
     """The closed-channel invitation for an agent in ``mode`` addressed in ``ref``.
 
-    The first option reaches that channel alone in the agent's mode: a ``>>``/``>>>`` token
-    (explicit/hybrid), the turn's plain text (locus), a ``channel_publish`` call with the name
-    that picks it alone (named, disabled, when the agent may call it), or a note that no name
-    does (then: a server's send tool).
+    The first option reaches that channel alone in the agent's mode
+    (:meth:`ProseMode.invitation_reply <mcpl_router.routing.modes.ProseMode.invitation_reply>`):
+    a ``>>``/``>>>`` token, the turn's plain text, a ``channel_publish`` call with the name that
+    picks it alone, or a note that no name does (then: a server's send tool).
     """
-    picked = names.pick_name(ref)
-    token_ok = picked is not None and picked != SKIP_REPLY and not any(char.isspace() for char in picked)
-    if mode == "explicit":
-        reply = texts.invitation_reply_prefix(EXPLICIT + picked) if token_ok else texts.INVITATION_REPLY_NONE  # type: ignore[operator]
-    elif mode == "hybrid":
-        reply = texts.invitation_reply_prefix(f"{PIN} {picked}") if token_ok else texts.INVITATION_REPLY_NONE
-    elif mode == "locus":
-        reply = texts.invitation_reply_locus()
-    elif may_publish and picked is not None:
-        reply = texts.invitation_reply_publish(picked)
-    elif mode == "named":
-        reply = texts.INVITATION_REPLY_SEND_TOOL
-    else:
-        reply = texts.INVITATION_REPLY_NONE
+    reply = mode.invitation_reply(names.pick_name(ref), may_publish=may_publish)
     return texts.invitation(author, names.name_shown(ref), reply, channel_id=ref.channel_id, server_id=ref.server_id)
 
 
@@ -516,7 +477,7 @@ class Arrival:
 
 
 def hold_for_arrivals(
-    mode: str, routing: TurnRouting, state: ProseState, arrivals: Sequence[Arrival], *, deliberate: bool
+    mode: ProseMode, routing: TurnRouting, state: ProseState, arrivals: Sequence[Arrival], *, deliberate: bool
 ) -> tuple[ChannelRef, ...]:
     """Whether mid-turn arrivals hold an inferred route (PROSE: mid-turn hold).
 
@@ -528,7 +489,7 @@ def hold_for_arrivals(
         The competing channels (the old locus first) when the route becomes held, else ``()``.
     """
     locus = routing.locus
-    if mode not in ("locus", "hybrid") or locus is None or deliberate or state.pin is not None:
+    if not mode.infers_locus or locus is None or deliberate or state.pin is not None:
         return ()
     others = [
         arrival.ref

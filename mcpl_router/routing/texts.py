@@ -561,34 +561,26 @@ def draft_resent(rows: Sequence[str]) -> str:
 # -- the speech tools' descriptions (per mode)
 
 
-def skip_reply_description(mode: str) -> str:
-    if mode == "named":
-        return (
-            "End this turn without replying. Your plain text is never posted anyway; to reply,"
-            " call a send tool that names where it goes."
-        )
-    if mode == "disabled":
-        return "End this turn without replying. Your plain text is never posted; only send tools publish."
-    return (
-        "End this turn without replying: the plain text of this round and of the rest of the turn"
-        " stays private (counted, never posted or drafted)."
-    )
+#: skip_reply's description where plain text is routed, and where it never is.
+SKIP_REPLY_DESCRIPTION_ROUTED: Final = (
+    "End this turn without replying: the plain text of this round and of the rest of the turn"
+    " stays private (counted, never posted or drafted)."
+)
+SKIP_REPLY_DESCRIPTION_NAMED: Final = (
+    "End this turn without replying. Your plain text is never posted anyway; to reply,"
+    " call a send tool that names where it goes."
+)
+SKIP_REPLY_DESCRIPTION_DISABLED: Final = "End this turn without replying. Your plain text is never posted; only send tools publish."
 
+THINK_DESCRIPTION: Final = "Think out loud without anyone seeing it: the thought stays in your own context."
+#: Added to think's description where plain text is routed.
+THINK_DESCRIPTION_ROUTED: Final = " Plain text written in the same round is routed as usual."
 
-def think_description(mode: str) -> str:
-    base = "Think out loud without anyone seeing it: the thought stays in your own context."
-    if mode in ("named", "disabled"):
-        return base
-    return base + " Plain text written in the same round is routed as usual."
-
-
-def sleep_description(mode: str) -> str:
-    if mode in ("named", "disabled"):
-        return "Rest until something wakes you. Nothing is announced anywhere."
-    return (
-        "Rest until something wakes you. announce (optional) is posted where your plain speech"
-        " lands in this turn before you rest; nothing is announced for a call made outside the turn."
-    )
+SLEEP_DESCRIPTION_QUIET: Final = "Rest until something wakes you. Nothing is announced anywhere."
+SLEEP_DESCRIPTION_ANNOUNCES: Final = (
+    "Rest until something wakes you. announce (optional) is posted where your plain speech"
+    " lands in this turn before you rest; nothing is announced for a call made outside the turn."
+)
 
 
 PROSE_HELP_DESCRIPTION: Final = "How your plain text is routed in your prose-routing mode, with its grammar."
@@ -603,50 +595,49 @@ def sleep_announced(shown: str) -> str:
 SKIP_REPLY_DONE: Final = "No reply: the rest of this turn's plain text stays private."
 THINK_DONE: Final = "Noted in your own context."
 
-PROSE_HELP: Final = {
-    "explicit": (
-        "Explicit prose routing: your plain text goes only where a line tells it to.\n"
-        "- A line starting >>target (no space after >>) begins an envelope: the words after it, on"
-        " that line and the next ones, go to target. One message may hold several envelopes.\n"
-        "- target is a channel's id, its label (#label or bare), a person (@name, or <@id> by their"
-        " id, for a DM), or the qualified server:channel form (e.g. >>a:general) where two servers"
-        " have the same id.\n"
-        "- Within a turn, the id of a channel the turn has been in means that channel, on its server.\n"
-        "- The first valid destination of a turn sticks: later text without a >> line goes there too.\n"
-        "- >>target ! (a space, then !) asks for another turn right after this one.\n"
-        "- >>skip_reply keeps what follows private (counted, never posted).\n"
-        "- Text with no destination bounces: it is kept as a draft and you are told why. A line"
-        " >>target {{unsent}} sends the latest bounced draft there; >>skip_reply {{unsent}} sets it aside.\n"
-        "- Send tools (channel_publish, a server's send tools) work as always."
-    ),
-    "hybrid": (
-        "Hybrid prose routing: your unprefixed plain text goes to the conversation that woke you"
-        " (your locus).\n"
-        "- A line starting >>> target begins an envelope for that one destination (a channel's id,"
-        " label, @person, <@id>, or server:channel); it then sticks, winning over the locus, until another"
-        " >>> line or a channel_open that sets the speech target.\n"
-        "- Within a turn, the id of a channel the turn has been in means that channel, on its server.\n"
-        "- >>>skip_reply makes later unprefixed text private until a new destination.\n"
-        "- A >>> destination that fails holds later unprefixed text as drafts until a new one works;"
-        " those words are kept as a draft and you are told why. A line >>> target {{unsent}} sends the"
-        " latest bounced draft there; >>>skip_reply {{unsent}} sets it aside.\n"
-        "- Send tools work as always."
-    ),
-    "locus": (
-        "Locus prose routing: your plain text goes to the conversation that woke you (your locus),"
-        " on its server. With no conversation, or several competing, it is held as drafts rather"
-        " than guessed; a [routing] notice says when where it lands changes. Send tools work as always."
-    ),
-    "disabled": (
-        "Prose routing is disabled for you: no plain text is ever posted, >> and >>> lines"
-        " included. Only send tools publish."
-    ),
-    "named": (
-        "Named prose routing: your plain text is never posted nor handed to anyone, in any turn;"
-        " it stays in your own context. To speak, call a send tool and name where it goes:"
-        " channel_publish with a channelId, or a tool that names a person or a message."
-    ),
-}
+# prose_help's answer, per mode.
+PROSE_HELP_EXPLICIT: Final = (
+    "Explicit prose routing: your plain text goes only where a line tells it to.\n"
+    "- A line starting >>target (no space after >>) begins an envelope: the words after it, on"
+    " that line and the next ones, go to target. One message may hold several envelopes.\n"
+    "- target is a channel's id, its label (#label or bare), a person (@name, or <@id> by their"
+    " id, for a DM), or the qualified server:channel form (e.g. >>a:general) where two servers"
+    " have the same id.\n"
+    "- Within a turn, the id of a channel the turn has been in means that channel, on its server.\n"
+    "- The first valid destination of a turn sticks: later text without a >> line goes there too.\n"
+    "- >>target ! (a space, then !) asks for another turn right after this one.\n"
+    "- >>skip_reply keeps what follows private (counted, never posted).\n"
+    "- Text with no destination bounces: it is kept as a draft and you are told why. A line"
+    " >>target {{unsent}} sends the latest bounced draft there; >>skip_reply {{unsent}} sets it aside.\n"
+    "- Send tools (channel_publish, a server's send tools) work as always."
+)
+PROSE_HELP_HYBRID: Final = (
+    "Hybrid prose routing: your unprefixed plain text goes to the conversation that woke you"
+    " (your locus).\n"
+    "- A line starting >>> target begins an envelope for that one destination (a channel's id,"
+    " label, @person, <@id>, or server:channel); it then sticks, winning over the locus, until another"
+    " >>> line or a channel_open that sets the speech target.\n"
+    "- Within a turn, the id of a channel the turn has been in means that channel, on its server.\n"
+    "- >>>skip_reply makes later unprefixed text private until a new destination.\n"
+    "- A >>> destination that fails holds later unprefixed text as drafts until a new one works;"
+    " those words are kept as a draft and you are told why. A line >>> target {{unsent}} sends the"
+    " latest bounced draft there; >>>skip_reply {{unsent}} sets it aside.\n"
+    "- Send tools work as always."
+)
+PROSE_HELP_LOCUS: Final = (
+    "Locus prose routing: your plain text goes to the conversation that woke you (your locus),"
+    " on its server. With no conversation, or several competing, it is held as drafts rather"
+    " than guessed; a [routing] notice says when where it lands changes. Send tools work as always."
+)
+PROSE_HELP_DISABLED: Final = (
+    "Prose routing is disabled for you: no plain text is ever posted, >> and >>> lines"
+    " included. Only send tools publish."
+)
+PROSE_HELP_NAMED: Final = (
+    "Named prose routing: your plain text is never posted nor handed to anyone, in any turn;"
+    " it stays in your own context. To speak, call a send tool and name where it goes:"
+    " channel_publish with a channelId, or a tool that names a person or a message."
+)
 
 
 # --- connector tools and tune-out ---

@@ -288,18 +288,18 @@ async def test_hybrid_bounce_advice_resends_the_draft_and_skip_reply_unsent_sets
             assert ">>skip_reply" not in bounce.replace(">>>skip_reply", "")
             # Following it posts the bounced words (never the placeholder); the draft IS what went.
             assert await posts(servers["b"]) == [("general", "hello there")]
-            [draft] = daemon.turns.drafts_of(AGENT)
+            [draft] = daemon.turns.drafts.drafts_of(AGENT)
             assert (draft.state, draft.text) == ("delivered", "hello there")
             # >>>skip_reply {{unsent}} sets the latest bounce aside: dismissed, nothing posted.
             seq = await message(servers, client, "b")
             _, routed, closed = await run_turn(client, [">>> nowhere second words", ">>>skip_reply {{unsent}}"], wakes=[seq])
-            states = {d.text: d.state for d in daemon.turns.drafts_of(AGENT)}
+            states = {d.text: d.state for d in daemon.turns.drafts.drafts_of(AGENT)}
             assert states == {"hello there": "delivered", "second words": "dismissed"}
             # Text that follows a >>> pin is read as explicit mode reads it: it is the draft.
             seq = await message(servers, client, "b")
             await run_turn(client, [">>> nowhere third words", ">>> b:general\n{{unsent}}"], wakes=[seq])
             assert (await posts(servers["b"]))[-1] == ("general", "third words")
-            assert [d.state for d in daemon.turns.drafts_of(AGENT)] == ["delivered", "dismissed", "delivered"]
+            assert [d.state for d in daemon.turns.drafts.drafts_of(AGENT)] == ["delivered", "dismissed", "delivered"]
             for name in ("a", "b"):
                 assert all("unsent" not in text for _channel, text in await posts(servers[name]))
             assert await posts(servers["a"]) == []
@@ -363,7 +363,7 @@ async def test_named_system_line_wordings_tools_sleep_and_resend(tmp_path: Path)
             assert subagent["system"] == [texts.NAMED_LINE_SUBAGENT]
             # A resend with no destination is refused: nothing goes to a default channel.
             daemon_draft = _daemon.turns
-            draft = daemon_draft._new_draft(daemon_draft.run_of(subagent["turnId"]), "kept words", "no-destination")
+            draft = daemon_draft.drafts.new(daemon_draft.run_of(subagent["turnId"]), "kept words", "no-destination")
             refused = await tool(client, subagent["turnId"], "drafts", action="resend", id=draft.draft_id)
             assert refused["isError"] and refused["reason"] == "no-destination"
             assert refused["content"][0]["text"] == texts.draft_no_destination(True)
@@ -713,7 +713,7 @@ async def test_a_turn_whose_lease_expires_mid_round_posts_nothing_more_and_compl
             a_rows = stream_rows(await servers["a"].recorded())
             assert a_rows == [] or [kind for kind, _, _ in a_rows] == ["chunk", "complete"]
             # The words the ended turn never sent are kept as a draft.
-            assert [d.text for d in daemon.turns.drafts_of(AGENT)] == ["three"]
+            assert [d.text for d in daemon.turns.drafts.drafts_of(AGENT)] == ["three"]
 
 
 async def test_words_whose_delivery_failed_are_never_streamed(tmp_path: Path) -> None:
@@ -749,11 +749,11 @@ async def test_a_resend_interrupted_mid_publish_leaves_the_draft_unconfirmed_not
             await servers["a"].configure(publish={"delayMs": 3000})
             turn = await client.call("turn/open", {"agent": AGENT})
             run = daemon.turns.run_of(turn["turnId"])
-            held = daemon.turns.draft(AGENT, draft["id"])
+            held = daemon.turns.drafts.draft(AGENT, draft["id"])
             assert run is not None and held is not None
             # The send is cancelled while its publish is in flight (as when the daemon stops).
             with trio.move_on_after(0.5) as interrupted:
-                await daemon.turns.resend_draft(run, held, ChannelRef("a", "general"))
+                await daemon.turns.speech.resend_draft(run, held, ChannelRef("a", "general"))
             assert interrupted.cancelled_caught
             await servers["a"].configure(publish={})
             row = daemon.journal.draft(draft["id"])
@@ -775,7 +775,7 @@ async def test_a_bounced_unsent_envelope_holds_the_draft_text_once(tmp_path: Pat
             assert [d["id"] for d in second["drafts"]] == [orphan["id"]]
             _, _, third = await run_turn(client, [">>nowhere again: {{unsent}}"])
             [replacement] = third["drafts"]
-            rows = {d.draft_id: (d.state, d.text) for d in daemon.turns.drafts_of(AGENT)}
+            rows = {d.draft_id: (d.state, d.text) for d in daemon.turns.drafts.drafts_of(AGENT)}
             assert rows == {orphan["id"]: ("dismissed", "orphan words"), replacement["id"]: ("held", "again: orphan words")}
             turn = await client.call("turn/open", {"agent": AGENT})
             await tool(client, turn["turnId"], "drafts", action="resend", ids=list(rows), channelId="b:general")

@@ -14,8 +14,10 @@ import trio
 from mcpl_router.config import ServerConfig
 from mcpl_router.mcpl.context import send_lifecycle
 from mcpl_router.mcpl.link import LinkState
+from mcpl_router.routing.modes import mode_named
+from mcpl_router.routing.router import Router
 from mcpl_router.routing.turns import Turn, TurnRouting
-from mcpl_router.turn_runner import FINISH_GRACE, TurnManager, _TurnRun
+from mcpl_router.turns import FINISH_GRACE, TurnManager, TurnRun
 
 
 class _AllGranted:
@@ -43,10 +45,15 @@ class _Sessions:
         return True
 
 
-def _open_run(manager: TurnManager, index: int = 1) -> _TurnRun:
+def _manager(links: dict[str, StandInLink]) -> TurnManager:
+    # Starting and ending inference reads only the links and the sessions' trace notify.
+    return TurnManager(router=Router(), links=links, journal=types.SimpleNamespace(), sessions=_Sessions())  # type: ignore[arg-type]
+
+
+def _open_run(manager: TurnManager, index: int = 1) -> TurnRun:
     turn = Turn(turn_id=f"t{index}", inference_id=f"i{index}", agent=f"agent{index}", routing=TurnRouting.starting_at(None))
     manager.table.add(turn)
-    run = _TurnRun(turn=turn, connection=None, prose_routing="locus", lease_deadline=1e9)
+    run = TurnRun(turn=turn, connection=None, mode=mode_named("locus"), lease_deadline=1e9)
     manager._runs[turn.turn_id] = run
     return run
 
@@ -60,18 +67,18 @@ async def test_a_stuck_server_does_not_cost_another_its_terminal(autojump_clock:
 
 async def test_started_is_remembered_even_when_the_host_call_is_cancelled(autojump_clock: trio.abc.Clock) -> None:
     fast, slow = StandInLink("a"), StandInLink("b", send_delay=0.5)
-    manager = TurnManager(types.SimpleNamespace(links={"a": fast, "b": slow}, sessions=_Sessions()))
+    manager = _manager({"a": fast, "b": slow})
     run = _open_run(manager)
     with trio.move_on_after(0.1):  # the host drops while turn/context is still sending "started"
-        await manager._start_inference(run)
-    await manager._finish(run, "aborted", why="host-gone")
+        await manager.lifecycle.start(run)
+    await manager.finish(run, "aborted", why="host-gone")
     assert fast.phases == ["started", "aborted"]
     assert slow.phases == ["started", "aborted"]
 
 
 async def test_shutdown_drain_takes_one_bound_not_one_per_turn(autojump_clock: trio.abc.Clock) -> None:
     stuck = StandInLink("a", send_delay=60)
-    manager = TurnManager(types.SimpleNamespace(links={"a": stuck}, sessions=_Sessions()))
+    manager = _manager({"a": stuck})
     for index in range(4):
         run = _open_run(manager, index)
         run.started = {"a": 1}

@@ -235,13 +235,13 @@ async def do_host_typing(world: World, name: str) -> None:
     expected = oracle_host_typing(world.daemon, name)
     mark = world.mark()
     try:
-        await world.daemon.turns.host_typing(name, "start", world.connection)
+        await world.daemon.turns.typing.host_typing(name, "start", world.connection)
     except RpcError:
         pass
     reached = {ref for ref, _ in world.sent_since(mark, "channels/typing")}
     assert reached == expected, f"host typing {name!r} reached {sorted(map(str, reached))}, the rule names {sorted(map(str, expected))}"
     if expected:
-        await world.daemon.turns.host_typing(name, "stop", world.connection)
+        await world.daemon.turns.typing.host_typing(name, "stop", world.connection)
 
 
 async def do_turn(world: World, mode: str, wake_pick: int | None, steps: list[tuple[Any, ...]]) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.drafts import Draft, new_draft_id, page
+from mcpl_router.routing.modes import mode_named
 from mcpl_router.routing.names import ChannelNames
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
@@ -111,7 +112,7 @@ def test_locus_prefers_addressed_and_holds_competing_conversations() -> None:
 def decide(mode: str, text: str, state: prose.ProseState, names: ChannelNames, *, locus: ChannelRef | None = B_GENERAL,
            silenced: bool = False) -> list[prose.Segment]:
     routing = TurnRouting.starting_at(locus)
-    return prose.decide(mode, text, state, locus=locus, silenced=silenced,
+    return mode_named(mode).segments(text, state, locus=locus, silenced=silenced,
                         resolve=lambda token: prose.resolve_target(token, names, routing))
 
 
@@ -240,27 +241,27 @@ async def test_drafts_survive_reopening_the_journal(tmp_path) -> None:  # type: 
 
 
 def test_invitation_reply_reaches_that_channel_alone_per_mode(names: ChannelNames) -> None:
-    text = prose.invitation_text("explicit", names, B_GENERAL, "Dee", may_publish=True)
+    text = prose.invitation_text(mode_named("explicit"), names, B_GENERAL, "Dee", may_publish=True)
     assert "1. Reply without joining: begin a line with >>b:general" in text and text.startswith("[channels] Dee addressed you in b:general")
-    assert "begin a line with >>> random" in prose.invitation_text("hybrid", names, B_RANDOM, None, may_publish=True)
-    assert 'channel_publish with channelId "b:general"' in prose.invitation_text("named", names, B_GENERAL, None, may_publish=True)
-    assert texts.INVITATION_REPLY_SEND_TOOL in prose.invitation_text("named", names, B_GENERAL, None, may_publish=False)
-    assert texts.INVITATION_REPLY_NONE in prose.invitation_text("disabled", names, B_GENERAL, None, may_publish=False)
+    assert "begin a line with >>> random" in prose.invitation_text(mode_named("hybrid"), names, B_RANDOM, None, may_publish=True)
+    assert 'channel_publish with channelId "b:general"' in prose.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=True)
+    assert texts.INVITATION_REPLY_SEND_TOOL in prose.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=False)
+    assert texts.INVITATION_REPLY_NONE in prose.invitation_text(mode_named("disabled"), names, B_GENERAL, None, may_publish=False)
 
 
 def test_mid_turn_hold_only_for_an_inferred_route_and_another_addressed_conversation() -> None:
     routing = TurnRouting.starting_at(B_GENERAL)
     state = prose.ProseState()
     elsewhere = prose.Arrival(A_GENERAL, None, addressed=True)
-    assert prose.hold_for_arrivals("locus", routing, state, [prose.Arrival(B_GENERAL, None, True)], deliberate=False) == ()
-    assert prose.hold_for_arrivals("locus", routing, state, [prose.Arrival(A_GENERAL, None, False)], deliberate=False) == ()
-    assert prose.hold_for_arrivals("locus", routing, state, [elsewhere], deliberate=True) == ()
-    assert prose.hold_for_arrivals("explicit", routing, state, [elsewhere], deliberate=False) == ()
-    assert prose.hold_for_arrivals("hybrid", routing, prose.ProseState(pin=B_RANDOM), [elsewhere], deliberate=False) == ()
-    assert prose.hold_for_arrivals("locus", routing, state, [elsewhere], deliberate=False) == (B_GENERAL, A_GENERAL)
+    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [prose.Arrival(B_GENERAL, None, True)], deliberate=False) == ()
+    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [prose.Arrival(A_GENERAL, None, False)], deliberate=False) == ()
+    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [elsewhere], deliberate=True) == ()
+    assert prose.hold_for_arrivals(mode_named("explicit"), routing, state, [elsewhere], deliberate=False) == ()
+    assert prose.hold_for_arrivals(mode_named("hybrid"), routing, prose.ProseState(pin=B_RANDOM), [elsewhere], deliberate=False) == ()
+    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [elsewhere], deliberate=False) == (B_GENERAL, A_GENERAL)
     routing.engage(A_GENERAL)
     ambient = prose.Arrival(A_GENERAL, None, addressed=False)
-    assert prose.hold_for_arrivals("locus", routing, state, [ambient], deliberate=False) == (B_GENERAL, A_GENERAL)
+    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [ambient], deliberate=False) == (B_GENERAL, A_GENERAL)
 
 
 @pytest.mark.parametrize("first", ["a", "b"])

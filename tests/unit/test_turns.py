@@ -33,7 +33,7 @@ from mcpl_router.routing.turns import (
     trigger_of,
 )
 from mcpl_router.routing.typing import host_typing_targets
-from mcpl_router.turn_runner import publish_text, wake_fact
+from mcpl_router.turns import publish_text, wake_fact
 
 A_GENERAL = ChannelRef("a", "general")
 B_GENERAL = ChannelRef("b", "general")

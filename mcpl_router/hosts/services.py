@@ -1,0 +1,60 @@
+"""What the host API reaches: each part it calls, handed over by the daemon that wires them.
+
+The host socket's handlers never see the daemon. They get this bundle, built once by the
+daemon, so what a host method may touch is read here: the registry and names, the links a
+host publish goes through, the sessions and turns, and the daemon-wide questions (status,
+explain, reload) as plain callables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.hosts.sessions import SessionManager
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.routing.router import Router
+    from mcpl_router.turns import TurnManager
+
+__all__ = ["ConnectionHooks", "HostServices"]
+
+
+class ConnectionHooks(Protocol):
+    """Told when a host connection opens and closes (the daemon, for sessions and turns)."""
+
+    def opened(self, connection: HostConnection) -> None: ...
+
+    def closed(self, connection: HostConnection) -> None: ...
+
+
+@attrs.frozen
+class HostServices:
+    """The parts the host API uses.
+
+    Attributes:
+        router: the registry and the one resolver (``channels/list``, ``channels/publish``).
+        links: the server links by id (a host publish goes through its channel's own server).
+        sessions: agents, ownership, wakes (``session/hello``, ``wake/ack``).
+        turns: ``turn/*`` and ``channels/typing``.
+        hooks: told of each connection's open and close.
+        status: the ``status`` answer.
+        servers_list: the ``servers/list`` rows.
+        explain: ``explain``'s answer for a name (and an optional server id).
+        reload: ``daemon/reload``.
+        stall_timeout: ``host.stallTimeout``: a connection taking nothing this long is closed.
+    """
+
+    router: Router
+    links: Mapping[str, ServerLink]
+    sessions: SessionManager
+    turns: TurnManager
+    hooks: ConnectionHooks
+    status: Callable[[], dict[str, Any]]
+    servers_list: Callable[[], list[dict[str, Any]]]
+    explain: Callable[[str, str | None], dict[str, Any]]
+    reload: Callable[[], Awaitable[dict[str, Any]]]
+    stall_timeout: float

@@ -1,0 +1,115 @@
+"""Inference lifecycle: ``started`` once per turn, exactly one terminal per ``started``.
+
+``started`` goes out at the turn's first ``turn/context`` or ``turn/round``, shielded and
+recorded server by server (with each server's transport epoch), so a host dropping mid-call
+can't leave a server told "started" that the turn forgets to end. The terminal goes to exactly
+the servers told, after the turn's streams complete, whichever way the turn ends. A turn the
+model provider refused also marks the message it answered, on that message's own server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.context import send_lifecycle
+from mcpl_router.mcpl.link import LinkState
+from mcpl_router.turns.run import ACKNOWLEDGE, FINISH_GRACE, TurnRun
+from mcpl_router.turns.sends import ACK_INTENT_REFUSED, acknowledge_message
+from mcpl_router.turns.streams import OutgoingStreams
+
+if TYPE_CHECKING:
+    from mcpl_router.mcpl.link import ServerLink
+
+__all__ = ["REFUSAL_REACTION", "InferenceLifecycle"]
+
+#: The reaction a turn the model provider refused leaves on the message it answered.
+REFUSAL_REACTION: Final = "🚫"
+#: The most a refusal reaction's answer is waited for (it goes out after the turn has ended).
+REFUSAL_REACTION_TIMEOUT: Final = 5.0
+
+#: ``(agent, event, fields)`` → a trace notification to the agent's host.
+NotifyAgent = Callable[[str, str, dict[str, Any]], Awaitable[bool]]
+
+
+class InferenceLifecycle:
+    """Tells servers when a turn's inference starts and ends (``inference/lifecycle``)."""
+
+    def __init__(self, *, links: Mapping[str, ServerLink], streams: OutgoingStreams, notify_agent: NotifyAgent) -> None:
+        self._links = links
+        self._streams = streams
+        self._notify_agent = notify_agent
+        self._log = get_logger()
+
+    async def start(self, run: TurnRun) -> None:
+        """``started`` to every server, once per turn (whoever asks first); then the host's trace."""
+        if run.started is not None:
+            return
+        run.started = {}  # set before any await: started goes out once, whoever comes first
+        turn = run.turn
+        try:
+            params = {
+                "inferenceId": turn.inference_id,
+                "conversationId": turn.conversation_id,
+                "turnIndex": turn.turn_index,
+                "phase": "started",
+            }
+            # Shielded and recorded server by server: a host dropping mid-call must not leave
+            # a server told "started" that the turn then forgets to end.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
+                await send_lifecycle(list(self._links.values()), params, told=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+        finally:
+            run.started_done.set()
+        where = turn.routing.locus or turn.routing.trigger
+        trace = {
+            "agent": turn.agent,
+            "turnId": turn.turn_id,
+            "inferenceId": turn.inference_id,
+            "serverId": where.server_id if where else None,
+            "channelId": where.channel_id if where else None,
+        }
+        try:
+            await self._notify_agent(turn.agent, "inference:started", trace)
+        except Exception:
+            self._log.exception("turn.trace.failed", agent=turn.agent, turn=turn.turn_id)
+
+    async def end(self, run: TurnRun, outcome: str, usage: Any) -> None:
+        """Complete the turn's streams, then the terminal to exactly the servers told ``started``."""
+        await self._streams.complete(run)
+        if run.started is None:
+            return
+        await run.started_done.wait()
+        turn = run.turn
+        params: dict[str, Any] = {
+            "inferenceId": turn.inference_id,
+            "conversationId": turn.conversation_id,
+            "turnIndex": turn.turn_index,
+            "phase": outcome,
+        }
+        if usage is not None:
+            params["usage"] = usage
+        await send_lifecycle(list(self._links.values()), params, only=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+
+    async def react_to_refusal(self, run: TurnRun, reaction: str) -> None:
+        """Mark the turn's latest inbound message (on its own server) with ``reaction``."""
+        turn = run.turn
+        log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
+        ref, message_id = turn.routing.trigger, turn.trigger_message_id
+        if not run.mode.reacts_to_refusal or ref is None or message_id is None:
+            log.info("refusal.reaction.skipped", why="no-inbound-message" if run.mode.reacts_to_refusal else run.mode.name)
+            return
+        link = self._links.get(ref.server_id)
+        if link is None or link.state is not LinkState.READY or not link.grant.allows(ACKNOWLEDGE):
+            log.info("refusal.reaction.skipped", why="not-permitted", server=ref.server_id)
+            return
+        reason = await acknowledge_message(
+            link, ref, message_id, intent=ACK_INTENT_REFUSED, value=reaction,
+            timeout=min(REFUSAL_REACTION_TIMEOUT, link.config.request_timeout),
+        )
+        if reason is not None:
+            log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id, reason=reason)
+            return
+        log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)

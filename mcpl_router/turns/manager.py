@@ -1,0 +1,599 @@
+"""TurnManager: opening, leases and closing of turns; the host's turn methods land here.
+
+The decisions are :mod:`mcpl_router.routing.turns`' and the agent's mode's (pure); the parts
+this wires carry them out over the server links:
+
+- :mod:`~mcpl_router.turns.speech`: each round's text routed and published, drafted or bounced;
+- :mod:`~mcpl_router.turns.typing`: the turn's typing on its channel's own server, and hosts' leases;
+- :mod:`~mcpl_router.turns.drafts`: drafts (journaled) and the receipt at close;
+- :mod:`~mcpl_router.turns.lifecycle`: ``inference/lifecycle`` ``started`` once and exactly one
+  terminal per ``started`` on every exit path (close, supersede, lease expiry, host gone, drain).
+
+Each turn's timers run in a *keeper* task in the manager's nursery: it refreshes typing and
+aborts a turn the host says nothing about for ``lease`` seconds, or whose connection is gone,
+so a crashed host can never leave a channel typing. Every exception in a keeper is caught
+and logged, and ends its turn.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from mcpl_router.jsonrpc import INVALID_PARAMS, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.context import HookFacts, before_inference
+from mcpl_router.routing import prose, texts
+from mcpl_router.routing.modes import ProseMode
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.turns import (
+    OUTCOMES,
+    MalformedChannel,
+    Turn,
+    TurnRouting,
+    TurnTable,
+    WakeFact,
+    call_scope,
+    requested_channel,
+    trigger_of,
+)
+from mcpl_router.tool_calls import ToolCall, ToolProvider, agent_may_call, tool_result
+from mcpl_router.turns.drafts import DraftBook, receipt_of
+from mcpl_router.turns.lifecycle import REFUSAL_REACTION, InferenceLifecycle
+from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, WAKE_UNKNOWN, TurnRun, TurnTimings
+from mcpl_router.turns.speech import Speech
+from mcpl_router.turns.streams import OutgoingStreams
+from mcpl_router.turns.typing import TypingIndicators
+from mcpl_router.turns.wakes import wake_fact
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.hosts.sessions import AgentSpec, SessionManager
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.metrics import DaemonMetrics
+    from mcpl_router.routing.router import Router
+    from mcpl_router.store.journal import Journal
+
+__all__ = ["TurnManager"]
+
+
+class _Timing:
+    """A ``TurnManager`` attribute that reads and sets one field of its :class:`TurnTimings`
+    (the parts read the timings; tests shorten them on the manager)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._field = name
+
+    def __get__(self, manager: TurnManager, owner: type | None = None) -> Any:
+        return getattr(manager.timings, self._field)
+
+    def __set__(self, manager: TurnManager, value: Any) -> None:
+        # In place: the parts hold this one TurnTimings.
+        setattr(manager.timings, self._field, value)
+
+
+class TurnManager:
+    """Every open turn and the tasks that keep them (``daemon.turns``).
+
+    Args:
+        router: the registry and the one resolver.
+        links: the server links by server id (the daemon's own mapping: reloads change it).
+        journal: wakes read mid-turn, drafts kept.
+        sessions: who owns which agent, the wakes, and the agents' specs.
+        metrics: ``beforeInference`` latencies.
+        is_draining: True once shutdown started: no new turns.
+    """
+
+    typing_interval = _Timing()
+    lease = _Timing()
+    context_timeout = _Timing()
+    publish_timeout = _Timing()
+    connection_poll = _Timing()
+    host_typing_lease = _Timing()
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        links: Mapping[str, ServerLink],
+        journal: Journal,
+        sessions: SessionManager,
+        metrics: DaemonMetrics | None = None,
+        is_draining: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self._router = router
+        self._links = links
+        self._journal = journal
+        self._sessions = sessions
+        self._metrics = metrics
+        self._is_draining = is_draining
+        self.timings = TurnTimings()
+        self.table = TurnTable()
+        self._runs: dict[str, TurnRun] = {}
+        self._ids = itertools.count(1)
+        self._log = get_logger()
+        self._nursery: trio.Nursery | None = None
+        #: The reaction a provider-refused turn's latest inbound message gets (not for named).
+        self.refusal_reaction: str = REFUSAL_REACTION
+        #: Who offers and executes tools (see :mod:`mcpl_router.tool_calls`); the daemon wires them.
+        self.tool_providers: list[ToolProvider] = []
+        self.typing = TypingIndicators(links=links, router=router, timings=self.timings)
+        self.drafts = DraftBook(journal=journal, names=router.names)
+        streams = OutgoingStreams(links)
+        self.speech = Speech(
+            router=router, links=links, journal=journal, drafts=self.drafts, typing=self.typing, streams=streams, timings=self.timings
+        )
+        self.lifecycle = InferenceLifecycle(links=links, streams=streams, notify_agent=sessions.notify_agent)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the turns' keeper tasks (and the hosts' typing leases) until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                await nursery.start(self.typing.run)
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _shown(self, ref: ChannelRef) -> str:
+        return self._router.names.name_shown(ref)
+
+    def _ref_wire(self, ref: ChannelRef | None) -> dict[str, str] | None:
+        return None if ref is None else {**ref.to_wire(), "shown": self._shown(ref)}
+
+    def run_for(self, connection: HostConnection, turn_id: str) -> TurnRun:
+        """The open turn ``turn_id``, which ``connection``'s host must own; renews its lease."""
+        run = self._runs.get(turn_id)
+        if run is None or run.finished:
+            raise RpcError(
+                TURN_NOT_OPEN,
+                f"Turn {texts.quoted(turn_id)} is not open (never opened, closed, superseded, or its"
+                " lease expired). Open a new turn with turn/open.",
+                {"turnId": turn_id},
+            )
+        self._sessions.require_owner(connection, run.turn.agent)
+        # Anything the host says about a turn renews its lease.
+        run.lease_deadline = trio.current_time() + self.lease
+        return run
+
+    def _new_ids(self) -> tuple[str, str]:
+        n = next(self._ids)
+        token = secrets.token_hex(4)
+        return f"t-{n}-{token}", f"inf-{n}-{token}"
+
+    def open_turns(self) -> list[Turn]:
+        """Every open turn (for status and tests)."""
+        return self.table.all()
+
+    def run_of(self, turn_id: str) -> TurnRun | None:
+        """The shell state of an open turn (for tests)."""
+        return self._runs.get(turn_id)
+
+    def runs(self) -> list[TurnRun]:
+        """Every open turn's shell state."""
+        return list(self._runs.values())
+
+    # ------------------------------------------------------------------ turn/open
+
+    async def open(
+        self,
+        connection: HostConnection,
+        agent: str,
+        *,
+        wakes: Sequence[int] = (),
+        channel: str | Mapping[str, Any] | None = None,
+        subagent: bool = False,
+    ) -> dict[str, Any]:
+        """Open a turn for ``agent`` (owned by ``connection``): fix its trigger, start typing.
+
+        The channel comes from one request: the newest addressed wake's ref among ``wakes``,
+        or else ``channel`` as the host named it. A name that means none or several channels
+        gives the turn no channel, and nothing falls back to another.
+
+        The locus (where plain speech goes) is the one conversation the wakes hold (addressed
+        ones first); several → held. ``system`` holds the lines the host puts at the system
+        position of every request of the turn (named mode's line); ``subagent`` picks the
+        subagent wording.
+        """
+        if self._is_draining():
+            # Shutdown ends open turns and then stops the links: a turn opened now would start
+            # typing and get no terminal.
+            raise RpcError(
+                DAEMON_DRAINING,
+                "The daemon is shutting down (daemon/shutdown was sent): no new turns. Open the"
+                " turn again once it is back.",
+                {"agent": agent},
+            )
+        sessions = self._sessions
+        spec = sessions.require_owner(connection, agent)
+        facts: list[WakeFact] = []
+        for seq in wakes:
+            wake = await sessions.wake(seq, agent)
+            if wake is None:
+                raise RpcError(
+                    WAKE_UNKNOWN,
+                    f"Wake {seq} is not a wake of agent {texts.quoted(agent)} (unknown, or acked"
+                    " and gone). No turn was opened.",
+                    {"seq": seq, "agent": agent},
+                )
+            facts.append(wake_fact(wake))
+        trigger: ChannelRef | None = None
+        message_id = thread_id = None
+        chosen = trigger_of(facts)
+        if chosen is not None:
+            trigger, message_id, thread_id = chosen.channel, chosen.message_id, chosen.thread_id
+        elif channel is not None:
+            try:
+                trigger = requested_channel(self._router.names, channel)
+            except MalformedChannel as exc:
+                raise RpcError(INVALID_PARAMS, str(exc), {"field": "channel"}) from None
+        turn_id, inference_id = self._new_ids()
+        turn = Turn(
+            turn_id=turn_id,
+            inference_id=inference_id,
+            agent=agent,
+            routing=TurnRouting.starting_at(trigger),
+            wakes=tuple(fact.seq for fact in facts),
+            conversation_id=agent,
+            turn_index=self.table.next_index(agent),
+            trigger_message_id=message_id,
+            trigger_thread_id=thread_id,
+        )
+        mode = spec.mode
+        state = prose.ProseState()
+        competing = self._place_speech(mode, turn.routing, state, facts)
+        run = TurnRun(
+            turn=turn,
+            connection=connection,
+            mode=mode,
+            lease_deadline=trio.current_time() + self.lease,
+            prose=state,
+            subagent=bool(subagent),
+            seen_seq=max([self._journal.last_seq(), *(fact.seq for fact in facts)]),
+        )
+        superseded = self.table.add(turn)
+        self._runs[turn_id] = run
+        log = self._log.bind(agent=agent, turn=turn_id)
+        log.info(
+            "turn.opened",
+            server=trigger.server_id if trigger else None,
+            channel=trigger.channel_id if trigger else None,
+            wakes=list(turn.wakes),
+        )
+        if superseded is not None:
+            old = self._runs.get(superseded.turn_id)
+            if old is not None:
+                log.info("turn.superseded", superseded=superseded.turn_id)
+                await self.finish(old, "aborted", why="superseded")
+        if self._nursery is not None:
+            self._nursery.start_soon(self._keep, run, name=f"turn-keeper:{turn_id}")
+        else:
+            # No manager nursery (a TurnManager driven directly by a unit test).
+            trio.lowlevel.spawn_system_task(self._keep, run, name=f"turn-keeper:{turn_id}")
+        locus = turn.routing.locus
+        routing_line = mode.routing_line(
+            self._shown(locus) if locus else None, competing, held_ambiguous=state.held_reason == prose.REASON_AMBIGUOUS
+        )
+        untold = self.drafts.tell_untold(agent)
+        return {
+            "turnId": turn_id,
+            "inferenceId": inference_id,
+            "channel": self._ref_wire(trigger),
+            "tools": self.tools_for(spec, run),
+            "system": mode.system_lines(may_publish=agent_may_call(spec, "channel_publish"), subagent=run.subagent),
+            "notices": [texts.untold_drafts([draft.draft_id for draft in untold])] if untold else [],
+            "proseRouting": mode.name,
+            "shown": {
+                "channel": self._shown(trigger) if trigger else None,
+                "locus": self._shown(locus) if locus else None,
+                "routing": routing_line,
+            },
+        }
+
+    def _place_speech(self, mode: ProseMode, routing: TurnRouting, state: prose.ProseState, facts: Sequence[WakeFact]) -> list[str]:
+        """Where a new turn's plain speech lands and where its typing shows, per its mode;
+        the competing channels' shown names when the wakes hold several conversations."""
+        if not mode.speaks:
+            # Nothing plain is ever posted, so there is no place to show typing.
+            routing.locus = routing.typing_channel = None
+            return []
+        if not mode.infers_locus:
+            # No locus: typing shows on the trigger, on its server.
+            routing.locus = None
+            return []
+        if not facts:
+            return []
+        choice = prose.locus_of(facts)
+        if choice.held:
+            routing.locus = routing.typing_channel = None
+            state.held_reason = prose.REASON_AMBIGUOUS
+            return [self._shown(ref) for ref in choice.competing]
+        if choice.ref is None:
+            routing.locus = routing.typing_channel = None
+        return []
+
+    # ------------------------------------------------------------------ turn/context
+
+    async def context(
+        self, connection: HostConnection, turn_id: str, *, user_message: Any = None, model: str | None = None
+    ) -> dict[str, Any]:
+        """Fan ``context/beforeInference`` out; the injections grouped by position."""
+        run = self.run_for(connection, turn_id)
+        turn = run.turn
+        await self.lifecycle.start(run)
+        facts = HookFacts(
+            inference_id=turn.inference_id,
+            conversation_id=turn.conversation_id,
+            turn_index=turn.turn_index,
+            model=model,
+            user_message=user_message,
+            incoming=turn.routing.trigger,
+            incoming_message_id=turn.trigger_message_id,
+            incoming_thread_id=turn.trigger_thread_id,
+            default_outgoing=turn.routing.locus,
+        )
+        result = await before_inference(
+            list(self._links.values()),
+            facts,
+            self._router.registry,
+            timeout=self.context_timeout,
+            log_fields={"agent": turn.agent, "turn": turn.turn_id},
+        )
+        if self._metrics is not None:
+            self._metrics.context_answered(result.servers, result.elapsed)
+        return result.to_wire()
+
+    # ------------------------------------------------------------------ turn/text, turn/round
+
+    def text(self, connection: HostConnection, turn_id: str, round_: int, delta: str) -> None:
+        """Buffer a round's text delta (``turn/text`` is a notification: nothing answers).
+
+        The route in force when a round's first words arrive is the one they travel along: a
+        ``channel_open`` landing later in the round changes only later rounds' words.
+        """
+        run = self.run_for(connection, turn_id)
+        if not run.turn.add_text(round_, delta):
+            self._log.warning("turn.text.late", agent=run.turn.agent, turn=turn_id, round=round_)
+            return
+        routing = run.turn.routing
+        run.round_routes.setdefault(round_, (routing.locus, routing.sticky_target))
+
+    async def round(
+        self, connection: HostConnection, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, Any]] = ()
+    ) -> dict[str, Any]:
+        """A round ended: route its text now; its deliveries and the notices it raised.
+
+        ``tool_calls`` are the calls the model made in this round, which the host runs after
+        this: a send among them holds the round's plain text (send-silencing), since the agent
+        is already saying what it means to say.
+        """
+        run = self.run_for(connection, turn_id)
+        if self.round_sends(tool_calls):
+            run.explicit_send_rounds.add(round_)
+        await self.lifecycle.start(run)
+        async with run.lock:
+            seen = len(run.notices)
+            deliveries = await self.speech.route_round(run, round_)
+        return {"deliveries": [d.to_wire() for d in deliveries], "notices": run.notices[seen:]}
+
+    # ------------------------------------------------------------------ tools
+
+    def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[dict[str, Any]]:
+        """Every provider's tools this agent may call, in provider order."""
+        offered: list[dict[str, Any]] = []
+        for provider in self.tool_providers:
+            offered.extend(spec for spec in provider.tools_for(agent, run) if agent_may_call(agent, spec["name"]))
+        return offered
+
+    def round_sends(self, tool_calls: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether any of a round's tool calls (not yet run) is a send tool."""
+        for tool_call in tool_calls:
+            name = tool_call.get("name")
+            arguments = tool_call.get("arguments")
+            arguments = arguments if isinstance(arguments, Mapping) else {}
+            provider = next((p for p in self.tool_providers if isinstance(name, str) and p.handles(name)), None)
+            if provider is not None and provider.is_send(name, arguments):
+                return True
+        return False
+
+    def record_explicit_send(self, call: ToolCall, ref: ChannelRef) -> None:
+        """A send tool delivered to ``ref``: engage it for the calling turn, note the round.
+
+        Only a call made inside the turn engages anything (``callingTurnOf``). The round is
+        noted so prose routing can hold that round's plain text (send-silencing).
+        """
+        if not call.scope.may_move_routing or call.scope.turn is None:
+            return
+        call.scope.turn.routing.engage(ref)
+        call.run.explicit_send_rounds.add(call.run.turn.round)
+
+    async def tool(
+        self,
+        connection: HostConnection,
+        turn_id: str,
+        *,
+        call_id: str,
+        name: str,
+        arguments: Any,
+        caller_turn_id: str | None,
+    ) -> dict[str, Any]:
+        """A tool call from the model, sent to the provider that handles ``name``.
+
+        The call's scope (:func:`~mcpl_router.routing.turns.call_scope`) decides what it may
+        touch: a call carrying another turn than the agent's open one reads none of its
+        channels and moves none of its routing. The agent's allowed tools are checked here, at
+        dispatch, whatever the listing said.
+        """
+        run = self.run_for(connection, turn_id)
+        agent = self._sessions.agent(run.turn.agent)
+        scope = call_scope(self.table, run.turn.agent, caller_turn_id or turn_id)
+        log = self._log.bind(
+            agent=run.turn.agent, turn=turn_id, call=call_id, tool=name,
+            calling_turn=scope.turn.turn_id if scope.turn else None,
+        )
+        provider = next((p for p in self.tool_providers if p.handles(name)), None)
+        if provider is None:
+            log.info("turn.tool.unknown")
+            return tool_result(texts.unknown_tool(name), error=True, reason="unknown-tool")
+        if not agent_may_call(agent, name):
+            log.info("turn.tool.not_permitted")
+            return tool_result(texts.tool_not_permitted(name), error=True, reason="not-permitted")
+        call = ToolCall(
+            
+            run=run,
+            scope=scope,
+            agent=agent,
+            call_id=call_id,
+            name=name,
+            arguments=dict(arguments) if isinstance(arguments, Mapping) else {},
+        )
+        result = await provider.call(call)
+        log.info("turn.tool.called", error=bool(result.get("isError")), reason=result.get("reason"))
+        return result
+
+    # ------------------------------------------------------------------ turn/close
+
+    async def close(self, connection: HostConnection, turn_id: str, outcome: str, usage: Any = None) -> dict[str, Any]:
+        """End a turn: route what's left, stop typing, send the lifecycle terminal; the receipt.
+
+        ``refused`` (the model provider refused) ends the turn as ``failed`` for servers and
+        marks the turn's latest inbound message with :attr:`refusal_reaction` through
+        ``channels/acknowledge`` on that message's own server, where the agent's mode reacts.
+        """
+        if outcome not in OUTCOMES:
+            raise RpcError(INVALID_PARAMS, f"outcome must be one of completed, aborted, failed, refused; got {texts.quoted(str(outcome))}")
+        run = self.run_for(connection, turn_id)
+        turn = run.turn
+        async with run.lock:
+            seen = len(run.notices)
+            if outcome == "completed":
+                for round_ in turn.unrouted_rounds():
+                    await self.speech.route_round(run, round_)
+            else:
+                # An aborted, failed or refused turn's unfinished words are not posted.
+                self.speech.hold_unfinished(run, outcome)
+        await self.finish(run, "failed" if outcome == "refused" else outcome, why="closed", usage=usage)
+        if outcome == "refused":
+            # After the turn has ended (typing stopped, terminal sent), and in the background:
+            # a server slow to answer the reaction must not hold the host's close.
+            if self._nursery is not None:
+                self._nursery.start_soon(self.lifecycle.react_to_refusal, run, self.refusal_reaction)
+            else:
+                await self.lifecycle.react_to_refusal(run, self.refusal_reaction)
+        deliveries = turn.routing.deliveries
+        receipt = {
+            "text": receipt_of(run, self._router.names),
+            "delivered": [d.to_wire() for d in deliveries if d.outcome == "delivered"],
+            "held": len(run.drafts),
+            "private": run.private,
+            "suppressed": run.suppressed,
+            "kept": run.kept,
+        }
+        drafts = [d.to_wire(time.time()) for d in self.drafts.made_in(run)]
+        return {
+            "receipt": receipt,
+            "deliveries": [d.to_wire() for d in deliveries],
+            "drafts": drafts,
+            "notices": run.notices[seen:],
+            "again": run.again and outcome == "completed",
+        }
+
+    # ------------------------------------------------------------------ ending a turn
+
+    async def finish(self, run: TurnRun, outcome: str, *, why: str, usage: Any = None) -> None:
+        """End a turn once, whichever way: stop its typing and send its lifecycle terminal.
+
+        Exclusive with round routing: ``finished`` is set first (a round being routed re-checks
+        it before each publish and chunk, so it stops after the publish in flight), then the
+        end waits for the turn's lock, so the streams complete after the round's last chunk.
+        The wait is bounded by one publish (and shielded, like the sends after it).
+        """
+        if run.finished:
+            return
+        run.finished = True
+        turn = run.turn
+        turn.outcome = outcome
+        self.table.remove(turn)
+        self._runs.pop(turn.turn_id, None)
+        run.cancel.cancel()
+        log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
+        acquired = False
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.speech.longest_publish() + FINISH_GRACE):
+            await run.lock.acquire()
+            acquired = True
+        if not acquired:
+            log.warning("turn.finish.lock_timeout", why=why)
+        try:
+            # Shielded: the stop and the terminal must go out even when the caller is being
+            # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
+                # Concurrently: a typing stop stuck on one server must not cost another server
+                # its lifecycle terminal.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.typing.stop, run)
+                    nursery.start_soon(self.lifecycle.end, run, outcome, usage)
+        finally:
+            if acquired:
+                run.lock.release()
+        log.info("turn.ended", outcome=outcome, why=why)
+
+    async def drain(self) -> None:
+        """Abort every open turn (daemon shutdown): typing stopped, lifecycle terminals sent.
+
+        All at once, so the whole drain takes one turn's bound, not one per turn.
+        """
+        async with trio.open_nursery() as nursery:
+            for turn in self.table.all():
+                run = self._runs.get(turn.turn_id)
+                if run is not None:
+                    nursery.start_soon(functools.partial(self.finish, run, "aborted", why="shutdown"))
+
+    def connection_closed(self, connection: HostConnection) -> None:
+        """A host connection is gone: its turns end at their keeper's next check (soon), and
+        the typing it started by itself is stopped now."""
+        self.typing.host_gone(connection)
+        for run in list(self._runs.values()):
+            if run.connection is connection:
+                run.lease_deadline = min(run.lease_deadline, trio.current_time())
+
+    def channels_removed(self, refs: Sequence[ChannelRef]) -> None:
+        """Channels withdrawn (or their server gone): only those channels' typing is forgotten."""
+        self.typing.withdrawn(refs, self._runs.values())
+
+    # ------------------------------------------------------------------ the keeper
+
+    async def _keep(self, run: TurnRun) -> None:
+        """Refresh the turn's typing and watch its lease and connection until the turn ends."""
+        turn = run.turn
+        try:
+            with run.cancel:
+                while True:
+                    now = trio.current_time()
+                    if run.host_gone:
+                        await self.finish(run, "aborted", why="host-gone")
+                        return
+                    if now >= run.lease_deadline:
+                        self._log.warning("turn.lease.expired", agent=turn.agent, turn=turn.turn_id, lease=self.lease)
+                        await self.finish(run, "aborted", why="lease-expired")
+                        return
+                    moved = run.typing_sent is not None and run.typing_sent[0] != turn.routing.typing_channel
+                    if moved or (turn.routing.typing_channel is not None and now >= run.next_typing):
+                        await self.typing.refresh(run)
+                        run.next_typing = trio.current_time() + self.typing_interval
+                    wake_at = min(run.lease_deadline, now + self.connection_poll)
+                    if turn.routing.typing_channel is not None:
+                        wake_at = min(wake_at, run.next_typing)
+                    await trio.sleep_until(wake_at)
+        except Exception:
+            # A keeper's exception must not end the manager's nursery: log it, end the turn.
+            self._log.exception("turn.keeper.crashed", agent=turn.agent, turn=turn.turn_id)
+            await self.finish(run, "failed", why="keeper-crashed")

@@ -1,0 +1,114 @@
+"""One open turn's shell state (:class:`TurnRun`) and the constants turns are kept by.
+
+The routing decisions a turn holds are :class:`~mcpl_router.routing.turns.Turn`'s (pure);
+``TurnRun`` adds what carrying them out needs: the host connection that owns it, its lease
+and keeper, its inference lifecycle, its prose-routing state and its outgoing streams.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import trio
+
+from mcpl_router.mcpl.context import BEFORE_INFERENCE_TIMEOUT
+from mcpl_router.routing import prose
+from mcpl_router.routing.modes import ProseMode
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.turns import Turn
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.connection import HostConnection
+
+#: Typing expires by itself on most platforms; refresh it this often while a turn runs.
+TYPING_INTERVAL: Final = 7.0
+#: A turn the host says nothing about for this long is aborted (a crashed host stops typing).
+LEASE: Final = 60.0
+#: How long a publish may take before its outcome is "unknown".
+PUBLISH_TIMEOUT: Final = 10.0
+#: How often a keeper checks that its host connection is still there.
+CONNECTION_POLL: Final = 0.5
+#: A host's own ``channels/typing start`` holds this long unless renewed by another start;
+#: then the daemon sends the stop itself, so a crashed host can't leave a channel typing.
+HOST_TYPING_LEASE: Final = 30.0
+#: The most an ending turn waits on its stop and lifecycle sends (shielded from cancellation).
+FINISH_GRACE: Final = 5.0
+
+# Host API error codes owned by turns (documented in docs/host-api.md).
+TURN_NOT_OPEN: Final = -32050
+WAKE_UNKNOWN: Final = -32051
+CHANNEL_REFUSED: Final = -32052
+DAEMON_DRAINING: Final = -32053
+
+# The capabilities a turn's sends need on the destination's server.
+TYPING: Final = "channels.typing"
+PUBLISH: Final = "channels.publish"
+ACKNOWLEDGE: Final = "channels.acknowledge"
+STREAMING: Final = "channels.streaming"
+
+
+@attrs.define
+class TurnTimings:
+    """How turns are kept, in seconds. Constants by default; tests shorten them on
+    ``TurnManager`` (whose attributes of the same names read and set these)."""
+
+    typing_interval: float = TYPING_INTERVAL
+    lease: float = LEASE
+    context_timeout: float = BEFORE_INFERENCE_TIMEOUT
+    #: None: each server's own ``requestTimeout``; a number overrides it for every server.
+    publish_timeout: float | None = None
+    connection_poll: float = CONNECTION_POLL
+    host_typing_lease: float = HOST_TYPING_LEASE
+
+
+@attrs.define(eq=False)
+class TurnRun:
+    """The shell's state for one open turn: its connection, lease, keeper and lifecycle."""
+
+    turn: Turn
+    connection: HostConnection | None
+    mode: ProseMode
+    lease_deadline: float
+    cancel: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    # Where a typing "start" went (and in which transport epoch), so "stop" goes exactly there.
+    typing_sent: tuple[ChannelRef, int] | None = None
+    next_typing: float = 0.0
+    # None until inference starts; then the servers told "started", with their epochs.
+    started: dict[str, int] | None = None
+    started_done: trio.Event = attrs.field(factory=trio.Event)
+    held: int = 0
+    finished: bool = False
+    # Rounds in which a send tool delivered (for send-silencing of that round's plain text).
+    explicit_send_rounds: set[int] = attrs.field(factory=set)
+    # Prose routing: the turn's pins and holds; each round's route when its first words came.
+    prose: prose.ProseState = attrs.field(factory=prose.ProseState)
+    round_routes: dict[int, tuple[ChannelRef | None, ChannelRef | None]] = attrs.field(factory=dict)
+    notices: list[str] = attrs.field(factory=list)
+    private: int = 0
+    suppressed: int = 0
+    kept: int = 0
+    drafts: list[str] = attrs.field(factory=list)
+    again: bool = False
+    subagent: bool = False
+    # Outgoing streams: per destination ref, the epoch its chunks went in and the words sent.
+    streams: dict[ChannelRef, tuple[int, list[str]]] = attrs.field(factory=dict)
+    stream_index: int = 0
+    # The journal's last inbound seq this turn has looked at (mid-turn arrivals come after it).
+    seen_seq: int = 0
+    # The locus the last routed round went by: a different one since means a deliberate move.
+    last_locus: ChannelRef | None = None
+
+    @property
+    def host_gone(self) -> bool:
+        """The owning host's connection has closed (its turns end at the keeper's next look)."""
+        peer = None if self.connection is None else self.connection.peer
+        return peer is not None and peer.closed
+
+    def count_silent(self, action: str) -> None:
+        """Count words a mode never posts (``suppressed`` or ``kept``)."""
+        if action == "kept":
+            self.kept += 1
+        else:
+            self.suppressed += 1

@@ -1,0 +1,78 @@
+"""Outgoing streams: a turn's decided words as chunks, to each destination's own server.
+
+Only words whose delivery is known not to have failed are streamed, so a stream (and its
+``complete``) carries only words that went out. A stream belongs to its ref and to the
+transport epoch of its first chunk: a reconnected server, or another server with the same
+channel id, never gets the rest of it. Every channel that got chunks gets one ``complete``,
+whichever way the turn ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from mcpl_router.jsonrpc import PeerClosed
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.turns.run import STREAMING, TurnRun
+
+if TYPE_CHECKING:
+    from mcpl_router.mcpl.link import ServerLink
+
+__all__ = ["OutgoingStreams"]
+
+
+class OutgoingStreams:
+    """Sends each turn's chunks and completes its streams, over the links."""
+
+    def __init__(self, links: Mapping[str, ServerLink]) -> None:
+        self._links = links
+        self._log = get_logger()
+
+    async def chunk(self, run: TurnRun, ref: ChannelRef, text: str) -> None:
+        """Send decided words to ``ref``'s own server as a chunk, if it is granted streaming.
+
+        ``index`` counts per inference across channels.
+        """
+        link = self._links.get(ref.server_id)
+        if link is None or link.state is not LinkState.READY or not link.grant.allows(STREAMING):
+            return
+        stream = run.streams.get(ref)
+        if stream is not None and stream[0] != link.epoch:
+            return
+        turn = run.turn
+        index = run.stream_index
+        run.stream_index += 1
+        # Each channel's deltas join into its complete text: later words start a new paragraph.
+        delta = text if stream is None else "\n\n" + text
+        params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
+                  "index": index, "delta": delta}
+        # Recorded before the send: whoever completes the streams meanwhile completes this one.
+        if stream is None:
+            run.streams[ref] = stream = (link.epoch, [])
+        stream[1].append(delta)
+        try:
+            await link.send_notification("channels/outgoing/chunk", params, capability=STREAMING)
+        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+            self._log.info("stream.chunk.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id, channel=ref.channel_id)
+            if delta in stream[1]:
+                stream[1].remove(delta)
+            if not stream[1] and run.streams.get(ref) is stream:
+                del run.streams[ref]
+
+    async def complete(self, run: TurnRun) -> None:
+        """``complete`` once per channel that got chunks, with its full text (every exit path)."""
+        streams, run.streams = run.streams, {}
+        turn = run.turn
+        for ref, (epoch, parts) in streams.items():
+            link = self._links.get(ref.server_id)
+            if link is None or link.epoch != epoch or link.state is not LinkState.READY:
+                continue
+            params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
+                      "content": "".join(parts)}
+            try:
+                await link.send_notification("channels/outgoing/complete", params, capability=STREAMING)
+            except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+                self._log.info("stream.complete.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id)

@@ -1,0 +1,39 @@
+"""What a turn reads of the wakes it is opened with (the sessions' :class:`Wake`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mcpl_router.routing.turns import WakeFact
+from mcpl_router.routing.wakes import Wake
+
+__all__ = ["message_ids_of", "wake_fact"]
+
+
+def message_ids_of(payload: Any) -> tuple[str | None, str | None]:
+    """The (messageId, threadId) of a wake's newest message, wherever the payload holds it."""
+    message: Any = payload
+    if isinstance(payload, Mapping) and isinstance(payload.get("messages"), list) and payload["messages"]:
+        message = payload["messages"][-1]
+    elif isinstance(payload, list) and payload:
+        message = payload[-1]
+    if not isinstance(message, Mapping):
+        return None, None
+    origin = message.get("origin")
+    if "messageId" not in message and isinstance(origin, Mapping):
+        # A push names its message in `origin` (discord-mcpl's push for a closed channel,
+        # src/server.ts:3176): that is the message a decline or refusal reaction marks.
+        message = origin
+    message_id = message.get("messageId")
+    thread_id = message.get("threadId")
+    return (
+        message_id if isinstance(message_id, str) else None,
+        thread_id if isinstance(thread_id, str) else None,
+    )
+
+
+def wake_fact(wake: Wake) -> WakeFact:
+    """What routing needs of one wake."""
+    message_id, thread_id = message_ids_of(wake.payload)
+    return WakeFact(seq=wake.seq, channel=wake.channel, addressed=wake.addressed, message_id=message_id, thread_id=thread_id)
