@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from mcpl_router.config.errors import Problems, dotted_key, show_value
+from mcpl_router.config.file_parsing import JsonObject
 
 _REFERENCE = re.compile(r"\$\$\{|\$\{")
 _REFERENCE_BODY = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)
@@ -60,7 +61,9 @@ def substitute_config(
 
 def _check_duplicates(value: Any, key: str, problems: Problems) -> None:
     """Report the keys a JSON object gave twice (TOML refuses them when parsing)."""
-    for name in getattr(value, "duplicates", ()):
+    if not isinstance(value, JsonObject):
+        return
+    for name in value.duplicates:
         problems.error(
             dotted_key(key, name),
             f'"{name}" is given more than once; JSON would keep only the last.',
