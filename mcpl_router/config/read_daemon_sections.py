@@ -2,7 +2,8 @@
 
 ``host`` gets the most checking because it is where agent hosts connect: a WebSocket listener
 that others can reach must be allowed explicitly and needs a token, and a Unix socket path must
-fit the operating system's limit. Paths left out default under the per-user state directory.
+fit the operating system's limit. Left out, the journal and the host token file go under the
+per-user state directory, and the Unix socket under the per-user runtime directory.
 """
 
 from __future__ import annotations
