@@ -1,0 +1,154 @@
+"""Reading the daemon's own sections: ``host``, ``journal``, ``logging`` and ``health``.
+
+``host`` gets the most checking because it is where agent hosts connect: a WebSocket listener
+that others can reach must be allowed explicitly and needs a token, and a Unix socket path must
+fit the operating system's limit. Left out, the journal and the host token file go under the
+per-user state directory, and the Unix socket under the per-user runtime directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from mcpl_router.config.errors import dotted_key, show_value
+from mcpl_router.config.model import (
+    HOST_WEBSOCKET_KEYS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    HealthConfig,
+    HostConfig,
+    JournalConfig,
+    LoggingConfig,
+    WebSocketListenConfig,
+)
+from mcpl_router.config.paths import default_unix_socket_path, resolve_path, state_dir
+from mcpl_router.config.section_reader import Section
+
+# sun_path is 108 bytes on Linux and 104 on macOS, each including the terminating NUL.
+_UNIX_SOCKET_MAX_BYTES: Final = 103 if sys.platform == "darwin" else 107
+
+
+def parse_journal(section: Section, base_dir: Path, env: Mapping[str, str]) -> JournalConfig:
+    """``journal``: its path defaults under the state directory."""
+    path = section.string("path")
+    retention = section.number("retention", 24 * 3600.0, above=0)
+    if path is None:
+        return JournalConfig(path=state_dir(env) / "journal.sqlite3", retention=retention)
+    return JournalConfig(path=resolve_path(path, base_dir, env), retention=retention)
+
+
+def parse_host(
+    section: Section, base_dir: Path, env: Mapping[str, str], journal: JournalConfig
+) -> HostConfig:
+    """``host``: the listeners agent hosts connect to, and the token they present.
+
+    ``tokenFile`` defaults beside the journal, so ``journal`` is read first.
+    """
+    websocket: WebSocketListenConfig | None = WebSocketListenConfig()
+    raw_ws = section.raw("websocket")
+    if raw_ws is False:
+        websocket = None
+    elif isinstance(raw_ws, Mapping):
+        ws = section.table("websocket", HOST_WEBSOCKET_KEYS, "host.websocket")
+        ws_enabled = ws.boolean("enabled", True)
+        path = ws.string("path", "/") or "/"
+        if not path.startswith("/"):
+            ws.error("path", f"{show_value(path)} does not start with /.", f'Write "/{path}".')
+            path = "/"
+        websocket = WebSocketListenConfig(
+            bind=ws.string("bind", "127.0.0.1") or "127.0.0.1",
+            port=ws.integer("port", 0, at_least=0, at_most=65535),
+            path=path,
+        )
+        if not ws_enabled:
+            websocket = None
+    elif section.given("websocket") and raw_ws is not True:
+        section.error(
+            "websocket",
+            f"expected a table or false, got {show_value(raw_ws)}.",
+            'Write websocket = { bind = "127.0.0.1", port = 0, path = "/" }, or false to turn '
+            "the WebSocket listener off.",
+        )
+
+    unix_socket: Path | None = default_unix_socket_path(env)
+    raw_unix = section.raw("unixSocket")
+    if raw_unix is False:
+        unix_socket = None
+    elif section.given("unixSocket") and raw_unix is not True:
+        text = section.string(
+            "unixSocket", fix="Give a path, or false to turn the Unix socket listener off."
+        )
+        if text is not None:
+            unix_socket = resolve_path(text, base_dir, env)
+    length = 0 if unix_socket is None else len(os.fsencode(unix_socket))
+    if length > _UNIX_SOCKET_MAX_BYTES:
+        section.error(
+            "unixSocket",
+            f"{show_value(str(unix_socket))} is {length} bytes long; a Unix socket path may have at "
+            f"most {_UNIX_SOCKET_MAX_BYTES}.",
+            "Give a shorter path.",
+        )
+
+    token = section.string("token", secret=True)
+    token_file_text = section.string("tokenFile")
+    if section.given("token") and section.given("tokenFile"):
+        section.error(
+            "token",
+            "token and tokenFile are both given.",
+            "Keep one: tokenFile keeps the secret out of the config file.",
+        )
+    if token_file_text is not None:
+        token_file: Path | None = resolve_path(token_file_text, base_dir, env)
+    elif token is None:
+        token_file = journal.path.parent / "host-token"
+    else:
+        token_file = None
+    allow_non_loopback = section.boolean("allowNonLoopback", False)
+    stall_timeout = section.number("stallTimeout", 30.0, above=0)
+
+    if websocket is not None and not websocket.loopback:
+        bind_key = dotted_key(section.key_of("websocket"), "bind")
+        if not allow_non_loopback:
+            section.problems.error(
+                bind_key,
+                f"{show_value(websocket.bind)} is not a loopback address, and "
+                "host.allowNonLoopback is false.",
+                'Bind "127.0.0.1" (or "::1"), or set host.allowNonLoopback = true and give '
+                "host.token or host.tokenFile.",
+            )
+        elif not (section.given("token") or section.given("tokenFile")):
+            section.problems.error(
+                bind_key,
+                f"{show_value(websocket.bind)} is not a loopback address, and no token is configured.",
+                "Give host.token or host.tokenFile: a listener others can reach needs a token "
+                "they must present.",
+            )
+    return HostConfig(
+        websocket=websocket,
+        unix_socket=unix_socket,
+        token_file=token_file,
+        token=token,
+        allow_non_loopback=allow_non_loopback,
+        stall_timeout=stall_timeout,
+    )
+
+
+def parse_logging(section: Section) -> LoggingConfig:
+    """``logging``: level and format, each one of its vocabulary."""
+    return LoggingConfig(
+        level=section.choice("level", LOG_LEVELS, "info", "a log level"),
+        format=section.choice("format", LOG_FORMATS, "auto", "a log format"),
+    )
+
+
+def parse_health(section: Section) -> HealthConfig:
+    """``health``: off unless ``port`` or ``enabled`` says otherwise."""
+    return HealthConfig(
+        bind=section.string("bind", "127.0.0.1") or "127.0.0.1",
+        port=section.integer("port", 0, at_least=0, at_most=65535),
+        switch=section.boolean("enabled", False) if section.given("enabled") else None,
+    )
