@@ -18,6 +18,7 @@ from typing import Any, Final
 import attrs
 
 from mcpl_router.config.addresses import host_port, is_loopback, without_password
+from mcpl_router.routing.modes import MODE_NAMES
 from mcpl_router.routing.refs import ChannelRef
 
 # --- the values some keys choose from --------------------------------------------------------
@@ -35,7 +36,8 @@ TOKEN_PLACES: Final = ("auto", "header", "query")
 #: speaks ``legacy`` (MCP 2024-11-05 + MCPL), connectome-host's default.
 PROTOCOL_FAMILIES: Final = ("legacy", "modern")
 LEGACY_MODES: Final = ("auto", "allow", "deny")
-PROSE_ROUTING_MODES: Final = ("disabled", "locus", "hybrid", "explicit", "named")
+#: The modes ``proseRouting`` names (each is a file in ``routing/modes/``).
+PROSE_ROUTING_MODES: Final = MODE_NAMES
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("auto", "json", "console")
 
