@@ -18,13 +18,13 @@ import attrs
 import trio
 
 from mcpl_router import __version__
-from mcpl_router.channel_tools import ChannelTools
+from mcpl_router.tools.channel_tools import ChannelTools
 from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_config
-from mcpl_router.connector_tools import ConnectorTools
+from mcpl_router.tools.connector_tools import ConnectorTools
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
 from mcpl_router.metrics import DaemonMetrics, registration_reason_label
-from mcpl_router.tune_out import TuneOuts
+from mcpl_router.tools.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
@@ -33,7 +33,7 @@ from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
-from mcpl_router.speech_tools import SpeechTools
+from mcpl_router.tools.speech_tools import SpeechTools
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal
 from mcpl_router.turn_runner import TurnManager
 

@@ -56,7 +56,7 @@ from mcpl_router.routing.turns import (
 )
 from mcpl_router.routing.typing import host_typing_targets
 from mcpl_router.store.journal import JournalFailure
-from mcpl_router.tool_calls import ToolCall, ToolProvider, agent_may_call, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolProvider, agent_may_call, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -311,7 +311,7 @@ class TurnManager:
         self._ids = itertools.count(1)
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None
-        #: Who offers and executes tools (see :mod:`mcpl_router.tool_calls`); the daemon wires them.
+        #: Who offers and executes tools (see :mod:`mcpl_router.tools.seam`); the daemon wires them.
         self.tool_providers: list[ToolProvider] = []
         #: A host's typing in progress: the channel → (the connection that started it, lease end).
         self._host_typing: dict[ChannelRef, tuple[Any, float]] = {}

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from mcpl_router.channel_tools import ChannelTools
+from mcpl_router.tools.channel_tools import ChannelTools
 from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
 from mcpl_router.routing.refs import ChannelRef

@@ -1,6 +1,6 @@
 """The speech tools of prose routing: ``drafts``, ``prose_help``, ``skip_reply``, ``think``, ``sleep``.
 
-A :class:`~mcpl_router.tool_calls.ToolProvider`. Descriptions follow the agent's mode (a named
+A :class:`~mcpl_router.tools.seam.ToolProvider`. Descriptions follow the agent's mode (a named
 or disabled agent is told nothing is announced). What a call may touch is its scope's: a call
 made outside the open turn (``call.scope.turn is None``) moves no routing, reads none of the
 turn's own channels, and its ``sleep`` announces nowhere.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.drafts import Draft, page
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon

@@ -1,5 +1,5 @@
 """Tune-out and the subconscious tools: ``tune_out``, ``cancel_tuneout``, ``speak_in_channel``,
-``deliver_summary`` (a :class:`~mcpl_router.tool_calls.ToolProvider`; ``daemon.tune_outs``).
+``deliver_summary`` (a :class:`~mcpl_router.tools.seam.ToolProvider`; ``daemon.tune_outs``).
 
 The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs them:
 
@@ -37,7 +37,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tuneout import Summary, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.routing.wakes import Wake
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon

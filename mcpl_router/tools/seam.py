@@ -5,9 +5,9 @@ asks every provider for its tools at ``turn/open`` and sends each ``turn/tool`` 
 that handles the name, after checking the agent's allowed tools **at dispatch** (a name the
 agent may not call is refused even when the host calls it without listing it).
 
-Providers: the daemon's channel tools (:mod:`mcpl_router.channel_tools`), the speech tools of
-prose routing (:mod:`mcpl_router.speech_tools`), and the servers' own MCP tools
-(:mod:`mcpl_router.connector_tools`).
+Providers: the daemon's channel tools (:mod:`mcpl_router.tools.channel_tools`), the speech tools of
+prose routing (:mod:`mcpl_router.tools.speech_tools`), and the servers' own MCP tools
+(:mod:`mcpl_router.tools.connector_tools`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The daemon's channel tools: ``channel_list``, ``channel_open``, ``channel_close``,
-``channel_decline`` and ``channel_publish`` (a :class:`~mcpl_router.tool_calls.ToolProvider`).
+``channel_decline`` and ``channel_publish`` (a :class:`~mcpl_router.tools.seam.ToolProvider`).
 
 How every tool reads a channel name (issue 6, seed ``000_…``):
 
@@ -35,7 +35,7 @@ from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, tool_result
 from mcpl_router.turn_runner import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
@@ -148,7 +148,7 @@ class _Refresh:
 
 
 class ConnectorTools:
-    """The connector-tool provider (:class:`~mcpl_router.tool_calls.ToolProvider`); ``daemon.connector_tools``.
+    """The connector-tool provider (:class:`~mcpl_router.tools.seam.ToolProvider`); ``daemon.connector_tools``.
 
     Run :meth:`run` in the daemon's nursery; :meth:`link_ready` and :meth:`list_changed` schedule
     fetches there. ``call_timeout`` is a constant by default; tests shorten it on the instance.
