@@ -113,17 +113,16 @@ class Daemon:
         self.host_connection_hooks = self
         self.observers.append(self.sessions.observe)
         self.turns = TurnManager(self)
-        # The daemon's channel tools, and each agent's default channel (channel_publish).
-        self.channel_tools = ChannelTools(self)
-        self.turns.tool_providers.append(self.channel_tools)
-        # The servers' own tools, offered under each server's prefix and forwarded to it.
-        self.connector_tools = ConnectorTools(self)
-        self.turns.tool_providers.append(self.connector_tools)
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
-        # and the subconscious agent's tools.
-        self.tune_outs = TuneOuts(self)
-        self.turns.tool_providers.append(self.tune_outs)
-        self.turns.tool_providers.append(SpeechTools(self))
+        # and the subconscious agent's tools; its summary wakes go out through the sessions.
+        self.tune_outs = TuneOuts(self.router, self.links, self.turns, notify_agent=self.sessions.notify_agent)
+        # The daemon's channel tools, and each agent's default channel (channel_publish).
+        self.channel_tools = ChannelTools(self.router, self.links, self.journal, self.turns, self.tune_outs)
+        # The servers' own tools, offered under each server's prefix and forwarded to it.
+        self.connector_tools = ConnectorTools(self.links, self.router, self.turns)
+        self.turns.tool_providers.extend(
+            [self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(self.turns)]
+        )
 
     # -- LinkDelegate ------------------------------------------------------------------------
 
@@ -498,7 +497,10 @@ class Daemon:
                 self.links[server_id] = link
                 await self._serving.start(self._run_link, link)
             order = [server.id for server in new_config.enabled_servers()]
-            self.links = {server_id: self.links[server_id] for server_id in order if server_id in self.links}
+            ordered = {server_id: self.links[server_id] for server_id in order if server_id in self.links}
+            # In place: the tool providers hold this very dict.
+            self.links.clear()
+            self.links.update(ordered)
             # What can't change live stays as it was, so status keeps telling the truth.
             self.config = attrs.evolve(
                 new_config, source=self.config.source, host=self.config.host, journal=self.config.journal,

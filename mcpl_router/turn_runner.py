@@ -1102,7 +1102,6 @@ class TurnManager:
             log.info("turn.tool.not_permitted")
             return tool_result(texts.tool_not_permitted(name), error=True, reason="not-permitted")
         call = ToolCall(
-            daemon=self._daemon,
             run=run,
             scope=scope,
             agent=agent,

@@ -46,8 +46,10 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.tools.seam import ToolCall, tool_result
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.sessions import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.routing.router import Router
+    from mcpl_router.turn_runner import TurnManager, _TurnRun
 
 __all__ = [
     "CALL_TIMEOUT",
@@ -152,13 +154,21 @@ class ConnectorTools:
 
     Run :meth:`run` in the daemon's nursery; :meth:`link_ready` and :meth:`list_changed` schedule
     fetches there. ``call_timeout`` is a constant by default; tests shorten it on the instance.
+
+    Args:
+        links: the daemon's links by server id, in config order (its own dict: a reload changes
+            it in place).
+        router: the registry (a send's channel, opened if closed) and the one resolver.
+        turns: where a send is recorded as the calling turn's explicit send.
     """
 
     call_timeout: float = CALL_TIMEOUT
     list_timeout: float = LIST_TIMEOUT
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, links: Mapping[str, ServerLink], router: Router, turns: TurnManager) -> None:
+        self._links = links
+        self._router = router
+        self._turns = turns
         self._catalogs: dict[str, _ServerCatalog] = {}
         self._by_exposed: dict[str, ConnectorTool] = {}
         self._refreshes: dict[str, _Refresh] = {}
@@ -172,7 +182,7 @@ class ConnectorTools:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            for link in self._daemon.links.values():
+            for link in self._links.values():
                 if link.state is LinkState.READY:
                     self.link_ready(link)
             try:
@@ -272,7 +282,7 @@ class ConnectorTools:
 
     def _rebuild(self) -> None:
         by_exposed: dict[str, ConnectorTool] = {}
-        for server_id in self._daemon.links:  # config order: stable whoever listed first
+        for server_id in self._links:  # config order: stable whoever listed first
             catalog = self._catalogs.get(server_id)
             for tool in catalog.tools.values() if catalog else ():
                 taken = by_exposed.get(tool.exposed)
@@ -290,12 +300,12 @@ class ConnectorTools:
     # ------------------------------------------------------------------ ToolProvider
 
     def _others_handle(self, name: str) -> bool:
-        return any(p is not self and p.handles(name) for p in self._daemon.turns.tool_providers)
+        return any(p is not self and p.handles(name) for p in self._turns.tool_providers)
 
-    def tools_for(self, agent: Any, run: Any) -> list[dict[str, Any]]:
+    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[dict[str, Any]]:
         """Every ready server's offered tools (config globs applied; the seam applies the agent's)."""
         offered: list[dict[str, Any]] = []
-        for server_id, link in self._daemon.links.items():
+        for server_id, link in self._links.items():
             catalog = self._catalogs.get(server_id)
             if catalog is None or link.state is not LinkState.READY or not link.grant.allows(TOOLS):
                 continue
@@ -323,7 +333,7 @@ class ConnectorTools:
             return tool_result(texts.unknown_tool(call.name), error=True, reason=texts.REASON_TOOL_UNKNOWN)
         server_id = tool.server_id
         log = log.bind(server=server_id, server_tool=tool.name)
-        link = self._daemon.links.get(server_id)
+        link = self._links.get(server_id)
         data = {"serverId": server_id, "tool": tool.name}
         if link is not None and not link.config.tool_offered(tool.name):
             # At dispatch, whatever the listing said: the operator's deny wins.
@@ -389,7 +399,7 @@ class ConnectorTools:
         value = arguments.get(tool.channel_argument)
         if not isinstance(value, str) or not value:
             return None
-        registry = self._daemon.router.registry
+        registry = self._router.registry
         ref = ChannelRef(tool.server_id, value)
         if registry.is_registered(ref):
             return ref
@@ -412,14 +422,14 @@ class ConnectorTools:
         """Count a send: engage its channel for the calling turn, open it if it was closed."""
         if channel is None:
             return []
-        registry = self._daemon.router.registry
+        registry = self._router.registry
         entry = registry.get(channel)
         if entry is None:
             log.info("connector.send.unregistered_channel", channel=channel.channel_id)
             return []
-        self._daemon.turns.record_explicit_send(call, channel)
+        self._turns.record_explicit_send(call, channel)
         if not entry.open and registry.set_open(channel, True):
-            shown = self._daemon.router.names.name_shown(channel)
+            shown = self._router.names.name_shown(channel)
             log.info("connector.send.opened", channel=channel.channel_id)
             return [texts.connector_send_opened(shown)]
         return []
@@ -439,7 +449,7 @@ class ConnectorTools:
     def _about(self, data: dict[str, Any], channel: ChannelRef | None) -> dict[str, Any]:
         about = dict(data)
         if channel is not None:
-            about["channel"] = {**channel.to_wire(), "shown": self._daemon.router.names.name_shown(channel)}
+            about["channel"] = {**channel.to_wire(), "shown": self._router.names.name_shown(channel)}
         return about
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.sessions import AgentSpec
     from mcpl_router.routing.turns import CallScope
     from mcpl_router.turn_runner import _TurnRun
 
@@ -36,10 +36,9 @@ class ToolCall:
         agent: the agent's spec (``prose_routing``, ``allowed_tools``, …).
     """
 
-    daemon: Daemon
     run: _TurnRun
     scope: CallScope
-    agent: Any
+    agent: AgentSpec
     call_id: str
     name: str
     arguments: dict[str, Any]
@@ -60,7 +59,7 @@ def tool_result(text: str, *, error: bool = False, reason: str | None = None, da
 
 
 class ToolProvider(Protocol):
-    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
+    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[dict[str, Any]]:
         """Tool specs (``{name, description, inputSchema}``) offered to this agent in this turn."""
         ...
 
@@ -75,9 +74,8 @@ class ToolProvider(Protocol):
         ...
 
 
-def agent_may_call(agent: Any, name: str) -> bool:
-    """The agent's allowed tools (globs); ``None`` allows every tool."""
-    allowed = getattr(agent, "allowed_tools", None)
-    if allowed is None:
+def agent_may_call(agent: AgentSpec | None, name: str) -> bool:
+    """The agent's allowed tools (globs); ``None`` allows every tool (so does no spec at all)."""
+    if agent is None or agent.allowed_tools is None:
         return True
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in agent.allowed_tools)

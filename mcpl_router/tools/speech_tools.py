@@ -18,8 +18,8 @@ from mcpl_router.routing.drafts import Draft, page
 from mcpl_router.tools.seam import ToolCall, tool_result
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
-    from mcpl_router.turn_runner import _TurnRun
+    from mcpl_router.hosts.sessions import AgentSpec
+    from mcpl_router.turn_runner import TurnManager, _TurnRun
 
 __all__ = ["SPEECH_TOOLS", "SpeechTools"]
 
@@ -75,13 +75,17 @@ def tool_specs(mode: str) -> list[dict[str, Any]]:
 
 
 class SpeechTools:
-    """The speech tools, for every agent (its allowed tools still decide what it may call)."""
+    """The speech tools, for every agent (its allowed tools still decide what it may call).
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    Args:
+        turns: the drafts (read, saved, resent), speech targets, publishing and explicit sends.
+    """
+
+    def __init__(self, turns: TurnManager) -> None:
+        self._turns = turns
         self._log = get_logger()
 
-    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
+    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[dict[str, Any]]:
         return tool_specs(run.prose_routing)
 
     def handles(self, name: str) -> bool:
@@ -127,7 +131,7 @@ class SpeechTools:
         if where is None:
             log.info("sleep.not_announced", why="no-destination")
             return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
-        turns = self._daemon.turns
+        turns = self._turns
         delivery = await turns.publish_for(run, where, announce)
         turn.routing.record(delivery)
         log.info("sleep.announced", server=where.server_id, channel=where.channel_id, outcome=delivery.outcome)
@@ -165,7 +169,7 @@ class SpeechTools:
 
     def _list(self, call: ToolCall) -> dict[str, Any]:
         number = call.arguments.get("page", 1)
-        drafts = page(self._daemon.turns.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
+        drafts = page(self._turns.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
         now = time.time()
         rows = [draft.to_wire(now) for draft in drafts]
         if not rows:
@@ -175,7 +179,7 @@ class SpeechTools:
 
     def _read(self, call: ToolCall) -> dict[str, Any]:
         [draft_id, *_] = self._ids(call) or [""]
-        draft = self._daemon.turns.draft(call.run.turn.agent, draft_id)
+        draft = self._turns.draft(call.run.turn.agent, draft_id)
         if draft is None:
             return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         attempts = [f"- {a.shown}: {a.outcome}" + (f" ({a.reason})" if a.reason else "") for a in draft.attempts]
@@ -183,7 +187,7 @@ class SpeechTools:
         return tool_result(text, data={**draft.to_wire(), "text": draft.text, "attempts": [a.to_wire() for a in draft.attempts]})
 
     def _dismiss(self, call: ToolCall) -> dict[str, Any]:
-        turns = self._daemon.turns
+        turns = self._turns
         drafts: list[Draft] = []
         for draft_id in self._ids(call):
             draft = turns.draft(call.run.turn.agent, draft_id)
@@ -198,7 +202,7 @@ class SpeechTools:
         return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
 
     async def _resend(self, call: ToolCall) -> dict[str, Any]:
-        turns = self._daemon.turns
+        turns = self._turns
         run = call.run
         agent = run.turn.agent
         named = run.prose_routing == "named"
@@ -249,6 +253,7 @@ class SpeechTools:
                     return tool_result(refusal[0], error=True, reason=refusal[1])
                 rows.append(refusal[0])
                 break
+            assert draft is not None  # a missing one is refused above
             delivery = await turns.resend_draft(run, draft, ref)
             sent.append({"id": draft.draft_id, **delivery.to_wire()})
             rows.append(f"{draft.draft_id} → {delivery.shown}: {delivery.outcome}")
