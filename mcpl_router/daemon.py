@@ -18,13 +18,10 @@ import attrs
 import trio
 
 from mcpl_router import __version__
-from mcpl_router.tools.channel_tools import ChannelTools
 from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_config
-from mcpl_router.tools.connector_tools import ConnectorTools
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
 from mcpl_router.metrics import DaemonMetrics, registration_reason_label
-from mcpl_router.tools.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
@@ -33,8 +30,8 @@ from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
-from mcpl_router.tools.speech_tools import SpeechTools
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal
+from mcpl_router.tools import ChannelTools, ConnectorTools, SpeechTools, ToolTable, TuneOuts
 from mcpl_router.turn_runner import TurnManager
 
 #: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
@@ -113,16 +110,18 @@ class Daemon:
         self.host_connection_hooks = self
         self.observers.append(self.sessions.observe)
         self.turns = TurnManager(self)
+        # The one name table: what each offered tool name means, for listing and dispatch.
+        self.tools = ToolTable(on_clash=self.metrics.tool_name_clash)
+        self.turns.tools = self.tools
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
         # and the subconscious agent's tools; its summary wakes go out through the sessions.
         self.tune_outs = TuneOuts(self.router, self.links, self.turns, notify_agent=self.sessions.notify_agent)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(self.router, self.links, self.journal, self.turns, self.tune_outs)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
-        self.connector_tools = ConnectorTools(self.links, self.router, self.turns)
-        self.turns.tool_providers.extend(
-            [self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(self.turns)]
-        )
+        self.connector_tools = ConnectorTools(self.links, self.router, self.turns, self.tools)
+        # Listed in this order; a name means one tool whatever the order.
+        self.tools.install([self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(self.turns)])
 
     # -- LinkDelegate ------------------------------------------------------------------------
 
@@ -501,6 +500,7 @@ class Daemon:
             # In place: the tool providers hold this very dict.
             self.links.clear()
             self.links.update(ordered)
+            self.connector_tools.servers_changed()
             # What can't change live stays as it was, so status keeps telling the truth.
             self.config = attrs.evolve(
                 new_config, source=self.config.source, host=self.config.host, journal=self.config.journal,

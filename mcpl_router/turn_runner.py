@@ -56,10 +56,11 @@ from mcpl_router.routing.turns import (
 )
 from mcpl_router.routing.typing import host_typing_targets
 from mcpl_router.store.journal import JournalFailure
-from mcpl_router.tools.seam import ToolCall, ToolProvider, agent_may_call, tool_result
+from mcpl_router.tools import ToolCall, ToolTable, agent_may_call, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.sessions import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
 
 __all__ = [
@@ -311,8 +312,9 @@ class TurnManager:
         self._ids = itertools.count(1)
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None
-        #: Who offers and executes tools (see :mod:`mcpl_router.tools.seam`); the daemon wires them.
-        self.tool_providers: list[ToolProvider] = []
+        #: The one name table: what each tool name means, for listing and dispatch alike
+        #: (:mod:`mcpl_router.tools.table`); the daemon installs the providers.
+        self.tools = ToolTable()
         #: A host's typing in progress: the channel → (the connection that started it, lease end).
         self._host_typing: dict[ChannelRef, tuple[Any, float]] = {}
         #: Bounces in a row per agent (a bounce wakes the agent again at most twice in a row).
@@ -322,12 +324,9 @@ class TurnManager:
         self._invitations: dict[tuple[str, ChannelRef, str | None, bool], str] = {}
         self._invitations_generation = -1
 
-    def tools_for(self, agent: Any, run: _TurnRun) -> list[dict[str, Any]]:
-        """Every provider's tools this agent may call, in provider order."""
-        offered: list[dict[str, Any]] = []
-        for provider in self.tool_providers:
-            offered.extend(spec for spec in provider.tools_for(agent, run) if agent_may_call(agent, spec["name"]))
-        return offered
+    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[dict[str, Any]]:
+        """Every provider's tools this agent may call, in provider order (read from the name table)."""
+        return self.tools.offered(agent, run)
 
     def record_explicit_send(self, call: ToolCall, ref: ChannelRef) -> None:
         """A send tool delivered to ``ref``: engage it for the calling turn, note the round.
@@ -603,8 +602,7 @@ class TurnManager:
             name = tool_call.get("name")
             arguments = tool_call.get("arguments")
             arguments = arguments if isinstance(arguments, Mapping) else {}
-            provider = next((p for p in self.tool_providers if isinstance(name, str) and p.handles(name)), None)
-            if provider is not None and provider.is_send(name, arguments):
+            if isinstance(name, str) and self.tools.is_send(name, arguments):
                 return True
         return False
 
@@ -1080,7 +1078,7 @@ class TurnManager:
         arguments: Any,
         caller_turn_id: str | None,
     ) -> dict[str, Any]:
-        """A tool call from the model, sent to the provider that handles ``name``.
+        """A tool call from the model, sent to the tool the name table says ``name`` means.
 
         The call's scope (:func:`~mcpl_router.routing.turns.call_scope`) decides what it may
         touch: a call carrying another turn than the agent's open one reads none of its
@@ -1094,8 +1092,8 @@ class TurnManager:
             agent=run.turn.agent, turn=turn_id, call=call_id, tool=name,
             calling_turn=scope.turn.turn_id if scope.turn else None,
         )
-        provider = next((p for p in self.tool_providers if p.handles(name)), None)
-        if provider is None:
+        entry = self.tools.entry(name)
+        if entry is None:
             log.info("turn.tool.unknown")
             return tool_result(texts.unknown_tool(name), error=True, reason="unknown-tool")
         if not agent_may_call(agent, name):
@@ -1106,10 +1104,10 @@ class TurnManager:
             scope=scope,
             agent=agent,
             call_id=call_id,
-            name=name,
+            tool=entry.tool,
             arguments=dict(arguments) if isinstance(arguments, Mapping) else {},
         )
-        result = await provider.call(call)
+        result = await entry.provider.call(call)
         log.info("turn.tool.called", error=bool(result.get("isError")), reason=result.get("reason"))
         return result
 

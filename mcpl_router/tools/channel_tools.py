@@ -25,7 +25,7 @@ shows for, nor is forgotten by, another.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
@@ -36,7 +36,7 @@ from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
-from mcpl_router.tools.seam import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
 from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turn_runner import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["CHANNEL_TOOLS", "LIFECYCLE_TIMEOUT", "ChannelTools"]
 
 CHANNEL_TOOLS: Final = ("channel_list", "channel_open", "channel_close", "channel_decline", "channel_publish")
+_NAMES: Final = tuple(ToolName(name) for name in CHANNEL_TOOLS)
 
 LIFECYCLE: Final = "channels.lifecycle"
 ACKNOWLEDGE: Final = "channels.acknowledge"
@@ -167,14 +168,14 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ ToolProvider
 
-    def handles(self, name: str) -> bool:
-        return name in CHANNEL_TOOLS
+    def tool_names(self) -> Iterable[ToolName]:
+        return _NAMES
 
-    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """``channel_publish`` posts: its round's plain text is held (send-silencing)."""
-        return name == "channel_publish"
+        return tool.name == "channel_publish"
 
-    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[dict[str, Any]]:
+    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[ToolSpec]:
         named = agent.prose_routing == "named"
         publish_props = {
             "channelId": _channel_id(),

@@ -9,13 +9,13 @@ turn's own channels, and its ``sleep`` announces nowhere.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.drafts import Draft, page
-from mcpl_router.tools.seam import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.sessions import AgentSpec
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["SPEECH_TOOLS", "SpeechTools"]
 
 SPEECH_TOOLS: Final = ("drafts", "prose_help", "skip_reply", "think", "sleep")
+_NAMES: Final = tuple(ToolName(name) for name in SPEECH_TOOLS)
 
 # Stable refusal reasons.
 REASON_UNKNOWN_DRAFT: Final = "unknown-draft"
@@ -85,15 +86,15 @@ class SpeechTools:
         self._turns = turns
         self._log = get_logger()
 
-    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[dict[str, Any]]:
+    def tool_names(self) -> Iterable[ToolName]:
+        return _NAMES
+
+    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[ToolSpec]:
         return tool_specs(run.prose_routing)
 
-    def handles(self, name: str) -> bool:
-        return name in SPEECH_TOOLS
-
-    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """A drafts ``resend`` posts: its round's plain text is held (send-silencing)."""
-        return name == "drafts" and arguments.get("action") == "resend"
+        return tool.name == "drafts" and arguments.get("action") == "resend"
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         handler = {

@@ -25,7 +25,7 @@ The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs th
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -37,7 +37,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tuneout import Summary, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.routing.wakes import Wake
-from mcpl_router.tools.seam import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
 from mcpl_router.turn_runner import publish_text
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ DELIVER_SPEC: Final = {
 }
 TUNE_OUT_TOOLS: Final = ("tune_out",)
 SUBCONSCIOUS_TOOLS: Final = ("cancel_tuneout", "speak_in_channel", "deliver_summary")
+_NAMES: Final = tuple(ToolName(name) for name in (*TUNE_OUT_TOOLS, *SUBCONSCIOUS_TOOLS))
 
 
 def tune_out_owner(agent: AgentSpec) -> str:
@@ -207,14 +208,19 @@ class TuneOuts:
 
     # ------------------------------------------------------------------ ToolProvider
 
-    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[dict[str, Any]]:
-        specs: list[dict[str, Any]] = [dict(TUNE_OUT_SPEC)]
+    def tool_names(self) -> Iterable[ToolName]:
+        """Every agent's ``tune_out`` and the subconscious tools: reserved for every agent."""
+        return _NAMES
+
+    def tools_for(self, agent: AgentSpec, run: _TurnRun) -> list[ToolSpec]:
+        specs: list[ToolSpec] = [dict(TUNE_OUT_SPEC)]
         if is_subconscious(agent):
             specs += [dict(CANCEL_SPEC), dict(SPEAK_SPEC), dict(DELIVER_SPEC)]
         return specs
 
-    def handles(self, name: str) -> bool:
-        return name in TUNE_OUT_TOOLS or name in SUBCONSCIOUS_TOOLS
+    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+        """``speak_in_channel`` posts: its round's plain text is held (send-silencing)."""
+        return tool.name == "speak_in_channel"
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
@@ -234,3 +236,97 @@ async def test_two_servers_given_one_prefix_offer_neither_tool_under_the_shared_
                 assert refused["isError"] is True and refused["reason"] == "unknown-tool"
                 await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
             assert await tool_calls(servers["a"]) == [] and await tool_calls(servers["b"]) == []
+
+
+# ---------------------------------------------------------------------- one name table
+
+
+def clash_events(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [entry for entry in logs if entry.get("event") == "tools.name_clash"]
+
+
+def clash_count(daemon: Daemon, kind: str) -> float:
+    for family in text_string_to_metric_families(daemon.metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == "mcpl_router_tool_name_clashes_total" and sample.labels == {"kind": kind}:
+                return sample.value
+    return 0.0
+
+
+async def relist(daemon: Daemon, server: FixtureProcess, server_id: str, tools: Sequence[Mapping[str, Any]]) -> None:
+    """Give ``server`` a new tool list, announce it, and wait until the daemon holds it."""
+    generation = daemon.connector_tools.generation
+    await server.configure(tools=tools)
+    await server.host_call("notifications/tools/list_changed", form="notification")
+    names = [tool["name"] for tool in tools]
+    await wait_until(
+        lambda: daemon.connector_tools.generation > generation
+        and [t.name for t in daemon.connector_tools.tools_of(server_id)] == names,
+        timeout=10,
+    )
+
+
+async def test_a_server_tool_offered_under_a_daemon_tools_name_is_not_offered_and_the_daemon_tool_answers(
+    tmp_path: Path,
+) -> None:
+    # toolPrefix "s" and the server's tool "leep": the offered name would be the daemon's "sleep".
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, ["a"], {"a": {"toolPrefix": "s"}}) as (daemon, servers):
+            await relist(daemon, servers["a"], "a", [{"name": "leep"}, {"name": "send_message"}])
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                named_sleep = [spec for spec in opened["tools"] if spec["name"] == "sleep"]
+                assert len(named_sleep) == 1 and not named_sleep[0]["description"].startswith("[server ")
+                assert "ssend_message" in [spec["name"] for spec in opened["tools"]]
+                # The call by that name is the daemon's own sleep, never the server's leep.
+                slept = await tool(client, opened["turnId"], "sleep", {})
+                assert slept["isError"] is False and slept["structuredContent"] == {"sleep": True}
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(servers["a"]) == []
+            [clash] = clash_events(logs)
+            assert clash["log_level"] == "warning" and clash["name"] == "sleep" and clash["kind"] == "daemon-tool"
+            assert clash["sides"] == [{"server": None, "tool": "sleep"}, {"server": "a", "tool": "leep"}]
+            assert clash_count(daemon, "daemon-tool") == 1
+
+
+@pytest.mark.parametrize("first", ["discord", "discord--eu"])
+async def test_two_servers_tools_joined_into_one_name_are_both_refused_whichever_lists_first(
+    tmp_path: Path, first: str
+) -> None:
+    # "mcpl--discord--" + "eu--send" and "mcpl--discord--eu--" + "send" are one string.
+    shared = "mcpl--discord--eu--send"
+    second = "discord--eu" if first == "discord" else "discord"
+    lists = {"discord": [{"name": "eu--send"}, {"name": "react"}], "discord--eu": [{"name": "send"}]}
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, [first, second]) as (daemon, servers):
+            await relist(daemon, servers[first], first, lists[first])
+            await relist(daemon, servers[second], second, lists[second])
+            # Another listing that changes nothing about the clash: it is not logged again.
+            await relist(daemon, servers["discord"], "discord", lists["discord"])
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                offered = names_of(opened)
+                assert shared not in offered and "mcpl--discord--react" in offered
+                refused = await tool(client, opened["turnId"], shared, {"channelId": "general", "text": "x"})
+                assert refused["isError"] is True and refused["reason"] == "unknown-tool"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(servers["discord"]) == [] and await tool_calls(servers["discord--eu"]) == []
+            [clash] = clash_events(logs)
+            assert clash["name"] == shared and clash["kind"] == "servers"
+            assert sorted(clash["sides"], key=lambda side: side["server"]) == [
+                {"server": "discord", "tool": "eu--send"},
+                {"server": "discord--eu", "tool": "send"},
+            ]
+            assert clash_count(daemon, "servers") == 1
+
+            # discord--eu stops listing "send": the name is discord's eu--send alone, and reaches it.
+            await relist(daemon, servers["discord--eu"], "discord--eu", [{"name": "other"}])
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                assert shared in names_of(opened)
+                answered = await tool(client, opened["turnId"], shared, {"x": 1})
+                assert answered["isError"] is False and answered["_meta"]["mcpl-router"]["serverId"] == "discord"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert [p["name"] for p in await tool_calls(servers["discord"])] == ["eu--send"]
+            assert await tool_calls(servers["discord--eu"]) == []
+            assert len(clash_events(logs)) == 1
