@@ -23,7 +23,11 @@ daemon holds, so the daemon lists them (``tools/list``, capability ``tools``) an
   ``send_dm``, or a tool whose ``_meta`` carries ``"mcpl/send": true`` — counts as an explicit
   send: its channel argument (``_meta["mcpl/channelArgument"]``, default ``channelId``; for a
   result naming ``channelId`` in its ``structuredContent``, that) is read **on the tool's own
-  server only**, as ``ChannelRef(serverId, channelId)``, engaged for the calling turn through
+  server only**, through the one resolver
+  (:meth:`~mcpl_router.routing.names.ChannelNames.channel_on_server`: the server's channel with
+  that id, else the one of its channels the name picks; a name several of them answer to is
+  refused with the candidates, and nothing is sent), as ``ChannelRef(serverId, channelId)``,
+  engaged for the calling turn through
   :meth:`~mcpl_router.turn_runner.TurnManager.record_explicit_send`, and opened in the registry
   if it was closed, with a notice in the result.
 """
@@ -43,6 +47,7 @@ from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
+from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, tool_result
 
@@ -360,6 +365,11 @@ class ConnectorTools:
             return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
         arguments = dict(call.arguments)
         channel = self._send_channel(tool, arguments) if tool.is_send else None
+        if isinstance(channel, Refusal):
+            # A name several of the server's channels answer to: sent to none of them.
+            log.info("connector.call.channel_refused", kind=channel.kind)
+            refused = {**data, "kind": channel.kind, "candidates": [ref.to_wire() for ref in channel.candidates]}
+            return tool_result(channel.text, error=True, reason=channel.kind, data=refused)
         if channel is not None and arguments.get(tool.channel_argument) != channel.channel_id:
             # "b:general" given to b's own send: the server knows its channel by its own id.
             arguments[tool.channel_argument] = channel.channel_id
@@ -404,22 +414,23 @@ class ConnectorTools:
 
     # ------------------------------------------------------------------ sends
 
-    def _send_channel(self, tool: ConnectorTool, arguments: Mapping[str, Any]) -> ChannelRef | None:
-        """A send's channel, on the tool's own server only (never another server's)."""
+    def _send_channel(self, tool: ConnectorTool, arguments: Mapping[str, Any]) -> ChannelRef | Refusal | None:
+        """A send's channel, on the tool's own server only (never another server's).
+
+        Read by the one resolver: the server's channel with that id, else the one of its
+        channels the name picks ("b:general" to b's tool, a DM's label); a name several of its
+        channels answer to is refused. A name none of them answers to is passed on as the
+        server's own id (the server may know channels it never registered).
+        """
         value = arguments.get(tool.channel_argument)
         if not isinstance(value, str) or not value:
             return None
-        registry = self._router.registry
-        ref = ChannelRef(tool.server_id, value)
-        if registry.is_registered(ref):
-            return ref
-        # The qualified form of this server's own channel: "b:general" to b's tool.
-        prefix = f"{tool.server_id}:"
-        if value.startswith(prefix):
-            own = ChannelRef(tool.server_id, value[len(prefix):])
-            if registry.is_registered(own):
-                return own
-        return ref
+        resolved = self._router.names.channel_on_server(value, tool.server_id, not_done=texts.PUBLISH_NOT_SENT)
+        if isinstance(resolved, Resolved):
+            return resolved.ref
+        if resolved is not None:
+            return resolved
+        return ChannelRef(tool.server_id, value)
 
     def _result_channel(self, tool: ConnectorTool, result: Mapping[str, Any]) -> ChannelRef | None:
         structured = result.get("structuredContent")

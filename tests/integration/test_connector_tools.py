@@ -330,3 +330,34 @@ async def test_two_servers_tools_joined_into_one_name_are_both_refused_whichever
             assert [p["name"] for p in await tool_calls(servers["discord"])] == ["eu--send"]
             assert await tool_calls(servers["discord--eu"]) == []
             assert len(clash_events(logs)) == 1
+
+
+async def test_a_sends_channel_is_read_by_the_one_resolver_on_the_tools_own_server(tmp_path: Path) -> None:
+    # DM labels are names too: "bob" is b's DM dm-9; "Alice" is two of b's DMs, so it names neither.
+    dms = [
+        channel_descriptor("dm-7", "Alice", channel_type="dm"),
+        channel_descriptor("dm-8", "alice", channel_type="dm"),
+        channel_descriptor("dm-9", "Bob", channel_type="dm"),
+    ]
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            await servers["b"].register(dms)
+            await wait_channel(daemon, "b", "dm-9")
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                turn_id = opened["turnId"]
+                refused = await tool(client, turn_id, B_SEND, {"channelId": "Alice", "text": "hi"})
+                assert refused["isError"] is True and refused["reason"] == "ambiguous"
+                assert refused["structuredContent"]["candidates"] == [
+                    {"serverId": "b", "channelId": "dm-7"},
+                    {"serverId": "b", "channelId": "dm-8"},
+                ]
+                assert "Nothing was sent" in refused["content"][0]["text"]
+                sent = await tool(client, turn_id, B_SEND, {"channelId": "bob", "text": "hi bob"}, "c2")
+                assert sent["isError"] is False
+                assert sent["_meta"]["mcpl-router"]["channel"] == {"serverId": "b", "channelId": "dm-9", "shown": "dm-9"}
+                assert daemon.turns.run_of(turn_id).turn.routing.engaged == (ChannelRef("b", "dm-9"),)
+                await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+            # The server got its own id for the one DM, and nothing for the name that meant two.
+            assert [p["arguments"] for p in await tool_calls(servers["b"])] == [{"channelId": "dm-9", "text": "hi bob"}]
+            assert await tool_calls(servers["a"]) == []
