@@ -10,7 +10,7 @@ a send engages its channel on that server only. Servers ``a`` and ``b`` both reg
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,8 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 
+from .conftest import daemon_config, daemon_running, dialled_server, wait_channel, wait_ready
 from .conftest import servers_and_daemon as shared_servers_and_daemon
-from .conftest import wait_channel, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -361,3 +361,34 @@ async def test_a_sends_channel_is_read_by_the_one_resolver_on_the_tools_own_serv
             # The server got its own id for the one DM, and nothing for the name that meant two.
             assert [p["arguments"] for p in await tool_calls(servers["b"])] == [{"channelId": "dm-9", "text": "hi bob"}]
             assert await tool_calls(servers["a"]) == []
+
+
+async def test_a_reload_changes_the_servers_whose_tools_are_offered(short_tmp: Path) -> None:
+    # The providers hold the daemon's own links dict: a reload adds and removes servers in it.
+    with trio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            fixtures = {
+                name: await stack.enter_async_context(
+                    FixtureProcess.start(transport="tcp", personality="strict", control_dir=short_tmp, server_name=name)
+                )
+                for name in ("a", "b")
+            }
+            entries = {name: dialled_server(fixture) for name, fixture in fixtures.items()}
+            daemon = await stack.enter_async_context(daemon_running(daemon_config(short_tmp, {"a": entries["a"]}, unix_socket=True)))
+            await wait_until(lambda: daemon.connector_tools.tools_of("a"), timeout=15)
+            added = await daemon.reload(daemon_config(short_tmp, entries, unix_socket=True))
+            assert added["outcome"] == "applied" and added["added"] == ["b"]
+            await wait_until(lambda: daemon.connector_tools.tools_of("b"), timeout=15)
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                assert {A_SEND, B_SEND} <= set(names_of(opened))
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            removed = await daemon.reload(daemon_config(short_tmp, {"b": entries["b"]}, unix_socket=True))
+            assert removed["outcome"] == "applied" and removed["removed"] == ["a"]
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                assert B_SEND in names_of(opened) and not any(name.startswith("mcpl--a--") for name in names_of(opened))
+                gone = await tool(client, opened["turnId"], A_SEND, {"channelId": "general", "text": "x"})
+                assert gone["isError"] is True and gone["reason"] == "unknown-tool"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(fixtures["a"]) == []
