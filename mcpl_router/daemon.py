@@ -19,13 +19,10 @@ import attrs
 import trio
 
 from mcpl_router import __version__
-from mcpl_router.channel_tools import ChannelTools
 from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_config
-from mcpl_router.connector_tools import ConnectorTools
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
 from mcpl_router.metrics import DaemonMetrics, ScrapedParts, registration_reason_label
-from mcpl_router.tune_out import TuneOuts
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.services import HostServices
 from mcpl_router.hosts.sessions import SessionManager
@@ -36,8 +33,12 @@ from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
-from mcpl_router.speech_tools import SpeechTools
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal
+from mcpl_router.tools import ToolTable
+from mcpl_router.tools.channel_tools import ChannelTools
+from mcpl_router.tools.connector_tools import ConnectorTools
+from mcpl_router.tools.speech_tools import SpeechTools
+from mcpl_router.tools.tune_out import TuneOuts
 from mcpl_router.turns import Invitations, TurnManager
 
 #: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
@@ -115,26 +116,27 @@ class Daemon:
             servers_list=self.servers_list,
         )
         self.observers.append(self.sessions.observe)
+        # The one name table: what each offered tool name means, for listing and dispatch.
+        self.tools = ToolTable(on_clash=self.metrics.tool_name_clash)
         self.turns = TurnManager(
             router=self.router,
             links=self.links,
             journal=self.journal,
             sessions=self.sessions,
+            tools=self.tools,
             metrics=self.metrics,
             is_draining=lambda: self.draining,
         )
-        # The daemon's channel tools, and each agent's default channel (channel_publish).
-        self.channel_tools = ChannelTools(self)
-        self.turns.tool_providers.append(self.channel_tools)
-        # The servers' own tools, offered under each server's prefix and forwarded to it.
-        self.connector_tools = ConnectorTools(self)
-        self.turns.tool_providers.append(self.connector_tools)
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
-        # and the subconscious agent's tools.
-        self.tune_outs = TuneOuts(self)
+        # and the subconscious agent's tools; its summary wakes go out through the sessions.
+        self.tune_outs = TuneOuts(self.router, self.links, self.turns, notify_agent=self.sessions.notify_agent)
         self.sessions.divert_wakes_with(self.tune_outs)
-        self.turns.tool_providers.append(self.tune_outs)
-        self.turns.tool_providers.append(SpeechTools(self))
+        # The daemon's channel tools, and each agent's default channel (channel_publish).
+        self.channel_tools = ChannelTools(self.router, self.links, self.journal, self.turns, self.tune_outs)
+        # The servers' own tools, offered under each server's prefix and forwarded to it.
+        self.connector_tools = ConnectorTools(self.links, self.router, self.turns, self.tools)
+        # Listed in this order; a name means one tool whatever the order.
+        self.tools.install([self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(self.turns)])
         self.inbound = ServerInbound(
             self.router.registry,
             self.journal,
@@ -553,7 +555,11 @@ class Daemon:
                 self.links[server_id] = link
                 await self._serving.start(self._run_link, link)
             order = [server.id for server in new_config.enabled_servers()]
-            self.links = {server_id: self.links[server_id] for server_id in order if server_id in self.links}
+            ordered = {server_id: self.links[server_id] for server_id in order if server_id in self.links}
+            # In place: the tool providers hold this very dict.
+            self.links.clear()
+            self.links.update(ordered)
+            self.connector_tools.servers_changed()
             # What can't change live stays as it was, so status keeps telling the truth.
             self.config = attrs.evolve(
                 new_config, source=self.config.source, host=self.config.host, journal=self.config.journal,

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from mcpl_router.store.journal import Journal
     from mcpl_router.turns import TurnManager
     from mcpl_router.store.journal import JournalStatistics
+    from mcpl_router.tools.table import NameClash
 
 #: The Content-Type of :meth:`DaemonMetrics.render`.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -102,6 +103,12 @@ class DaemonMetrics:
             registry=registry,
         )
         self.reloads = Counter("mcpl_router_config_reloads", "Config reloads (SIGHUP, mcpl-router reload) by outcome.", ["outcome"], registry=registry)
+        self.tool_name_clashes = Counter(
+            "mcpl_router_tool_name_clashes",
+            "Tool names refused when the name table was built (kind: daemon-tool, servers), each clash once as it appeared.",
+            ["kind"],
+            registry=registry,
+        )
         self._configured_agents = configured_agents
         self._labelled_agents: set[str] = set()
 
@@ -157,6 +164,10 @@ class DaemonMetrics:
             self._labelled_agents.add(agent)
             return agent
         return OTHER_AGENTS
+
+    def tool_name_clash(self, clash: NameClash) -> None:
+        """A server tool's offered name clashed (the name table refused it)."""
+        self.tool_name_clashes.labels(clash.kind).inc()
 
     def wake_sent(self, agent: str) -> None:
         self.wakes_sent.labels(self.agent_label(agent)).inc()

@@ -44,7 +44,7 @@ from mcpl_router.routing.wakes import (
 )
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, StoredDelivery
-from mcpl_router.tool_calls import agent_may_call
+from mcpl_router.tools import agent_may_call
 
 if TYPE_CHECKING:
     from mcpl_router.metrics import DaemonMetrics

@@ -8,6 +8,8 @@ taken together. Everything else here is built on it:
 
 - :meth:`~ChannelNames.channel_named` picks one channel or refuses, with one refusal for a name
   several channels answer to (:meth:`~ChannelNames.refuse_ambiguous`);
+- :meth:`~ChannelNames.channel_on_server` picks one channel of a given server (for a call that
+  can reach no other, a server's own send tool) or refuses a name several of them answer to;
 - :meth:`~ChannelNames.name_shown` is the string an agent is shown for a channel, which
   resolves back to that channel or is visibly not a name;
 - :meth:`~ChannelNames.channel_list` gives the listing's rows in one O(n) pass;
@@ -356,6 +358,35 @@ class ChannelNames:
                 name, candidates, not_done=not_done, server_id_accepted=server_id_accepted
             )
         return self._refuse_unknown(name, not_done)
+
+    def channel_on_server(
+        self, name: str, server_id: str, *, not_done: str = texts.NOTHING_DONE
+    ) -> Resolved | Refusal | None:
+        """The one channel of server ``server_id`` a name picks, for a call that can only reach
+        that server (a server's own send tool); None when none of its channels answers to it.
+
+        The server's channel whose id is ``name`` first (the exact pair); else the channels
+        :meth:`channels_named` finds for ``name`` that are on this server (``"b:general"`` is
+        b's ``general``; a DM's label): one is picked, several are refused as ambiguous with
+        the candidates, each named by its id (which picks it on this server). Channels of other
+        servers the name also answers to are not this server's to pick, and don't make it
+        ambiguous. A refusal is counted as :meth:`channel_named`'s are.
+        """
+        if not name:
+            return None
+        ref = ChannelRef(server_id, name)
+        if self.registry.is_registered(ref):
+            return Resolved(ref, RULE_EXACT_PAIR)
+        own = [candidate for candidate in self.channels_named(name) if candidate.server_id == server_id]
+        if not own:
+            return None
+        if len(own) == 1:
+            return Resolved(own[0], RULE_ONE_MATCH)
+        # Each is named by its id, which picks it alone on this server (the exact pair).
+        lines = [texts.candidate_line(candidate.channel_id) for candidate in own]
+        text = texts.ambiguous_on_server(name, server_id, lines, not_done)
+        self.refusals[KIND_AMBIGUOUS] += 1
+        return Refusal(KIND_AMBIGUOUS, text, tuple(own), name, None)
 
     def refuse_ambiguous(
         self,

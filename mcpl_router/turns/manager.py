@@ -43,7 +43,7 @@ from mcpl_router.routing.turns import (
     requested_channel,
     trigger_of,
 )
-from mcpl_router.tool_calls import ToolCall, ToolProvider, agent_may_call, tool_result
+from mcpl_router.tools import ToolCall, ToolTable, agent_may_call, tool_result
 from mcpl_router.turns.drafts import DraftBook, receipt_of
 from mcpl_router.turns.lifecycle import REFUSAL_REACTION, InferenceLifecycle
 from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, WAKE_UNKNOWN, TurnRun, TurnTimings
@@ -86,6 +86,7 @@ class TurnManager:
         links: the server links by server id (the daemon's own mapping: reloads change it).
         journal: wakes read mid-turn, drafts kept.
         sessions: who owns which agent, the wakes, and the agents' specs.
+        tools: the one name table of the tools offered and called.
         metrics: ``beforeInference`` latencies.
         is_draining: True once shutdown started: no new turns.
     """
@@ -104,6 +105,7 @@ class TurnManager:
         links: Mapping[str, ServerLink],
         journal: Journal,
         sessions: SessionManager,
+        tools: ToolTable | None = None,
         metrics: DaemonMetrics | None = None,
         is_draining: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -121,8 +123,9 @@ class TurnManager:
         self._nursery: trio.Nursery | None = None
         #: The reaction a provider-refused turn's latest inbound message gets (not for named).
         self.refusal_reaction: str = REFUSAL_REACTION
-        #: Who offers and executes tools (see :mod:`mcpl_router.tool_calls`); the daemon wires them.
-        self.tool_providers: list[ToolProvider] = []
+        #: The one name table: what each tool name means, for listing and dispatch alike
+        #: (:mod:`mcpl_router.tools.table`); the daemon installs the providers.
+        self.tools = tools if tools is not None else ToolTable()
         self.typing = TypingIndicators(links=links, router=router, timings=self.timings)
         self.drafts = DraftBook(journal=journal, names=router.names)
         streams = OutgoingStreams(links)
@@ -388,11 +391,8 @@ class TurnManager:
     # ------------------------------------------------------------------ tools
 
     def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[dict[str, Any]]:
-        """Every provider's tools this agent may call, in provider order."""
-        offered: list[dict[str, Any]] = []
-        for provider in self.tool_providers:
-            offered.extend(spec for spec in provider.tools_for(agent, run) if agent_may_call(agent, spec["name"]))
-        return offered
+        """Every provider's tools this agent may call, in provider order (read from the name table)."""
+        return self.tools.offered(agent, run)
 
     def round_sends(self, tool_calls: Sequence[Mapping[str, Any]]) -> bool:
         """Whether any of a round's tool calls (not yet run) is a send tool."""
@@ -400,8 +400,7 @@ class TurnManager:
             name = tool_call.get("name")
             arguments = tool_call.get("arguments")
             arguments = arguments if isinstance(arguments, Mapping) else {}
-            provider = next((p for p in self.tool_providers if isinstance(name, str) and p.handles(name)), None)
-            if provider is not None and provider.is_send(name, arguments):
+            if isinstance(name, str) and self.tools.is_send(name, arguments):
                 return True
         return False
 
@@ -426,7 +425,7 @@ class TurnManager:
         arguments: Any,
         caller_turn_id: str | None,
     ) -> dict[str, Any]:
-        """A tool call from the model, sent to the provider that handles ``name``.
+        """A tool call from the model, sent to the tool the name table says ``name`` means.
 
         The call's scope (:func:`~mcpl_router.routing.turns.call_scope`) decides what it may
         touch: a call carrying another turn than the agent's open one reads none of its
@@ -440,23 +439,22 @@ class TurnManager:
             agent=run.turn.agent, turn=turn_id, call=call_id, tool=name,
             calling_turn=scope.turn.turn_id if scope.turn else None,
         )
-        provider = next((p for p in self.tool_providers if p.handles(name)), None)
-        if provider is None:
+        entry = self.tools.entry(name)
+        if entry is None:
             log.info("turn.tool.unknown")
             return tool_result(texts.unknown_tool(name), error=True, reason="unknown-tool")
         if not agent_may_call(agent, name):
             log.info("turn.tool.not_permitted")
             return tool_result(texts.tool_not_permitted(name), error=True, reason="not-permitted")
         call = ToolCall(
-            
             run=run,
             scope=scope,
             agent=agent,
             call_id=call_id,
-            name=name,
+            tool=entry.tool,
             arguments=dict(arguments) if isinstance(arguments, Mapping) else {},
         )
-        result = await provider.call(call)
+        result = await entry.provider.call(call)
         log.info("turn.tool.called", error=bool(result.get("isError")), reason=result.get("reason"))
         return result
 

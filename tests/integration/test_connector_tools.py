@@ -10,12 +10,14 @@ a send engages its channel on that server only. Servers ``a`` and ``b`` both reg
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
 from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
@@ -23,8 +25,8 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 
+from .conftest import daemon_config, daemon_running, dialled_server, wait_channel, wait_ready
 from .conftest import servers_and_daemon as shared_servers_and_daemon
-from .conftest import wait_channel, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -234,3 +236,159 @@ async def test_two_servers_given_one_prefix_offer_neither_tool_under_the_shared_
                 assert refused["isError"] is True and refused["reason"] == "unknown-tool"
                 await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
             assert await tool_calls(servers["a"]) == [] and await tool_calls(servers["b"]) == []
+
+
+# ---------------------------------------------------------------------- one name table
+
+
+def clash_events(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [entry for entry in logs if entry.get("event") == "tools.name_clash"]
+
+
+def clash_count(daemon: Daemon, kind: str) -> float:
+    for family in text_string_to_metric_families(daemon.metrics.render().decode()):
+        for sample in family.samples:
+            if sample.name == "mcpl_router_tool_name_clashes_total" and sample.labels == {"kind": kind}:
+                return sample.value
+    return 0.0
+
+
+async def relist(daemon: Daemon, server: FixtureProcess, server_id: str, tools: Sequence[Mapping[str, Any]]) -> None:
+    """Give ``server`` a new tool list, announce it, and wait until the daemon holds it."""
+    generation = daemon.connector_tools.generation
+    await server.configure(tools=tools)
+    await server.host_call("notifications/tools/list_changed", form="notification")
+    names = [tool["name"] for tool in tools]
+    await wait_until(
+        lambda: daemon.connector_tools.generation > generation
+        and [t.name for t in daemon.connector_tools.tools_of(server_id)] == names,
+        timeout=10,
+    )
+
+
+async def test_a_server_tool_offered_under_a_daemon_tools_name_is_not_offered_and_the_daemon_tool_answers(
+    tmp_path: Path,
+) -> None:
+    # toolPrefix "s" and the server's tool "leep": the offered name would be the daemon's "sleep".
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, ["a"], {"a": {"toolPrefix": "s"}}) as (daemon, servers):
+            await relist(daemon, servers["a"], "a", [{"name": "leep"}, {"name": "send_message"}])
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                named_sleep = [spec for spec in opened["tools"] if spec["name"] == "sleep"]
+                assert len(named_sleep) == 1 and not named_sleep[0]["description"].startswith("[server ")
+                assert "ssend_message" in [spec["name"] for spec in opened["tools"]]
+                # The call by that name is the daemon's own sleep, never the server's leep.
+                slept = await tool(client, opened["turnId"], "sleep", {})
+                assert slept["isError"] is False and slept["structuredContent"] == {"sleep": True}
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(servers["a"]) == []
+            [clash] = clash_events(logs)
+            assert clash["log_level"] == "warning" and clash["name"] == "sleep" and clash["kind"] == "daemon-tool"
+            assert clash["sides"] == [{"server": None, "tool": "sleep"}, {"server": "a", "tool": "leep"}]
+            assert clash_count(daemon, "daemon-tool") == 1
+
+
+@pytest.mark.parametrize("first", ["discord", "discord--eu"])
+async def test_two_servers_tools_joined_into_one_name_are_both_refused_whichever_lists_first(
+    tmp_path: Path, first: str
+) -> None:
+    # "mcpl--discord--" + "eu--send" and "mcpl--discord--eu--" + "send" are one string.
+    shared = "mcpl--discord--eu--send"
+    second = "discord--eu" if first == "discord" else "discord"
+    lists = {"discord": [{"name": "eu--send"}, {"name": "react"}], "discord--eu": [{"name": "send"}]}
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, [first, second]) as (daemon, servers):
+            await relist(daemon, servers[first], first, lists[first])
+            await relist(daemon, servers[second], second, lists[second])
+            # Another listing that changes nothing about the clash: it is not logged again.
+            await relist(daemon, servers["discord"], "discord", lists["discord"])
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                offered = names_of(opened)
+                assert shared not in offered and "mcpl--discord--react" in offered
+                refused = await tool(client, opened["turnId"], shared, {"channelId": "general", "text": "x"})
+                assert refused["isError"] is True and refused["reason"] == "unknown-tool"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(servers["discord"]) == [] and await tool_calls(servers["discord--eu"]) == []
+            [clash] = clash_events(logs)
+            assert clash["name"] == shared and clash["kind"] == "servers"
+            assert sorted(clash["sides"], key=lambda side: side["server"]) == [
+                {"server": "discord", "tool": "eu--send"},
+                {"server": "discord--eu", "tool": "send"},
+            ]
+            assert clash_count(daemon, "servers") == 1
+
+            # discord--eu stops listing "send": the name is discord's eu--send alone, and reaches it.
+            await relist(daemon, servers["discord--eu"], "discord--eu", [{"name": "other"}])
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                assert shared in names_of(opened)
+                answered = await tool(client, opened["turnId"], shared, {"x": 1})
+                assert answered["isError"] is False and answered["_meta"]["mcpl-router"]["serverId"] == "discord"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert [p["name"] for p in await tool_calls(servers["discord"])] == ["eu--send"]
+            assert await tool_calls(servers["discord--eu"]) == []
+            assert len(clash_events(logs)) == 1
+
+
+async def test_a_sends_channel_is_read_by_the_one_resolver_on_the_tools_own_server(tmp_path: Path) -> None:
+    # DM labels are names too: "bob" is b's DM dm-9; "Alice" is two of b's DMs, so it names neither.
+    dms = [
+        channel_descriptor("dm-7", "Alice", channel_type="dm"),
+        channel_descriptor("dm-8", "alice", channel_type="dm"),
+        channel_descriptor("dm-9", "Bob", channel_type="dm"),
+    ]
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            await servers["b"].register(dms)
+            await wait_channel(daemon, "b", "dm-9")
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                turn_id = opened["turnId"]
+                refused = await tool(client, turn_id, B_SEND, {"channelId": "Alice", "text": "hi"})
+                assert refused["isError"] is True and refused["reason"] == "ambiguous"
+                assert refused["structuredContent"]["candidates"] == [
+                    {"serverId": "b", "channelId": "dm-7"},
+                    {"serverId": "b", "channelId": "dm-8"},
+                ]
+                assert "Nothing was sent" in refused["content"][0]["text"]
+                sent = await tool(client, turn_id, B_SEND, {"channelId": "bob", "text": "hi bob"}, "c2")
+                assert sent["isError"] is False
+                assert sent["_meta"]["mcpl-router"]["channel"] == {"serverId": "b", "channelId": "dm-9", "shown": "dm-9"}
+                assert daemon.turns.run_of(turn_id).turn.routing.engaged == (ChannelRef("b", "dm-9"),)
+                await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+            # The server got its own id for the one DM, and nothing for the name that meant two.
+            assert [p["arguments"] for p in await tool_calls(servers["b"])] == [{"channelId": "dm-9", "text": "hi bob"}]
+            assert await tool_calls(servers["a"]) == []
+
+
+async def test_a_reload_changes_the_servers_whose_tools_are_offered(short_tmp: Path) -> None:
+    # The providers hold the daemon's own links dict: a reload adds and removes servers in it.
+    with trio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            fixtures = {
+                name: await stack.enter_async_context(
+                    FixtureProcess.start(transport="tcp", personality="strict", control_dir=short_tmp, server_name=name)
+                )
+                for name in ("a", "b")
+            }
+            entries = {name: dialled_server(fixture) for name, fixture in fixtures.items()}
+            daemon = await stack.enter_async_context(daemon_running(daemon_config(short_tmp, {"a": entries["a"]}, unix_socket=True)))
+            await wait_until(lambda: daemon.connector_tools.tools_of("a"), timeout=15)
+            added = await daemon.reload(daemon_config(short_tmp, entries, unix_socket=True))
+            assert added["outcome"] == "applied" and added["added"] == ["b"]
+            await wait_until(lambda: daemon.connector_tools.tools_of("b"), timeout=15)
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                assert {A_SEND, B_SEND} <= set(names_of(opened))
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            removed = await daemon.reload(daemon_config(short_tmp, {"b": entries["b"]}, unix_socket=True))
+            assert removed["outcome"] == "applied" and removed["removed"] == ["a"]
+            async with host(daemon) as client:
+                opened = await client.call("turn/open", {"agent": AGENT})
+                assert B_SEND in names_of(opened) and not any(name.startswith("mcpl--a--") for name in names_of(opened))
+                gone = await tool(client, opened["turnId"], A_SEND, {"channelId": "general", "text": "x"})
+                assert gone["isError"] is True and gone["reason"] == "unknown-tool"
+                await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            assert await tool_calls(fixtures["a"]) == []

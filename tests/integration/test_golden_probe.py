@@ -24,7 +24,7 @@ import pytest
 import trio
 
 from mcpl_router.client import RouterClient
-from mcpl_router.speech_tools import SPEECH_TOOLS
+from mcpl_router.tools.speech_tools import SPEECH_TOOLS
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
 from .test_prose_modes import AGENT, message, scene, tool

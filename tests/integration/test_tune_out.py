@@ -194,3 +194,25 @@ async def test_the_subconscious_cancels_speaks_and_delivers_summaries_by_refs_on
             b_publishes = [e["params"] for e in await servers["b"].recorded("channels/publish")]
             assert [p["content"][0]["text"] for p in b_publishes] == ["brb"]
             assert await servers["a"].recorded("channels/publish") == []
+
+
+async def test_turn_round_naming_the_tune_out_tools_holds_text_only_for_speak_in_channel(tmp_path: Path) -> None:
+    # turn/round names the round's tool calls before they run: speak_in_channel posts (its
+    # round's plain text is held, as for channel_publish); tune_out does not.
+    with trio.fail_after(60):
+        async with two_servers(tmp_path, "a") as (daemon, servers), host(daemon, AGENT, SUB) as client:
+            primary = await client.call("turn/open", {"agent": AGENT, "channel": "b:general"})
+            await client.call("turn/text", {"turnId": primary["turnId"], "round": 1, "delta": "stepping away"})
+            tune = {"name": "tune_out", "arguments": {"channelId": "b:general", "cadence": 600}}
+            ended = await client.call("turn/round", {"turnId": primary["turnId"], "round": 1, "toolCalls": [tune]})
+            assert [d["outcome"] for d in ended["deliveries"]] == ["delivered"]
+            await client.call("turn/close", {"turnId": primary["turnId"], "outcome": "completed"})
+
+            sub = await client.call("turn/open", {"agent": "sub", "channel": "b:general"})
+            await client.call("turn/text", {"turnId": sub["turnId"], "round": 1, "delta": "I'll say it there"})
+            speak = {"name": "speak_in_channel", "arguments": {"channelId": "b:general", "text": "brb"}}
+            ended = await client.call("turn/round", {"turnId": sub["turnId"], "round": 1, "toolCalls": [speak]})
+            assert ended["deliveries"] == []
+            await client.call("turn/close", {"turnId": sub["turnId"], "outcome": "completed"})
+            b_publishes = [e["params"]["content"][0]["text"] for e in await servers["b"].recorded("channels/publish")]
+            assert b_publishes == ["stepping away"]

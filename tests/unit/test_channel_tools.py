@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcpl_router.channel_tools import CHANNEL_TOOLS, _content_arg, _text_arg
+from mcpl_router.tools.channel_tools import CHANNEL_TOOLS, _content_arg, _text_arg
 from mcpl_router.routing.defaults import (
     KIND_CHANNEL_REQUIRED,
     KIND_DEFAULT_GONE,

@@ -7,7 +7,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcpl_router.connector_tools import SEND_TOOLS, exposed_name, is_send_tool
+from mcpl_router.tools.connector_tools import SEND_TOOLS, exposed_name, is_send_tool
 
 MODEL_SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -1,8 +1,10 @@
-"""Layering: the routing core (``mcpl_router/routing/``) stays pure.
+"""Layering: the routing core (``mcpl_router/routing/``) stays pure; the tools don't see the daemon.
 
-It makes decisions over refs and names; it never touches links, host sessions, the journal,
-trio or sockets. This walks every module's imports with :mod:`ast` (so nothing is imported to
-check) and fails naming the file, the line and the import.
+The routing core makes decisions over refs and names; it never touches links, host sessions,
+the journal, trio or sockets. The tool providers (``mcpl_router/tools/``) are given what they
+use at construction and never import :mod:`mcpl_router.daemon`, not even for a type. This walks
+every module's imports with :mod:`ast` (so nothing is imported to check, and imports under
+``TYPE_CHECKING`` are seen) and fails naming the file, the line and the import.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import pytest
 
 ROUTING = Path(__file__).resolve().parents[2] / "mcpl_router" / "routing"
 PACKAGE = "mcpl_router.routing"
+TOOLS = ROUTING.parent / "tools"
+TOOLS_PACKAGE = "mcpl_router.tools"
+DAEMON = "mcpl_router.daemon"
 
 FORBIDDEN = (
     "mcpl_router.mcpl",
@@ -107,3 +112,49 @@ def test_the_checker_catches_each_form(source: str) -> None:
 )
 def test_the_checker_allows_pure_imports(source: str) -> None:
     assert not any(_is_forbidden(module) for _, module in imported_modules(source))
+
+
+# ---------------------------------------------------------------------- tools/ and the daemon
+
+
+def _is_the_daemon(module: str) -> bool:
+    return module == DAEMON or module.startswith(DAEMON + ".")
+
+
+def tools_modules() -> list[Path]:
+    return sorted(TOOLS.glob("*.py"))
+
+
+def test_there_are_tools_modules_to_check() -> None:
+    names = {path.name for path in tools_modules()}
+    assert {"__init__.py", "seam.py", "table.py", "channel_tools.py", "connector_tools.py"} <= names
+
+
+@pytest.mark.parametrize("path", tools_modules(), ids=lambda p: p.name)
+def test_tools_module_does_not_import_the_daemon(path: Path) -> None:
+    violations = [
+        f"{path.name}:{line}: imports {module}"
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), TOOLS_PACKAGE)
+        if _is_the_daemon(module)
+    ]
+    assert not violations, "tools/ gets its collaborators at construction, not the daemon:\n" + "\n".join(violations)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from mcpl_router.daemon import Daemon",
+        "import mcpl_router.daemon",
+        "from mcpl_router import daemon",
+        "from .. import daemon",
+        "from ..daemon import Daemon",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mcpl_router.daemon import Daemon",
+    ],
+)
+def test_the_daemon_checker_catches_each_form(source: str) -> None:
+    assert any(_is_the_daemon(module) for _, module in imported_modules(source, TOOLS_PACKAGE))
+
+
+@pytest.mark.parametrize("source", ["from mcpl_router.turn_runner import TurnManager", "from . import seam", "import mcpl_router.daemonish"])
+def test_the_daemon_checker_allows_other_imports(source: str) -> None:
+    assert not any(_is_the_daemon(module) for _, module in imported_modules(source, TOOLS_PACKAGE))

@@ -397,3 +397,39 @@ def test_explain_of_a_dm_label(reverse: bool) -> None:
     assert explanation.rule == "one-match"
     assert explanation.candidates[0].matched_by == ("dm-label",)
     assert explanation.candidates[0].shown == "dm:1"
+
+
+# ---------------------------------------------------------------------- one server's channel (a server's own send)
+
+
+def test_channel_on_server_reads_a_name_on_that_server_only(reverse: bool) -> None:
+    names = names_for(
+        [
+            ("a", {"id": "general"}),
+            ("b", {"id": "general"}),
+            ("a", {"id": "b:room"}),
+            ("a:b", {"id": "room"}),
+            ("b", {"id": "dm-1", "type": "dm", "label": "Ada"}),
+            ("b", {"id": "dm-2", "type": "dm", "label": "ADA"}),
+            ("a", {"id": "dm-3", "type": "dm", "label": "Bob"}),
+        ],
+        reverse,
+    )
+    # The exact pair first: "general" on b is b's, though a has one too.
+    assert names.channel_on_server("general", "b") == Resolved(B_GEN, "exact-pair")
+    # The qualified form of its own channel; another server's qualified name is not its to pick.
+    assert names.channel_on_server("b:general", "b") == Resolved(B_GEN, "one-match")
+    assert names.channel_on_server("a:general", "b") is None
+    # "a:b:room" answers to a's "b:room" and a:b's "room": each server picks its own.
+    assert names.channel_on_server("a:b:room", "a") == Resolved(ChannelRef("a", "b:room"), "one-match")
+    assert names.channel_on_server("a:b:room", "a:b") == Resolved(ChannelRef("a:b", "room"), "one-match")
+    # A DM's label, on its server; elsewhere it names nothing there.
+    assert names.channel_on_server("bob", "a") == Resolved(ChannelRef("a", "dm-3"), "one-match")
+    assert names.channel_on_server("bob", "b") is None
+    # Two of b's DMs answer to "ada": refused, each candidate named by its id.
+    refusal = refused(names.channel_on_server("ada", "b", not_done=SENT), "ambiguous")
+    assert set(refusal.candidates) == {ChannelRef("b", "dm-1"), ChannelRef("b", "dm-2")}
+    assert sorted(candidate_lines(refusal)) == ["dm-1", "dm-2"]
+    assert 'could mean more than one channel on server "b"' in refusal.text and SENT in refusal.text
+    assert names.refusals["ambiguous"] == 1
+    assert names.channel_on_server("", "b") is None

@@ -1,6 +1,6 @@
 """The speech tools of prose routing: ``drafts``, ``prose_help``, ``skip_reply``, ``think``, ``sleep``.
 
-A :class:`~mcpl_router.tool_calls.ToolProvider`. Descriptions follow the agent's mode (a named
+A :class:`~mcpl_router.tools.seam.ToolProvider`. Descriptions follow the agent's mode (a named
 or disabled agent is told nothing is announced). What a call may touch is its scope's: a call
 made outside the open turn (``call.scope.turn is None``) moves no routing, reads none of the
 turn's own channels, and its ``sleep`` announces nowhere.
@@ -9,22 +9,23 @@ turn's own channels, and its ``sleep`` announces nowhere.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.drafts import Draft, page
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
-    from mcpl_router.turns import TurnRun
+    from mcpl_router.hosts.sessions import AgentSpec
+    from mcpl_router.turns import TurnManager, TurnRun
 
 __all__ = ["SPEECH_TOOLS", "SpeechTools"]
 
 SPEECH_TOOLS: Final = ("drafts", "prose_help", "skip_reply", "think", "sleep")
+_NAMES: Final = tuple(ToolName(name) for name in SPEECH_TOOLS)
 
 # Stable refusal reasons.
 REASON_UNKNOWN_DRAFT: Final = "unknown-draft"
@@ -76,21 +77,25 @@ def tool_specs(mode: ProseMode) -> list[dict[str, Any]]:
 
 
 class SpeechTools:
-    """The speech tools, for every agent (its allowed tools still decide what it may call)."""
+    """The speech tools, for every agent (its allowed tools still decide what it may call).
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    Args:
+        turns: the drafts (read, saved, resent), speech targets, publishing and explicit sends.
+    """
+
+    def __init__(self, turns: TurnManager) -> None:
+        self._turns = turns
         self._log = get_logger()
 
-    def tools_for(self, agent: Any, run: TurnRun) -> list[dict[str, Any]]:
+    def tool_names(self) -> Iterable[ToolName]:
+        return _NAMES
+
+    def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
         return tool_specs(run.mode)
 
-    def handles(self, name: str) -> bool:
-        return name in SPEECH_TOOLS
-
-    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """A drafts ``resend`` posts: its round's plain text is held (send-silencing)."""
-        return name == "drafts" and arguments.get("action") == "resend"
+        return tool.name == "drafts" and arguments.get("action") == "resend"
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         handler = {
@@ -128,7 +133,7 @@ class SpeechTools:
         if where is None:
             log.info("sleep.not_announced", why="no-destination")
             return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
-        turns = self._daemon.turns
+        turns = self._turns
         delivery = await turns.speech.publish(run, where, announce)
         turn.routing.record(delivery)
         log.info("sleep.announced", server=where.server_id, channel=where.channel_id, outcome=delivery.outcome)
@@ -166,7 +171,7 @@ class SpeechTools:
 
     def _list(self, call: ToolCall) -> dict[str, Any]:
         number = call.arguments.get("page", 1)
-        drafts = page(self._daemon.turns.drafts.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
+        drafts = page(self._turns.drafts.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
         now = time.time()
         rows = [draft.to_wire(now) for draft in drafts]
         if not rows:
@@ -176,7 +181,7 @@ class SpeechTools:
 
     def _read(self, call: ToolCall) -> dict[str, Any]:
         [draft_id, *_] = self._ids(call) or [""]
-        draft = self._daemon.turns.drafts.draft(call.run.turn.agent, draft_id)
+        draft = self._turns.drafts.draft(call.run.turn.agent, draft_id)
         if draft is None:
             return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         attempts = [f"- {a.shown}: {a.outcome}" + (f" ({a.reason})" if a.reason else "") for a in draft.attempts]
@@ -184,7 +189,7 @@ class SpeechTools:
         return tool_result(text, data={**draft.to_wire(), "text": draft.text, "attempts": [a.to_wire() for a in draft.attempts]})
 
     def _dismiss(self, call: ToolCall) -> dict[str, Any]:
-        turns = self._daemon.turns
+        turns = self._turns
         drafts: list[Draft] = []
         for draft_id in self._ids(call):
             draft = turns.drafts.draft(call.run.turn.agent, draft_id)
@@ -199,7 +204,7 @@ class SpeechTools:
         return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
 
     async def _resend(self, call: ToolCall) -> dict[str, Any]:
-        turns = self._daemon.turns
+        turns = self._turns
         run = call.run
         agent = run.turn.agent
         named = run.mode.sends_only_where_named
@@ -250,6 +255,7 @@ class SpeechTools:
                     return tool_result(refusal[0], error=True, reason=refusal[1])
                 rows.append(refusal[0])
                 break
+            assert draft is not None  # a missing one is refused above
             delivery = await turns.speech.resend_draft(run, draft, ref)
             sent.append({"id": draft.draft_id, **delivery.to_wire()})
             rows.append(f"{draft.draft_id} → {delivery.shown}: {delivery.outcome}")

@@ -8,9 +8,10 @@ daemon holds, so the daemon lists them (``tools/list``, capability ``tools``) an
   so after every reconnect) and again on ``notifications/tools/list_changed``. A fetch that
   overlaps another coalesces; an answer from an earlier epoch is dropped.
 - **Names.** A tool is offered as ``<toolPrefix><tool>`` (default prefix ``mcpl--<serverId>--``),
-  sanitized for model APIs that take only ``[A-Za-z0-9_-]{1,64}``: see :func:`exposed_name`. The
-  catalog maps each offered name back to its exact ``(serverId, tool)``; the name is never
-  parsed back, so no spelling can reach another server's tool.
+  sanitized for model APIs that take only ``[A-Za-z0-9_-]{1,64}``: see :func:`exposed_name`.
+  Each tool goes into the one name table (:mod:`mcpl_router.tools.table`) with its exact
+  ``(serverId, tool)`` pair; the name is never parsed back, so no spelling can reach another
+  server's tool. The table refuses a name a daemon tool has, or several server tools share.
 - **Filters, at listing and at dispatch.** The server's ``enabledTools`` / ``disabledTools``
   globs (deny wins, matched against the server's own tool name) and the agent's allowed tools
   (matched against the offered name, by the turn seam). A disabled tool called by name without
@@ -22,7 +23,11 @@ daemon holds, so the daemon lists them (``tools/list``, capability ``tools``) an
   ``send_dm``, or a tool whose ``_meta`` carries ``"mcpl/send": true`` — counts as an explicit
   send: its channel argument (``_meta["mcpl/channelArgument"]``, default ``channelId``; for a
   result naming ``channelId`` in its ``structuredContent``, that) is read **on the tool's own
-  server only**, as ``ChannelRef(serverId, channelId)``, engaged for the calling turn through
+  server only**, through the one resolver
+  (:meth:`~mcpl_router.routing.names.ChannelNames.channel_on_server`: the server's channel with
+  that id, else the one of its channels the name picks; a name several of them answer to is
+  refused with the candidates, and nothing is sent), as ``ChannelRef(serverId, channelId)``,
+  engaged for the calling turn through
   :meth:`~mcpl_router.turns.TurnManager.record_explicit_send`, and opened in the registry
   if it was closed, with a notice in the result.
 """
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -42,12 +47,16 @@ from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
+from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, tool_result
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.sessions import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.routing.router import Router
+    from mcpl_router.tools.table import ToolTable
+    from mcpl_router.turns import TurnManager, TurnRun
 
 __all__ = [
     "CALL_TIMEOUT",
@@ -118,6 +127,11 @@ class ConnectorTool:
         return is_send_tool(self.spec)
 
     @property
+    def tool_name(self) -> ToolName:
+        """Its entry in the name table: the offered name and the ``(serverId, tool)`` pair."""
+        return ToolName(self.exposed, ServerTool(self.server_id, self.name))
+
+    @property
     def channel_argument(self) -> str:
         argument = _meta(self.spec).get(META_CHANNEL_ARGUMENT)
         return argument if isinstance(argument, str) and argument else "channelId"
@@ -148,19 +162,29 @@ class _Refresh:
 
 
 class ConnectorTools:
-    """The connector-tool provider (:class:`~mcpl_router.tool_calls.ToolProvider`); ``daemon.connector_tools``.
+    """The connector-tool provider (:class:`~mcpl_router.tools.seam.ToolProvider`); ``daemon.connector_tools``.
 
     Run :meth:`run` in the daemon's nursery; :meth:`link_ready` and :meth:`list_changed` schedule
     fetches there. ``call_timeout`` is a constant by default; tests shorten it on the instance.
+
+    Args:
+        links: the daemon's links by server id, in config order (its own dict: a reload changes
+            it in place).
+        router: the registry (a send's channel, opened if closed) and the one resolver.
+        turns: where a send is recorded as the calling turn's explicit send.
+        names: the one name table, rebuilt here whenever a catalog changes (and read by
+            :meth:`handles` and :meth:`tool_named`).
     """
 
     call_timeout: float = CALL_TIMEOUT
     list_timeout: float = LIST_TIMEOUT
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(self, links: Mapping[str, ServerLink], router: Router, turns: TurnManager, names: ToolTable) -> None:
+        self._links = links
+        self._router = router
+        self._turns = turns
+        self._names = names
         self._catalogs: dict[str, _ServerCatalog] = {}
-        self._by_exposed: dict[str, ConnectorTool] = {}
         self._refreshes: dict[str, _Refresh] = {}
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
@@ -172,7 +196,7 @@ class ConnectorTools:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            for link in self._daemon.links.values():
+            for link in self._links.values():
                 if link.state is LinkState.READY:
                     self.link_ready(link)
             try:
@@ -188,8 +212,25 @@ class ConnectorTools:
         return list(catalog.tools.values()) if catalog else []
 
     def tool_named(self, exposed: str) -> ConnectorTool | None:
-        """The tool offered under ``exposed``, if any server listed it."""
-        return self._by_exposed.get(exposed)
+        """The server tool the name table offers under ``exposed``, if any."""
+        entry = self._names.entry(exposed)
+        if entry is None or entry.provider is not self or entry.tool.server_tool is None:
+            return None
+        return self._tool_of(entry.tool.server_tool)
+
+    def _tool_of(self, pair: ServerTool) -> ConnectorTool | None:
+        """The tool ``pair`` names in its server's catalog as last listed."""
+        catalog = self._catalogs.get(pair.server_id)
+        return catalog.tools.get(pair.tool) if catalog is not None else None
+
+    def servers_changed(self) -> None:
+        """A reload changed the links: the catalogs of servers gone go, the names with them."""
+        gone = [server_id for server_id in self._catalogs if server_id not in self._links]
+        for server_id in gone:
+            del self._catalogs[server_id]
+        if gone:
+            self._names.rebuild()
+            self.generation += 1
 
     def link_ready(self, link: ServerLink) -> None:
         """A link became ready (a new epoch): fetch its tools again."""
@@ -260,7 +301,7 @@ class ConnectorTools:
                 continue  # a server listing one name twice: the first stands
             catalog.tools[name] = ConnectorTool(server_id, name, exposed_name(prefix, name, server_id), dict(spec))
         self._catalogs[server_id] = catalog
-        self._rebuild()
+        self._names.rebuild()
         self.generation += 1
         self._log.info(
             "connector.tools.listed",
@@ -270,61 +311,49 @@ class ConnectorTools:
             offered=[name for name in catalog.tools if link.config.tool_offered(name)],
         )
 
-    def _rebuild(self) -> None:
-        by_exposed: dict[str, ConnectorTool] = {}
-        for server_id in self._daemon.links:  # config order: stable whoever listed first
-            catalog = self._catalogs.get(server_id)
-            for tool in catalog.tools.values() if catalog else ():
-                taken = by_exposed.get(tool.exposed)
-                if taken is not None:
-                    # Two servers configured with one prefix: the name means neither.
-                    self._log.warning(
-                        "connector.tools.name_collision", name=tool.exposed,
-                        servers=[taken.server_id, tool.server_id], tool=tool.name,
-                    )
-                    by_exposed[tool.exposed] = _COLLIDED
-                    continue
-                by_exposed[tool.exposed] = tool
-        self._by_exposed = {name: tool for name, tool in by_exposed.items() if tool is not _COLLIDED}
-
     # ------------------------------------------------------------------ ToolProvider
 
-    def _others_handle(self, name: str) -> bool:
-        return any(p is not self and p.handles(name) for p in self._daemon.turns.tool_providers)
+    def tool_names(self) -> Iterator[ToolName]:
+        """Every tool of every configured server's catalog (ready or not), in config order."""
+        for server_id in self._links:
+            catalog = self._catalogs.get(server_id)
+            for tool in catalog.tools.values() if catalog is not None else ():
+                yield tool.tool_name
 
-    def tools_for(self, agent: Any, run: Any) -> list[dict[str, Any]]:
-        """Every ready server's offered tools (config globs applied; the seam applies the agent's)."""
-        offered: list[dict[str, Any]] = []
-        for server_id, link in self._daemon.links.items():
+    def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
+        """Every ready server's tools its config offers (the table drops refused names and
+        applies the agent's allowed tools)."""
+        offered: list[ToolSpec] = []
+        for server_id, link in self._links.items():
             catalog = self._catalogs.get(server_id)
             if catalog is None or link.state is not LinkState.READY or not link.grant.allows(TOOLS):
                 continue
-            for tool in catalog.tools.values():
-                if not link.config.tool_offered(tool.name) or self._by_exposed.get(tool.exposed) is not tool:
-                    continue
-                if self._others_handle(tool.exposed):
-                    continue  # a daemon tool's name (an empty toolPrefix): the daemon's wins
-                offered.append(tool.offered_spec())
+            offered.extend(tool.offered_spec() for tool in catalog.tools.values() if link.config.tool_offered(tool.name))
         return offered
 
     def handles(self, name: str) -> bool:
-        return name in self._by_exposed
+        """Whether the name table gives ``name`` to one of the servers' tools."""
+        return self.tool_named(name) is not None
 
-    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
-        """Whether calling ``name`` posts somewhere (send-silencing of its round's text)."""
-        tool = self._by_exposed.get(name)
-        return tool is not None and tool.is_send
+    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+        """Whether calling ``tool`` posts somewhere (send-silencing of its round's text)."""
+        found = self._tool_of(tool.server_tool) if tool.server_tool is not None else None
+        return found is not None and found.is_send
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         """Forward one call to the tool's own server; refusals and outcomes as results."""
-        tool = self._by_exposed.get(call.name)
+        pair = call.tool.server_tool
         log = self._log.bind(agent=call.run.turn.agent, call=call.call_id, tool=call.name)
-        if tool is None:
+        if pair is None:
             return tool_result(texts.unknown_tool(call.name), error=True, reason=texts.REASON_TOOL_UNKNOWN)
-        server_id = tool.server_id
-        log = log.bind(server=server_id, server_tool=tool.name)
-        link = self._daemon.links.get(server_id)
-        data = {"serverId": server_id, "tool": tool.name}
+        server_id = pair.server_id
+        log = log.bind(server=server_id, server_tool=pair.tool)
+        link = self._links.get(server_id)
+        data = {"serverId": server_id, "tool": pair.tool}
+        tool = self._tool_of(pair)
+        if tool is None:
+            text = texts.connector_tool_gone(call.name, pair.tool, server_id)
+            return tool_result(text, error=True, reason=texts.REASON_TOOL_UNKNOWN, data=data)
         if link is not None and not link.config.tool_offered(tool.name):
             # At dispatch, whatever the listing said: the operator's deny wins.
             log.info("connector.call.disabled")
@@ -334,12 +363,13 @@ class ConnectorTools:
             log.info("connector.call.unavailable", state=link.state.value if link else None)
             text = texts.connector_server_unavailable(call.name, server_id)
             return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
-        catalog = self._catalogs.get(server_id)
-        if catalog is None or catalog.tools.get(tool.name) is not tool:
-            text = texts.connector_tool_gone(call.name, tool.name, server_id)
-            return tool_result(text, error=True, reason=texts.REASON_TOOL_UNKNOWN, data=data)
         arguments = dict(call.arguments)
         channel = self._send_channel(tool, arguments) if tool.is_send else None
+        if isinstance(channel, Refusal):
+            # A name several of the server's channels answer to: sent to none of them.
+            log.info("connector.call.channel_refused", kind=channel.kind)
+            refused = {**data, "kind": channel.kind, "candidates": [ref.to_wire() for ref in channel.candidates]}
+            return tool_result(channel.text, error=True, reason=channel.kind, data=refused)
         if channel is not None and arguments.get(tool.channel_argument) != channel.channel_id:
             # "b:general" given to b's own send: the server knows its channel by its own id.
             arguments[tool.channel_argument] = channel.channel_id
@@ -384,22 +414,23 @@ class ConnectorTools:
 
     # ------------------------------------------------------------------ sends
 
-    def _send_channel(self, tool: ConnectorTool, arguments: Mapping[str, Any]) -> ChannelRef | None:
-        """A send's channel, on the tool's own server only (never another server's)."""
+    def _send_channel(self, tool: ConnectorTool, arguments: Mapping[str, Any]) -> ChannelRef | Refusal | None:
+        """A send's channel, on the tool's own server only (never another server's).
+
+        Read by the one resolver: the server's channel with that id, else the one of its
+        channels the name picks ("b:general" to b's tool, a DM's label); a name several of its
+        channels answer to is refused. A name none of them answers to is passed on as the
+        server's own id (the server may know channels it never registered).
+        """
         value = arguments.get(tool.channel_argument)
         if not isinstance(value, str) or not value:
             return None
-        registry = self._daemon.router.registry
-        ref = ChannelRef(tool.server_id, value)
-        if registry.is_registered(ref):
-            return ref
-        # The qualified form of this server's own channel: "b:general" to b's tool.
-        prefix = f"{tool.server_id}:"
-        if value.startswith(prefix):
-            own = ChannelRef(tool.server_id, value[len(prefix):])
-            if registry.is_registered(own):
-                return own
-        return ref
+        resolved = self._router.names.channel_on_server(value, tool.server_id, not_done=texts.PUBLISH_NOT_SENT)
+        if isinstance(resolved, Resolved):
+            return resolved.ref
+        if resolved is not None:
+            return resolved
+        return ChannelRef(tool.server_id, value)
 
     def _result_channel(self, tool: ConnectorTool, result: Mapping[str, Any]) -> ChannelRef | None:
         structured = result.get("structuredContent")
@@ -412,14 +443,14 @@ class ConnectorTools:
         """Count a send: engage its channel for the calling turn, open it if it was closed."""
         if channel is None:
             return []
-        registry = self._daemon.router.registry
+        registry = self._router.registry
         entry = registry.get(channel)
         if entry is None:
             log.info("connector.send.unregistered_channel", channel=channel.channel_id)
             return []
-        self._daemon.turns.record_explicit_send(call, channel)
+        self._turns.record_explicit_send(call, channel)
         if not entry.open and registry.set_open(channel, True):
-            shown = self._daemon.router.names.name_shown(channel)
+            shown = self._router.names.name_shown(channel)
             log.info("connector.send.opened", channel=channel.channel_id)
             return [texts.connector_send_opened(shown)]
         return []
@@ -439,8 +470,6 @@ class ConnectorTools:
     def _about(self, data: dict[str, Any], channel: ChannelRef | None) -> dict[str, Any]:
         about = dict(data)
         if channel is not None:
-            about["channel"] = {**channel.to_wire(), "shown": self._daemon.router.names.name_shown(channel)}
+            about["channel"] = {**channel.to_wire(), "shown": self._router.names.name_shown(channel)}
         return about
 
-
-_COLLIDED: Final = ConnectorTool("", "", "", {})

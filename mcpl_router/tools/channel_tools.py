@@ -1,5 +1,5 @@
 """The daemon's channel tools: ``channel_list``, ``channel_open``, ``channel_close``,
-``channel_decline`` and ``channel_publish`` (a :class:`~mcpl_router.tool_calls.ToolProvider`).
+``channel_decline`` and ``channel_publish`` (a :class:`~mcpl_router.tools.seam.ToolProvider`).
 
 How every tool reads a channel name (issue 6, seed ``000_…``):
 
@@ -25,6 +25,7 @@ shows for, nor is forgotten by, another.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
@@ -35,18 +36,22 @@ from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
+from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.sessions import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
-    from mcpl_router.store.journal import InboundEvent
-    from mcpl_router.turns import TurnRun
+    from mcpl_router.routing.router import Router
+    from mcpl_router.store.journal import InboundEvent, Journal
+    from mcpl_router.tools.tune_out import TuneOuts
+    from mcpl_router.turns import TurnManager, TurnRun
 
 __all__ = ["CHANNEL_TOOLS", "LIFECYCLE_TIMEOUT", "ChannelTools"]
 
 CHANNEL_TOOLS: Final = ("channel_list", "channel_open", "channel_close", "channel_decline", "channel_publish")
+_NAMES: Final = tuple(ToolName(name) for name in CHANNEL_TOOLS)
 
 LIFECYCLE: Final = "channels.lifecycle"
 ACKNOWLEDGE: Final = "channels.acknowledge"
@@ -105,16 +110,34 @@ class ChannelTools:
 
     The daemon wires it as a tool provider and calls :meth:`message_admitted` for each admitted
     inbound event and :meth:`server_removed` when a server's connection ends.
+
+    Args:
+        router: the registry (what is registered and open) and the one resolver.
+        links: the daemon's links by server id (its own dict: a reload changes it in place).
+        journal: declines, durable per agent.
+        turns: typing to stop, explicit sends to record, the publish deadline.
+        tune_outs: whose tuned-out channels open/close/decline refuse.
     """
 
     lifecycle_timeout: float = LIFECYCLE_TIMEOUT
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    def __init__(
+        self,
+        router: Router,
+        links: Mapping[str, ServerLink],
+        journal: Journal,
+        turns: TurnManager,
+        tune_outs: TuneOuts,
+    ) -> None:
+        self._router = router
+        self._links = links
+        self._journal = journal
+        self._turns = turns
+        self._tune_outs = tune_outs
         self.defaults = DefaultChannels()
         #: What each agent last decided for each channel: "open", "closed" or "declined".
         self._desired: dict[tuple[str, ChannelRef], str] = {}
-        for agent, server_id, channel_id in daemon.journal.declines():
+        for agent, server_id, channel_id in journal.declines():
             self._desired[(agent, ChannelRef(server_id, channel_id))] = "declined"
         self._log = get_logger()
 
@@ -129,7 +152,7 @@ class ChannelTools:
         if event.channel_id is None:
             return
         ref = ChannelRef(event.server_id, event.channel_id)
-        registered = self._daemon.router.registry.is_registered(ref)
+        registered = self._router.registry.is_registered(ref)
         # A message's own ids, or those a push names in its origin (discord-mcpl's push for a
         # message in a closed channel): the message a decline acknowledges by default.
         message_id, thread_id = message_ids_of(event.payload)
@@ -145,14 +168,14 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ ToolProvider
 
-    def handles(self, name: str) -> bool:
-        return name in CHANNEL_TOOLS
+    def tool_names(self) -> Iterable[ToolName]:
+        return _NAMES
 
-    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """``channel_publish`` posts: its round's plain text is held (send-silencing)."""
-        return name == "channel_publish"
+        return tool.name == "channel_publish"
 
-    def tools_for(self, agent: Any, run: TurnRun) -> list[dict[str, Any]]:
+    def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
         named = agent.mode.sends_only_where_named
         publish_props = {
             "channelId": _channel_id(),
@@ -221,7 +244,7 @@ class ChannelTools:
 
         Inside the turn, with no ``serverId``, the turn's own channels come first.
         """
-        router = self._daemon.router
+        router = self._router
         if name and server_id is None and call.scope.turn is not None:
             own = own_channel_named(call.scope.turn.routing, name, router.registry, not_done=not_done)
             if own is not None:
@@ -229,13 +252,13 @@ class ChannelTools:
         return router.names.channel_named(name, server_id, not_done=not_done, server_id_accepted=server_id_accepted)
 
     def _shown(self, ref: ChannelRef) -> str:
-        return self._daemon.router.names.name_shown(ref)
+        return self._router.names.name_shown(ref)
 
     def _data(self, ref: ChannelRef, **extra: Any) -> dict[str, Any]:
         return {**ref.to_wire(), "shown": self._shown(ref), **extra}
 
     def _link(self, ref: ChannelRef) -> ServerLink | None:
-        link = self._daemon.links.get(ref.server_id)
+        link = self._links.get(ref.server_id)
         return link if link is not None and link.state is LinkState.READY else None
 
     async def _lifecycle(self, link: ServerLink, method: str, params: dict[str, Any], capability: str) -> str | None:
@@ -254,13 +277,8 @@ class ChannelTools:
 
     def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, Any] | None:
         """The refusal for a channel the calling agent tuned out, saying how the tune-out ends."""
-        tune_outs = getattr(self._daemon, "tune_outs", None)
-        if tune_outs is None:
-            return None
         # A subconscious agent's tools act on its primary's tune-outs.
-        primary = getattr(call.agent, "subconscious_for", None)
-        owner = primary if isinstance(primary, str) and primary else call.run.turn.agent
-        ends = tune_outs.end_text(owner, ref)
+        ends = self._tune_outs.end_text(tune_out_owner(call.agent), ref)
         if ends is None:
             return None
         self._log_call(call, f"channel_{verb}.tuned_out", ref)
@@ -284,7 +302,7 @@ class ChannelTools:
         rows = []
         lines = []
         agent = call.run.turn.agent
-        for row in self._daemon.router.names.channel_list():
+        for row in self._router.names.channel_list():
             desired = self._desired.get((agent, row.ref))
             rows.append({**row.to_dict(), "desired": desired})
             lines.append(texts.channel_row(row.shown, row.server_id, row.label, row.direction, row.open, desired))
@@ -310,7 +328,7 @@ class ChannelTools:
         if not isinstance(ref, ChannelRef):
             return ref
         shown = self._shown(ref)
-        registry = self._daemon.router.registry
+        registry = self._router.registry
         entry = registry.get(ref)
         link = self._link(ref)
         if link is None:
@@ -349,7 +367,7 @@ class ChannelTools:
         agent = call.run.turn.agent
         # This agent opened it after all: its own journaled decline goes (whatever it decided
         # since, e.g. a close after the decline); another agent's stays.
-        self._daemon.journal.forget_decline(agent, ref.server_id, ref.channel_id)
+        self._journal.forget_decline(agent, ref.server_id, ref.channel_id)
         self._desired[(agent, ref)] = "open"
         set_target = args.get("setSpeechTarget", True) is not False
         turn = call.scope.turn
@@ -385,10 +403,10 @@ class ChannelTools:
             self._log_call(call, "channel_close.failed", ref, reason=reason)
             return tool_result(texts.lifecycle_failed("close", shown, reason, not_done), error=True, reason=reason,
                                data=self._data(ref))
-        self._daemon.router.registry.set_open(ref, False)
+        self._router.registry.set_open(ref, False)
         self._desired[(call.run.turn.agent, ref)] = "closed"
         # Typing stops in exactly this channel; another server's with the id keeps its own.
-        await self._daemon.turns.typing.stop_in(ref, self._daemon.turns.runs())
+        await self._turns.typing.stop_in(ref, self._turns.runs())
         self._log_call(call, "channel_close.closed", ref)
         return tool_result(texts.closed(shown, ref.server_id), data=self._data(ref, open=False))
 
@@ -401,7 +419,7 @@ class ChannelTools:
         if not isinstance(ref, ChannelRef):
             return ref
         agent = call.run.turn.agent
-        self._daemon.journal.record_decline(agent, ref.server_id, ref.channel_id)
+        self._journal.record_decline(agent, ref.server_id, ref.channel_id)
         self._desired[(agent, ref)] = "declined"
         emoji = _text_arg(args, "acknowledge")
         acknowledged: bool | None = None
@@ -452,7 +470,7 @@ class ChannelTools:
         else:
             named = call.agent.mode.sends_only_where_named or call.run.mode.sends_only_where_named
             target = self.defaults.target(
-                agent, self._daemon.router.names, server_id=server_id, named_mode=named, not_done=not_done
+                agent, self._router.names, server_id=server_id, named_mode=named, not_done=not_done
             )
             if isinstance(target, Refusal):
                 self._log_call(call, "channel_publish.refused", kind=target.kind, default=True)
@@ -461,15 +479,15 @@ class ChannelTools:
             ref = target.ref
             thread_id = thread_id or target.thread_id
         shown = self._shown(ref)
-        turns = self._daemon.turns
+        turns = self._turns
         delivery = await publish_text(
-            self._daemon.links.get(ref.server_id),
+            self._links.get(ref.server_id),
             ref,
             shown,
             content,
             conversation_id=call.run.turn.conversation_id,
             round_=call.run.turn.round,
-            registered=self._daemon.router.registry.is_registered(ref),
+            registered=self._router.registry.is_registered(ref),
             timeout=turns.publish_timeout,
             thread_id=thread_id,
         )

@@ -1,5 +1,5 @@
 """Tune-out and the subconscious tools: ``tune_out``, ``cancel_tuneout``, ``speak_in_channel``,
-``deliver_summary`` (a :class:`~mcpl_router.tool_calls.ToolProvider`; ``daemon.tune_outs``).
+``deliver_summary`` (a :class:`~mcpl_router.tools.seam.ToolProvider`; ``daemon.tune_outs``).
 
 The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs them:
 
@@ -25,7 +25,7 @@ The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs th
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -37,10 +37,18 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tuneout import Summary, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.routing.wakes import Wake
-from mcpl_router.tool_calls import ToolCall, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
+from mcpl_router.turns import publish_text
 
 if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
+    from mcpl_router.hosts.sessions import AgentSpec
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.routing.router import Router
+    from mcpl_router.turns import TurnManager, TurnRun
+
+#: Queue a notification to the connection owning an agent: ``(agent, method, params)``; False
+#: when no connection owns it (``SessionManager.notify_agent``).
+NotifyAgent = Callable[[str, str, Any], Awaitable[bool]]
 
 __all__ = ["SUBCONSCIOUS_TOOLS", "TUNE_OUT_TOOLS", "TuneOuts", "tune_out_owner"]
 
@@ -93,24 +101,36 @@ DELIVER_SPEC: Final = {
 }
 TUNE_OUT_TOOLS: Final = ("tune_out",)
 SUBCONSCIOUS_TOOLS: Final = ("cancel_tuneout", "speak_in_channel", "deliver_summary")
+_NAMES: Final = tuple(ToolName(name) for name in (*TUNE_OUT_TOOLS, *SUBCONSCIOUS_TOOLS))
 
 
-def tune_out_owner(agent: Any) -> str:
+def tune_out_owner(agent: AgentSpec) -> str:
     """Whose tune-outs an agent's tools act on: its primary's for a subconscious agent, else its own."""
-    primary = getattr(agent, "subconscious_for", None)
-    return primary if isinstance(primary, str) and primary else str(agent.name)
+    return agent.subconscious_for or agent.name
 
 
-def is_subconscious(agent: Any) -> bool:
-    primary = getattr(agent, "subconscious_for", None)
-    return isinstance(primary, str) and bool(primary)
+def is_subconscious(agent: AgentSpec) -> bool:
+    return bool(agent.subconscious_for)
 
 
 class TuneOuts:
-    """The tune-out coordinator and tool provider. Run :meth:`run` in the daemon's nursery."""
+    """The tune-out coordinator and tool provider. Run :meth:`run` in the daemon's nursery.
 
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
+    Args:
+        router: the registry (a tuned-out channel is marked open) and the one resolver.
+        links: the daemon's links by server id (its own dict: a reload changes it in place).
+        turns: ``speak_in_channel``'s publish deadline and explicit send.
+        notify_agent: how a summary wake reaches the agent's host (the sessions', wired by the
+            daemon; the sessions in turn ask :meth:`divert` and :meth:`holds` of every wake).
+    """
+
+    def __init__(
+        self, router: Router, links: Mapping[str, ServerLink], turns: TurnManager, notify_agent: NotifyAgent
+    ) -> None:
+        self._router = router
+        self._links = links
+        self._turns = turns
+        self._notify_agent = notify_agent
         self.table = TuneOutTable()
         self._changed = trio.Event()
         # Final summaries of cancelled tune-outs, sent by the loop rather than inside a tool call.
@@ -133,11 +153,11 @@ class TuneOuts:
 
     # ------------------------------------------------------------------ diversion
 
-    def divert(self, wake: Any) -> bool:
+    def divert(self, wake: Wake) -> bool:
         """Whether a wake is held for its channel's summary (the sessions then don't send it)."""
-        channel = getattr(wake, "channel", None)
-        held = self.table.divert(wake.agent, channel if isinstance(channel, ChannelRef) else None, int(wake.seq))
-        if held:
+        channel = wake.channel
+        held = self.table.divert(wake.agent, channel, wake.seq)
+        if held and channel is not None:
             self._log.info("tuneout.held", agent=wake.agent, server=channel.server_id, channel=channel.channel_id, seq=wake.seq)
         return held
 
@@ -177,7 +197,7 @@ class TuneOuts:
             "final": summary.final,
             "text": texts.tuneout_summary_text(shown, len(summary.held), summary.dropped, summary.summary),
         }
-        sent = await self._daemon.sessions.notify_agent(summary.agent, "wake", params)
+        sent = await self._notify_agent(summary.agent, "wake", params)
         self._log.info(
             "tuneout.summary", agent=summary.agent, server=summary.ref.server_id, channel=summary.ref.channel_id,
             held=len(summary.held), dropped=summary.dropped, final=summary.final, sent=sent,
@@ -188,14 +208,19 @@ class TuneOuts:
 
     # ------------------------------------------------------------------ ToolProvider
 
-    def tools_for(self, agent: Any, run: Any) -> list[dict[str, Any]]:
-        specs: list[dict[str, Any]] = [dict(TUNE_OUT_SPEC)]
+    def tool_names(self) -> Iterable[ToolName]:
+        """Every agent's ``tune_out`` and the subconscious tools: reserved for every agent."""
+        return _NAMES
+
+    def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
+        specs: list[ToolSpec] = [dict(TUNE_OUT_SPEC)]
         if is_subconscious(agent):
             specs += [dict(CANCEL_SPEC), dict(SPEAK_SPEC), dict(DELIVER_SPEC)]
         return specs
 
-    def handles(self, name: str) -> bool:
-        return name in TUNE_OUT_TOOLS or name in SUBCONSCIOUS_TOOLS
+    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+        """``speak_in_channel`` posts: its round's plain text is held (send-silencing)."""
+        return tool.name == "speak_in_channel"
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         await trio.lowlevel.checkpoint()
@@ -222,7 +247,7 @@ class TuneOuts:
         """The channel ``channelId`` names, read as every tool reads one; else the refusal."""
         name = call.arguments.get("channelId")
         name = name if isinstance(name, str) else ""
-        router = self._daemon.router
+        router = self._router
         resolved: Resolved | Refusal | None = None
         if call.scope.turn is not None:
             resolved = own_channel_named(call.scope.turn.routing, name, router.registry, not_done=not_done)
@@ -244,7 +269,7 @@ class TuneOuts:
         if isinstance(ref, dict):
             return ref
         owner = tune_out_owner(call.agent)
-        registry = self._daemon.router.registry
+        registry = self._router.registry
         # A tuned-out channel stays open: its traffic keeps coming, to be summarized.
         opened = registry.set_open(ref, True)
         self.table.enter(owner, ref, settings, trio.current_time())
@@ -278,8 +303,6 @@ class TuneOuts:
         return tool_result(texts.tuneout_cancelled(shown, held), data={**ref.to_wire(), "shown": shown, "agent": owner, "held": held})
 
     async def _speak(self, call: ToolCall) -> dict[str, Any]:
-        from mcpl_router.turns import publish_text
-
         text = call.arguments.get("text")
         if not isinstance(text, str) or not text.strip():
             text = call.arguments.get("content") if isinstance(call.arguments.get("content"), str) else ""
@@ -290,13 +313,13 @@ class TuneOuts:
             return ref
         shown = self._shown(ref)
         delivery = await publish_text(
-            self._daemon.links.get(ref.server_id), ref, shown, text,
+            self._links.get(ref.server_id), ref, shown, text,
             conversation_id=call.run.turn.conversation_id, round_=call.run.turn.round,
-            registered=self._daemon.router.registry.is_registered(ref),
-            timeout=self._daemon.turns.publish_timeout,
+            registered=self._router.registry.is_registered(ref),
+            timeout=self._turns.publish_timeout,
         )
         if delivery.outcome != "failed":
-            self._daemon.turns.record_explicit_send(call, ref)
+            self._turns.record_explicit_send(call, ref)
         self._log.info("tuneout.spoke", agent=call.agent.name, server=ref.server_id, channel=ref.channel_id, outcome=delivery.outcome)
         data = delivery.to_wire()
         if delivery.outcome == "delivered":
@@ -324,7 +347,7 @@ class TuneOuts:
         return tool_result(texts.summary_delivered(shown, owner), data={**ref.to_wire(), "shown": shown, "agent": owner})
 
     def _shown(self, ref: ChannelRef) -> str:
-        return self._daemon.router.names.name_shown(ref)
+        return self._router.names.name_shown(ref)
 
 
 _NOT_DONE: Final[Mapping[str, str]] = {
