@@ -308,7 +308,10 @@ class ServerLink(LinkHandshake, LinkRegrant):
         config = self.config
         if config.transport != "websocket" or not config.token or config.token_in != "auto":
             return
-        status = getattr(failure, "status_code", getattr(failure, "status", None))
+        if isinstance(failure, TransportError):
+            status = failure.status
+        else:  # trio-websocket's own errors (ConnectionRejected: ``status_code``)
+            status = getattr(failure, "status_code", getattr(failure, "status", None))
         if status not in _AUTH_REFUSED:
             return
         if self._token_place == "header" and not self._token_query_tried:
