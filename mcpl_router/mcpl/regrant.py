@@ -8,9 +8,9 @@ again (at most every :data:`MANIFEST_REFETCH_INTERVAL`), checked against its rev
 grant narrowed to it, again host-side first. Either way the server is told the way it learned
 its policy at connect: a Request, or the Notification for a server that takes only that.
 
-Apart from the handshake (:mod:`mcpl_router.mcpl.handshake`), whose answer handling it shares,
-because these change a grant already in force, while the link keeps serving; and apart from the
-running link, which only routes the announcements here. The state it uses is the link's.
+Apart from the handshake (:mod:`mcpl_router.mcpl.handshake`), whose policy-answer handling it
+reuses, because these change a grant already in force while the link keeps serving; the running
+link only routes a manifest announcement here. The state it uses is the link's.
 """
 
 from __future__ import annotations
