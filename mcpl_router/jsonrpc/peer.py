@@ -28,13 +28,19 @@ graceful close, or the other side's EOF, gives what is queued ``close_flush`` se
 
 **No input stops a connection.** Any failure decoding or handling one message becomes an
 error answer (or, for a notification, a logged event and a counter); the read loop goes on.
+
+The peer is assembled from its parts, one module each: what a handler is given and returns
+(:mod:`~mcpl_router.jsonrpc.handlers`), the bounds and counters
+(:mod:`~mcpl_router.jsonrpc.limits`), the read side with its lanes
+(:mod:`~mcpl_router.jsonrpc.lanes`) and the outbox with its writer
+(:mod:`~mcpl_router.jsonrpc.outbox`). This module holds the connection's lifecycle and our own
+requests (each awaiting its answer); every name the peer's users import is importable from here.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import Any, TypeVar
 
 import attrs
@@ -42,25 +48,20 @@ import msgspec
 import trio
 
 from mcpl_router.jsonrpc.envelope import (
-    INTERNAL_ERROR,
     INVALID_PARAMS,
-    INVALID_REQUEST,
-    METHOD_NOT_FOUND,
     PARSE_ERROR,
     Envelope,
-    EnvelopeProblem,
-    ErrorObject,
-    ErrorOut,
     NotificationOut,
-    RequestId,
     RequestOut,
-    ResultOut,
     RpcError,
-    decode_envelope,
     describe_decode_failure,
     encode,
 )
-from mcpl_router.jsonrpc.framing import MessageStream, OversizedMessage
+from mcpl_router.jsonrpc.framing import MessageStream
+from mcpl_router.jsonrpc.handlers import Deferred, Handler, Inbound, LaneOf, MethodTable
+from mcpl_router.jsonrpc.lanes import PeerLanes, _Lane
+from mcpl_router.jsonrpc.limits import PeerLimits, PeerStatistics
+from mcpl_router.jsonrpc.outbox import PeerClosed, PeerOutbox
 from mcpl_router.logs import get_logger
 
 T = TypeVar("T")
@@ -68,37 +69,6 @@ T = TypeVar("T")
 # Closing may wait on the other side (a WebSocket close handshake) whose reader may already be
 # cancelled; under a shield that wait must have its own end.
 _CLOSE_TIMEOUT = 1.0
-# The most one write joins: big enough that a burst is a handful of syscalls, small enough
-# that the bytes held outside the outbox while a write blocks stay bounded.
-_WRITE_BATCH_BYTES = 256 * 1024
-
-
-@attrs.frozen
-class PeerLimits:
-    """The bounds of one connection's queues (see the module docstring for the policies)."""
-
-    #: Inbound messages (and their bytes) queued across all lanes before the read loop waits.
-    #: One lane may use all of it: a busy turn holds the others only once this is exhausted.
-    inbound_messages: int = 4096
-    inbound_bytes: int = 16 * 1024 * 1024
-    #: Lanes with work at once before the read loop waits for one to finish.
-    max_lanes: int = 64
-    #: Concurrent-method handlers running at once.
-    max_concurrent: int = 64
-    #: Deferred answers outstanding at once.
-    max_deferred: int = 1024
-    #: Outgoing messages queued, and their bytes (a single larger message still goes alone).
-    outbox_messages: int = 4096
-    outbox_bytes: int = 8 * 1024 * 1024
-    #: How long the peer may take nothing we send (the outbox full and no write making
-    #: progress) before it is disconnected. A slow reader that keeps reading never trips it.
-    stall_timeout: float = 30.0
-    #: At a graceful close (or the other side's EOF), how long what is queued may take to go out.
-    close_flush: float = 1.0
-
-
-class PeerClosed(Exception):
-    """The connection closed before (or while) a request could be answered."""
 
 
 class RequestTimeout(Exception):
@@ -111,116 +81,7 @@ class RequestTimeout(Exception):
         self.sent = sent
 
 
-@attrs.frozen
-class Inbound:
-    """A request or notification the other side sent us."""
-
-    method: str
-    params: msgspec.Raw | None
-    #: None for a notification; otherwise their id, echoed back verbatim.
-    id: RequestId | None
-    is_notification: bool
-    #: What the peer's ``stamp`` hook returned as the message arrived (in the read loop, in
-    #: byte order with the answers): e.g. the grant in force *at receipt*, for admission.
-    stamp: Any = None
-
-    def decode_params(self, params_type: type[T]) -> T:
-        """Decode the params into ``params_type``, or raise -32602 naming the bad field's path."""
-        raw = self.params if self.params is not None else b"{}"
-        try:
-            return msgspec.json.decode(raw, type=params_type)
-        except msgspec.ValidationError as exc:
-            raise RpcError(INVALID_PARAMS, f"Invalid params for {self.method}: {exc}", {"detail": str(exc)}) from exc
-        except (msgspec.DecodeError, RecursionError) as exc:
-            # The envelope skipped over the params without reading their strings: invalid
-            # UTF-8 or runaway nesting surfaces here.
-            detail = describe_decode_failure(bytes(raw), exc)
-            raise RpcError(INVALID_PARAMS, f"Invalid params for {self.method}: {detail}", {"detail": detail}) from exc
-
-
-@attrs.frozen
-class Deferred:
-    """A handler's answer that comes later: the lane moves on, the reply follows ``wait()``."""
-
-    wait: Callable[[], Awaitable[Any]]
-
-
-Handler = Callable[[Inbound], Awaitable[Any]]
-LaneOf = Callable[[Inbound], Hashable]
-
-
-@attrs.define
-class _Method:
-    handler: Callable[[Any, Inbound], Awaitable[Any]]
-    params_type: type | None
-    concurrent: bool
-
-
-class MethodTable:
-    """Method name → handler, with the params decoded into a typed Struct before the call.
-
-    Unknown methods answer -32601; params that don't fit the Struct answer -32602 with the path.
-    """
-
-    def __init__(self) -> None:
-        self._methods: dict[str, _Method] = {}
-
-    def add(
-        self,
-        method: str,
-        handler: Callable[[Any, Inbound], Awaitable[Any]],
-        params_type: type | None = None,
-        *,
-        concurrent: bool = False,
-    ) -> None:
-        self._methods[method] = _Method(handler, params_type, concurrent)
-
-    def __contains__(self, method: str) -> bool:
-        return method in self._methods
-
-    @property
-    def concurrent_methods(self) -> frozenset[str]:
-        return frozenset(name for name, m in self._methods.items() if m.concurrent)
-
-    async def __call__(self, inbound: Inbound) -> Any:
-        entry = self._methods.get(inbound.method)
-        if entry is None:
-            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")
-        params = inbound.decode_params(entry.params_type) if entry.params_type is not None else inbound.params
-        return await entry.handler(params, inbound)
-
-
-@attrs.frozen
-class PeerStatistics:
-    pending_requests: int
-    lanes: int
-    inbound_queued: int
-    requests_sent: int
-    inbound_handled: int
-    #: Times the read loop waited for room (a lane, a slot): backpressure on the other side.
-    backpressure_waits: int
-    skipped_lines: int
-    malformed_messages: int
-    oversized_messages: int
-    handler_failures: int
-    outbox_messages: int
-    outbox_bytes: int
-    #: The most bytes queued for this peer at once (what a peer that doesn't read costs).
-    outbox_high_water_bytes: int
-    #: Times a send waited because the outbox was full.
-    outbox_waits: int
-    #: 1 once the connection was closed because the peer stopped reading.
-    stalled: int
-
-
-@attrs.define(eq=False)
-class _Lane:
-    key: Hashable
-    send: trio.MemorySendChannel[tuple[Inbound, int]]
-    receive: trio.MemoryReceiveChannel[tuple[Inbound, int]]
-
-
-class Peer:
+class Peer(PeerLanes, PeerOutbox):
     """One JSON-RPC 2.0 connection. Run :meth:`run` in a nursery; it returns when the stream ends.
 
     Args:
@@ -429,209 +290,7 @@ class Peer:
             raise PeerClosed(self._close_reason)
         await self._enqueue(encode(NotificationOut(method=method, params=msgspec.UNSET if params is None else params)))
 
-    def _has_room(self, size: int) -> bool:
-        limits = self.limits
-        if not self._outbox:
-            return True  # one message, however large, always goes (the framing bounds it)
-        return len(self._outbox) < limits.outbox_messages and self._outbox_bytes + size <= limits.outbox_bytes
-
-    async def _enqueue(self, data: bytes) -> None:
-        """Queue one encoded message for the writer, waiting (bounded) while the outbox is full."""
-        # Every send is a checkpoint, taken before the message is queued: a cancelled sender
-        # never leaves behind a message it believes unsent.
-        await trio.lowlevel.checkpoint()
-        if not self._has_room(len(data)) and not self._closed:
-            self._counts["outbox_waits"] += 1
-            while not self._closed and not self._has_room(len(data)):
-                # Each wait ends when the writer moves a batch out: only a peer that takes
-                # nothing for the whole stall timeout counts as not reading.
-                with trio.move_on_after(self.limits.stall_timeout) as scope:
-                    await self._outbox_room.wait()
-                if scope.cancelled_caught:
-                    await self._stall(f"not reading: nothing it was sent went out for {self.limits.stall_timeout:g}s")
-                    break
-        if self._closed:
-            raise PeerClosed(self._close_reason)
-        self._outbox.append(data)
-        self._outbox_bytes += len(data)
-        total = self._outbox_bytes + self._writing_bytes
-        if total > self._counts["outbox_high_water_bytes"]:
-            self._counts["outbox_high_water_bytes"] = total
-        self._outbox_ready.set()
-
-    async def _write_loop(self) -> None:
-        try:
-            await self._write_forever()
-        finally:
-            self._writer_done = True
-
-    async def _write_forever(self) -> None:
-        stall = self.limits.stall_timeout
-        # One watchdog for the writer's life, not a scope per write: its deadline is the stall
-        # timeout from the last progress while a write is under way, and never while idle.
-        with trio.CancelScope() as watchdog:
-
-            def progress() -> None:
-                watchdog.deadline = trio.current_time() + stall
-
-            while True:
-                while not self._outbox:
-                    if self._closed:
-                        return
-                    self._outbox_ready = trio.Event()
-                    await self._outbox_ready.wait()
-                if self._closed:
-                    return
-                batch: list[bytes] = []
-                size = 0
-                while self._outbox and (not batch or size + len(self._outbox[0]) <= _WRITE_BATCH_BYTES):
-                    data = self._outbox.popleft()
-                    batch.append(data)
-                    size += len(data)
-                self._outbox_bytes -= size
-                self._writing_bytes = size
-                self._outbox_room.set()
-                self._outbox_room = trio.Event()
-                progress()
-                try:
-                    await self._stream.send_messages(batch, progress=progress)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    self._writing_bytes = 0
-                    self._writer_done = True
-                    self._mark_closed(f"connection closed while sending: {exc}")
-                    return
-                watchdog.deadline = math.inf
-                self._writing_bytes = 0
-                self._outbox_room.set()
-                self._outbox_room = trio.Event()
-        if watchdog.cancelled_caught:
-            with trio.CancelScope(shield=True):
-                await self._stall(f"not reading: a write made no progress for {stall:g}s")
-            self._writing_bytes = 0
-
-    async def _stall(self, reason: str) -> None:
-        if self._closed:
-            return
-        self._counts["stalled"] = 1
-        self._log.error(
-            "jsonrpc.peer.stalled",
-            reason=reason,
-            queued_messages=len(self._outbox),
-            queued_bytes=self._outbox_bytes + self._writing_bytes,
-        )
-        await self.aclose(f"disconnected: {reason}", flush=False)
-
-    async def _reply(self, reply: ResultOut | ErrorOut) -> None:
-        try:
-            data = encode(reply)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            # A handler returned something JSON can't carry: a bug, answered as one.
-            self._counts["handler_failures"] += 1
-            self._log.error("jsonrpc.result.unencodable", id=reply.id, error=f"{type(exc).__name__}: {exc}")
-            data = encode(ErrorOut(id=reply.id, error=ErrorObject(code=INTERNAL_ERROR, message="Internal error: the result could not be encoded")))
-        try:
-            await self._enqueue(data)
-        except PeerClosed:
-            self._log.info("jsonrpc.reply.undeliverable", id=reply.id)
-
-    # -- incoming ----------------------------------------------------------------------------
-
-    async def _read_loop(self) -> None:
-        while True:
-            try:
-                data = await self._stream.receive_message()
-            except OversizedMessage as exc:
-                self._counts["oversized_messages"] += 1
-                self._log.warning("jsonrpc.message.oversized", size=exc.size, limit=exc.limit)
-                await self._reply(ErrorOut(id=None, error=ErrorObject(code=INVALID_REQUEST, message=f"Invalid request: {exc}")))
-                continue
-            except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            await self._on_message(data)
-            # A checkpoint per message keeps one busy peer from starving its neighbours.
-            await trio.lowlevel.checkpoint()
-
-    async def _on_message(self, data: bytes) -> None:
-        if self._stream.line_oriented and data.lstrip()[:1] not in (b"{", b"["):
-            # Real servers print log lines on stdout: skip them, never drop the link for them.
-            self._skip_line(data)
-            return
-        try:
-            envelope = decode_envelope(data)
-        except EnvelopeProblem as problem:
-            if self._stream.line_oriented and (problem.error.code == PARSE_ERROR or data.lstrip()[:1] == b"["):
-                # Not JSON at all (``[server] started``), or an array no MCPL peer sends: a log
-                # line on a line-oriented stream. Skipped and logged, never answered.
-                self._skip_line(data)
-                return
-            self._counts["malformed_messages"] += 1
-            self._log.warning(
-                "jsonrpc.message.malformed",
-                code=problem.error.code,
-                detail=problem.error.message,
-                sample=data[:200].decode("utf-8", "replace"),
-            )
-            if problem.answerable:
-                await self._reply(ErrorOut(id=problem.reply_id, error=problem.error.to_object()))
-            return
-        if envelope.method is msgspec.UNSET:
-            self._on_answer(envelope)
-            return
-        is_notification = envelope.id is msgspec.UNSET
-        inbound = Inbound(
-            method=envelope.method,
-            params=None if envelope.params is msgspec.UNSET else envelope.params,
-            id=None if is_notification else envelope.id,
-            is_notification=is_notification,
-            stamp=self._stamp() if self._stamp is not None else None,
-        )
-        assert self._nursery is not None
-        if inbound.method in self._concurrent:
-            await self._acquire(self._concurrent_slots)
-            self._nursery.start_soon(self._handle_concurrent, inbound)
-            return
-        size = len(data)
-        if self._queued >= self.limits.inbound_messages or self._queued_bytes + size > self.limits.inbound_bytes:
-            # Handlers are slower than the peer sends: stop reading until they catch up (the
-            # peer's writes back up into its socket). Never a drop.
-            self._counts["backpressure_waits"] += 1
-            while self._queued and (
-                self._queued >= self.limits.inbound_messages or self._queued_bytes + size > self.limits.inbound_bytes
-            ):
-                self._inbound_room = trio.Event()
-                await self._inbound_room.wait()
-        key = self._lane_key(inbound)
-        lane = self._lanes.get(key)
-        if lane is None:
-            await self._acquire(self._lane_slots)
-            # Unbounded by itself: the connection-wide count above is the bound.
-            send, receive = trio.open_memory_channel[tuple[Inbound, int]](math.inf)
-            lane = _Lane(key, send, receive)
-            self._lanes[key] = lane
-            self._nursery.start_soon(self._run_lane, lane)
-        self._queued += 1
-        self._queued_bytes += size
-        lane.send.send_nowait((inbound, size))
-
-    def _skip_line(self, data: bytes) -> None:
-        self._counts["skipped_lines"] += 1
-        self._log.info("jsonrpc.line.skipped", line=data[:500].decode("utf-8", "replace"))
-
-    def _lane_key(self, inbound: Inbound) -> Hashable:
-        if self._lane_of is None:
-            return None
-        try:
-            return self._lane_of(inbound)
-        except Exception:
-            # A key we can't read puts the message in the shared lane; its handler answers.
-            return None
-
-    async def _acquire(self, slots: trio.Semaphore) -> None:
-        try:
-            slots.acquire_nowait()
-        except trio.WouldBlock:
-            self._counts["backpressure_waits"] += 1
-            await slots.acquire()
+    # -- answers to our requests (resolved in the read loop, as they arrive) ---------------
 
     def _on_answer(self, envelope: Envelope) -> None:
         answer_id = envelope.id
@@ -650,86 +309,6 @@ class Peer:
             return
         waiter.answer = envelope
         waiter.done.set()
-
-    async def _run_lane(self, lane: _Lane) -> None:
-        try:
-            while True:
-                try:
-                    inbound, size = lane.receive.receive_nowait()
-                except trio.WouldBlock:
-                    if lane.key is None:
-                        # The connection's own lane (all of a server link's messages) stays for
-                        # the connection's life: no task to start per message.
-                        inbound, size = await lane.receive.receive()
-                    else:
-                        # Idle: the lane ends. No await between the check and the removal, so
-                        # the read loop never puts a message into a lane that is gone.
-                        if self._lanes.get(lane.key) is lane:
-                            del self._lanes[lane.key]
-                        return
-                self._queued -= 1
-                self._queued_bytes -= size
-                self._inbound_room.set()
-                await self._handle(inbound)
-        finally:
-            self._lane_slots.release()
-
-    async def _handle_concurrent(self, inbound: Inbound) -> None:
-        try:
-            await self._handle(inbound)
-        finally:
-            self._concurrent_slots.release()
-
-    async def _handle(self, inbound: Inbound) -> None:
-        self._counts["inbound_handled"] += 1
-        self._handling += 1
-        try:
-            await self._handle_one(inbound)
-        finally:
-            self._handling -= 1
-
-    async def _handle_one(self, inbound: Inbound) -> None:
-        try:
-            result = await self._handler(inbound)
-        except Exception as exc:
-            await self._answer_failure(inbound, exc)
-            return
-        if isinstance(result, Deferred):
-            await self._acquire(self._deferred_slots)
-            assert self._nursery is not None
-            self._nursery.start_soon(self._finish_deferred, inbound, result)
-            return
-        if not inbound.is_notification:
-            await self._reply(ResultOut(id=inbound.id, result=result))
-
-    async def _finish_deferred(self, inbound: Inbound, deferred: Deferred) -> None:
-        try:
-            try:
-                result = await deferred.wait()
-            except Exception as exc:
-                await self._answer_failure(inbound, exc)
-                return
-            if not inbound.is_notification:
-                await self._reply(ResultOut(id=inbound.id, result=result))
-        finally:
-            self._deferred_slots.release()
-
-    async def _answer_failure(self, inbound: Inbound, exc: Exception) -> None:
-        if isinstance(exc, RpcError):
-            if inbound.is_notification:
-                self._log.warning("jsonrpc.notification.refused", method=inbound.method, code=exc.code, detail=exc.message)
-                return
-            await self._reply(ErrorOut(id=inbound.id, error=exc.to_object()))
-            return
-        self._counts["handler_failures"] += 1
-        self._log.error("jsonrpc.handler.crashed", method=inbound.method, exc_info=exc)
-        if not inbound.is_notification:
-            await self._reply(
-                ErrorOut(
-                    id=inbound.id,
-                    error=ErrorObject(code=INTERNAL_ERROR, message=f"Internal error handling {inbound.method}: {type(exc).__name__}"),
-                )
-            )
 
     def _fail_pending(self, error: BaseException) -> None:
         for waiter in list(self._pending.values()):

@@ -19,55 +19,67 @@ mcpl-editor that register before any policy); ``"deny"`` refuses them (state ``f
 States: ``connecting`` → ``ready`` → (transport lost) ``retrying`` → ``connecting`` …;
 ``closed`` after shutdown; ``failed`` when retrying cannot help (legacy denied, the server
 refused the policy with ``fallback: "close"``, attempts exhausted). Each transition is logged.
+
+The link is assembled from its parts, one module each: what the rest of the daemon sees of it
+(:mod:`~mcpl_router.mcpl.link_state`: states, status, delegate, refusals), the handshake and
+the grant's agreement (:mod:`~mcpl_router.mcpl.handshake`), and re-granting a connected server
+after a reload or a manifest change (:mod:`~mcpl_router.mcpl.regrant`). This module is the
+running link: the reconnect loop and its epochs, outbound calls checked against the grant, and
+the admission of every inbound method against the grant at receipt. Every name the link's users
+import is importable from here.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
 import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import msgspec
 import trio
 
 from mcpl_router.errors import first_leaf
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, Peer, PeerClosed, RequestTimeout, RpcError
-from mcpl_router.jsonrpc.envelope import Envelope
 from mcpl_router.jsonrpc.peer import PeerStatistics
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.digest import DigestError, manifest_revision
-from mcpl_router.mcpl.grants import Grant, GrantPolicy, compute_grant, narrow_on_manifest_change
-from mcpl_router.mcpl.manifest import Manifest, ManifestError, diff_manifests, map_legacy_vocabulary, parse_manifest
+from mcpl_router.mcpl.grants import Grant
+from mcpl_router.mcpl.handshake import HOST_MCPL_CAPABILITIES, MCP_PROTOCOL_VERSION, LinkHandshake, _LegacyRefused, _PolicyRefused
+from mcpl_router.mcpl.link_state import (
+    NOTIFIED,
+    CapabilityNotGranted,
+    LinkDelegate,
+    LinkState,
+    LinkStatus,
+    LinkUnavailable,
+)
+from mcpl_router.mcpl.manifest import Manifest, ManifestError
+from mcpl_router.mcpl.regrant import MANIFEST_REFETCH_INTERVAL, LinkRegrant, policy_for
 from mcpl_router.mcpl.transports import OpenTransport, TransportError, open_transport
 
 if TYPE_CHECKING:
     from mcpl_router.config import ServerConfig
 
-MCP_PROTOCOL_VERSION = "2024-11-05"
-CAPABILITY_DENIED = -32002
+__all__ = [
+    "CAPABILITY_DENIED",
+    "HOST_MCPL_CAPABILITIES",
+    "INBOUND_CAPABILITY",
+    "MANIFEST_REFETCH_INTERVAL",
+    "MCP_PROTOCOL_VERSION",
+    "NOTIFIED",
+    "STABLE_AFTER",
+    "CapabilityNotGranted",
+    "LinkDelegate",
+    "LinkState",
+    "LinkStatus",
+    "LinkUnavailable",
+    "ServerLink",
+    "policy_for",
+]
 
-#: What the daemon, as a host, supports; sent in ``initialize``.
-HOST_MCPL_CAPABILITIES: dict[str, Any] = {
-    "version": "0.5",
-    "pushEvents": True,
-    "contextHooks": {"beforeInference": {"observe": True, "inject": {"system": True, "beforeUser": True, "afterUser": True}}},
-    "inferenceLifecycle": True,
-    "channels": {
-        "register": True,
-        "lifecycle": True,
-        "publish": True,
-        "incoming": True,
-        "streaming": True,
-        "acknowledge": True,
-        "typing": True,
-    },
-    "featureSets": True,
-}
+CAPABILITY_DENIED = -32002
 
 #: Inbound (server → host) methods and the capability each needs (PROTOCOL.md §4).
 INBOUND_CAPABILITY: dict[str, str] = {
@@ -80,127 +92,14 @@ INBOUND_CAPABILITY: dict[str, str] = {
     "model/info": "modelInfo",
 }
 
-#: The least time between two manifest re-fetches, so a chatty server can't make us spin.
-MANIFEST_REFETCH_INTERVAL = 1.0
 #: A connection that stayed ready this long resets the backoff.
 STABLE_AFTER = 10.0
 #: Handshake answers that mean "not with that credential": with ``tokenIn = "auto"`` the next
 #: dial sends the token as ``?token=`` instead (connectome-host's way), once.
 _AUTH_REFUSED = (401, 403)
-#: The method whose Request form a server may refuse (-32601) while reading its Notification.
-_POLICY_METHOD = "featureSets/update"
 
 
-#: What :meth:`ServerLink.request_or_notify` returns when the method went as a Notification.
-NOTIFIED: Any = enum.Enum("Notified", "NOTIFIED").NOTIFIED
-
-
-class LinkState(enum.Enum):
-    CONNECTING = "connecting"
-    READY = "ready"
-    RETRYING = "retrying"
-    CLOSED = "closed"
-    FAILED = "failed"
-
-
-class LinkUnavailable(Exception):
-    """The link is not ready (or not connected) for an outbound call."""
-
-
-class CapabilityNotGranted(Exception):
-    """We would send a message needing a capability this server's current grant lacks."""
-
-    def __init__(self, server_id: str, capability: str) -> None:
-        super().__init__(f"server {server_id!r} is not granted {capability}")
-        self.server_id = server_id
-        self.capability = capability
-
-
-class LinkDelegate(Protocol):
-    """What the daemon does with what a link hears. Implemented by the daemon's routing shell."""
-
-    def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None: ...
-
-    def link_epoch_ended(self, link: ServerLink) -> None:
-        """The transport is gone: everything this server registered in that epoch is gone too."""
-        ...
-
-    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
-        """An admitted inbound method (already checked against the grant). Raise RpcError."""
-        ...
-
-
-@attrs.frozen
-class LinkStatus:
-    """An immutable snapshot for ``servers/list``, ``status`` and the demo."""
-
-    server_id: str
-    state: str
-    transport: str
-    endpoint: str
-    epoch: int
-    attempts: int
-    legacy: bool
-    #: 0.4 name → the 0.5 leaf it was read as, for a legacy server that used one.
-    legacy_mapping: dict[str, str]
-    manifest_version: str | None
-    grant: dict[str, Any]
-    receipt: Any
-    last_error: str | None
-    since: float
-    exit_code: int | None = None
-    stderr_tail: tuple[str, ...] = ()
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "serverId": self.server_id,
-            "state": self.state,
-            "transport": self.transport,
-            "endpoint": self.endpoint,
-            "epoch": self.epoch,
-            "attempts": self.attempts,
-            "legacy": self.legacy,
-            "legacyMapping": dict(self.legacy_mapping),
-            "manifestVersion": self.manifest_version,
-            "grant": {
-                "granted": self.grant["granted"],
-                "deniedCount": self.grant["denied_count"],
-                "featureSetsEnabled": self.grant["feature_sets_enabled"],
-                "featureSetsDisabled": self.grant["feature_sets_disabled"],
-                "legacy": self.grant["legacy"],
-            },
-            "receipt": self.receipt,
-            "lastError": self.last_error,
-            "exitCode": self.exit_code,
-            "stderr": list(self.stderr_tail),
-        }
-
-
-class _LegacyRefused(Exception):
-    pass
-
-
-class _PolicyRefused(Exception):
-    def __init__(self, fallback: str) -> None:
-        super().__init__(fallback)
-        self.fallback = fallback
-
-
-def policy_for(config: ServerConfig) -> GrantPolicy:
-    """The grant policy a server's config asks for (the daemon's defaults where it's silent).
-
-    ``from_config`` drops an exact denial from the *default* allowlist rather than reading it
-    as a malformed allow+deny pair: the operator only wrote the deny.
-    """
-    return GrantPolicy.from_config(
-        enabled_capabilities=config.enabled_capabilities,
-        disabled_capabilities=config.disabled_capabilities,
-        enabled_feature_sets=config.enabled_feature_sets,
-        disabled_feature_sets=config.disabled_feature_sets,
-    )
-
-
-class ServerLink:
+class ServerLink(LinkHandshake, LinkRegrant):
     """One configured server. Run :meth:`run` in the daemon's nursery; it reconnects forever."""
 
     def __init__(
@@ -409,7 +308,10 @@ class ServerLink:
         config = self.config
         if config.transport != "websocket" or not config.token or config.token_in != "auto":
             return
-        status = getattr(failure, "status_code", getattr(failure, "status", None))
+        if isinstance(failure, TransportError):
+            status = failure.status
+        else:  # trio-websocket's own errors (ConnectionRejected: ``status_code``)
+            status = getattr(failure, "status_code", getattr(failure, "status", None))
         if status not in _AUTH_REFUSED:
             return
         if self._token_place == "header" and not self._token_query_tried:
@@ -515,216 +417,6 @@ class ServerLink:
             self.grant = Grant.nothing()
             self._delegate.link_epoch_ended(self)
 
-    # -- handshake ---------------------------------------------------------------------------
-
-    async def _handshake(self, peer: Peer) -> None:
-        answer = await peer.request(
-            "initialize",
-            {
-                "protocolVersion": MCP_PROTOCOL_VERSION,
-                "capabilities": {"experimental": {"mcpl": HOST_MCPL_CAPABILITIES}},
-                "clientInfo": {"name": "mcpl-router", "version": _version()},
-            },
-        )
-        capabilities = answer.get("capabilities") if isinstance(answer, dict) else None
-        capabilities = capabilities if isinstance(capabilities, dict) else {}
-        experimental = capabilities.get("experimental")
-        raw_manifest = experimental.get("mcpl") if isinstance(experimental, dict) else None
-        manifest = parse_manifest(raw_manifest, mcp_tools="tools" in capabilities)
-        if manifest.problems:
-            self._log.info("link.manifest.tolerated", problems=list(manifest.problems))
-        legacy_why = _legacy_reason(manifest)
-        if legacy_why is not None:
-            if self.config.legacy == "deny":
-                raise _LegacyRefused(f'legacy server refused by config (legacy = "deny"): {legacy_why}')
-            manifest = self._map_legacy_vocabulary(manifest)
-        self.manifest = manifest
-        # A reload may change the policy while this handshake waits: the generation tells
-        # the answer, and the end of the handshake, that the grant computed here is stale.
-        generation = self._policy_generation
-        granted = compute_grant(manifest, self.policy)
-        # A legacy server acts right after "initialized" (mcpl-editor even waits for the answer
-        # to its channels/register before reading our policy), so its host-side grant must be
-        # in force before we send it: each message is admitted against the grant at receipt.
-        if legacy_why is not None:
-            self._enter_legacy(granted, why=legacy_why)
-        elif self.config.legacy == "allow":
-            # Operator says this server acts before its policy: admit against the host-side grant.
-            self._apply_grant(granted, host_side=True)
-        await peer.notify("notifications/initialized")
-        try:
-            await peer.request(
-                _POLICY_METHOD,
-                granted.to_update_params(),
-                on_answer=lambda envelope: self._on_policy_answer(envelope, granted, generation),
-            )
-        except RpcError as error:
-            if error.code != METHOD_NOT_FOUND:
-                raise
-            if self.config.legacy == "deny":
-                raise _LegacyRefused('legacy server refused by config (legacy = "deny"): featureSets/update answered -32601') from None
-            if legacy_why is None:
-                # The read loop applied the host-side grant as the answer arrived; say so once.
-                log = self._log.warning if self.config.legacy == "auto" else self._log.info
-                log("link.legacy", reason="featureSets/update answered -32601", hint='set legacy = "allow" to silence, "deny" to refuse')
-            # Servers that take the policy only as a Notification (mcpl-editor, src/mcpl.ts:219)
-            # still learn which feature sets are enabled; the grant stays host-side. A reload
-            # tells them the same way (send_policy).
-            self._notification_only.add(_POLICY_METHOD)
-            if self._policy_generation != generation:
-                self._apply_grant(compute_grant(manifest, self.policy), host_side=True)
-            await peer.notify(_POLICY_METHOD, self.grant.to_update_params())
-            self._log.info("link.policy.notified", reason="featureSets/update answered -32601")
-            return
-        if isinstance(self.receipt, dict) and self.receipt.get("accepted") is False:
-            fallback = self.receipt.get("fallback")
-            if fallback == "mcp-only":
-                self._apply_grant(
-                    compute_grant(Manifest.empty(mcp_tools=granted.allows("tools")), self.policy), host_side=True
-                )
-                self._log.warning("link.policy.refused", fallback="mcp-only", receipt=self.receipt)
-            else:
-                raise _PolicyRefused(f"the server refused the policy (fallback {fallback!r})")
-            return
-        if self._policy_generation != generation and self._epoch_nursery is not None:
-            # A reload changed the policy while the server held our first one: what it narrowed
-            # is already withdrawn (the answer applied only within the new policy); now send
-            # the server the new grant, so what it adds can take effect on its receipt. In the
-            # background: readiness need not wait another round trip for a grant already safe.
-            self._epoch_nursery.start_soon(self._send_current_policy, peer)
-
-    def _within_policy(self, granted: Grant) -> Grant:
-        """``granted`` ∩ what the current policy grants: a grant sent before a reload never
-        brings back what the reload took away."""
-        if self.manifest is None:
-            return granted
-        return narrow_on_manifest_change(granted, self.manifest, self.policy)
-
-    def _on_policy_answer(self, envelope: Envelope, granted: Grant, generation: int) -> None:
-        """Runs in the read loop as the receipt arrives, before the server's next message."""
-        if envelope.error is not msgspec.UNSET:
-            if envelope.error.code == METHOD_NOT_FOUND and self.config.legacy != "deny" and not self.legacy:
-                # A legacy server (e.g. heartbeat-mcpl): the host-side grant applies from its
-                # very next message. "deny" is refused by the link task.
-                self.legacy = True
-                self._apply_grant(self._within_policy(granted), host_side=True)
-            return  # other errors fail the epoch in the link task
-        if generation < self._answered_generation:
-            # The answer to an older policy, after a newer one's: the newer grant stands.
-            self._log.info("link.policy.receipt.stale", generation=generation, answered=self._answered_generation)
-            return
-        self._answered_generation = generation
-        try:
-            receipt = msgspec.json.decode(envelope.result) if envelope.result is not msgspec.UNSET else None
-        except msgspec.DecodeError:
-            receipt = None
-        self.receipt = receipt
-        if isinstance(receipt, dict) and receipt.get("accepted") is False:
-            self._log.warning("link.policy.receipt", accepted=False, receipt=receipt)
-            return
-        # A receipt never widens the grant: we apply what we sent, within the current policy.
-        self._apply_grant(self._within_policy(granted), host_side=False)
-        if isinstance(receipt, dict) and receipt.get("mode") == "degraded":
-            self._log.warning("link.policy.receipt", accepted=True, mode="degraded", unavailable=receipt.get("unavailableFeatures"), notes=receipt.get("notes"))
-        else:
-            self._log.info("link.policy.receipt", accepted=True, receipt=receipt)
-
-    def _map_legacy_vocabulary(self, manifest: Manifest) -> Manifest:
-        """Read a legacy server's 0.4 names as their 0.5 leaves, saying so (log + status)."""
-        mapped, applied = map_legacy_vocabulary(manifest)
-        if applied:
-            self.legacy_mapping = applied
-            self._log.info("link.legacy.mapped", mapping=applied, hint="0.4 names read as their 0.5 leaves")
-        return mapped
-
-    def _enter_legacy(self, granted: Grant, *, why: str) -> None:
-        if self.config.legacy == "deny":
-            raise _LegacyRefused(f"legacy server refused by config (legacy = \"deny\"): {why}")
-        self.legacy = True
-        if self.config.legacy == "auto":
-            self._log.warning("link.legacy", reason=why, hint='set legacy = "allow" to silence, "deny" to refuse')
-        else:
-            self._log.info("link.legacy", reason=why)
-        self._apply_grant(granted, host_side=True)
-
-    def _apply_grant(self, grant: Grant, *, host_side: bool) -> None:
-        # ``self.legacy`` is the one answer to "is this server legacy": the grant's flag only
-        # mirrors it, so a policy answer (computed without it) can't flip it back.
-        self.grant = attrs.evolve(grant, legacy=self.legacy)
-        self._log.info("link.grant", host_side=host_side, **self.grant.summary())
-
-    def regrant_host_side(self, config: ServerConfig) -> bool:
-        """A reload changed this server's grant policy: withdraw, host-side and at once, what the
-        new policy takes away (narrowing never waits for the server). True when the server is
-        to be sent the new grant now (:meth:`send_policy`).
-
-        Ready: what the new policy adds takes effect when the server's receipt arrives, as at
-        connect (a legacy server acts without its policy: all of it applies host-side now).
-        Mid-handshake: the handshake's policy answer applies only within the new policy, and the
-        handshake then sends the new grant itself. Not connected: the next epoch computes it.
-        """
-        self.config = config
-        self.policy = policy_for(config)
-        self.policy.validate()
-        self._policy_generation += 1
-        if self._peer is None or self.manifest is None:
-            self._log.info("link.regrant", state=self.state.value, sent=False, hint="the next connection uses the new policy")
-            return False
-        old = self.grant
-        wanted = compute_grant(self.manifest, self.policy)
-        if self.legacy:
-            self._apply_grant(wanted, host_side=True)
-        else:
-            self._apply_grant(narrow_on_manifest_change(old, self.manifest, self.policy), host_side=True)
-        ready = self.state is LinkState.READY
-        self._log.info(
-            "link.regrant",
-            state=self.state.value,
-            revoked=sorted(old.effective - self.grant.effective),
-            added=sorted(wanted.effective - old.effective),
-            sent=ready,
-        )
-        return ready
-
-    async def send_policy(self) -> None:
-        """Send the server the grant its current policy gives (after :meth:`regrant_host_side`).
-
-        Bounded by ``requestTimeout``; a failure is logged and leaves the narrowed grant.
-        """
-        peer = self._peer
-        if peer is None or self.manifest is None or self.state is not LinkState.READY:
-            return
-        await self._send_current_policy(peer)
-
-    async def regrant(self, config: ServerConfig) -> None:
-        """:meth:`regrant_host_side`, then :meth:`send_policy` when the server is to be told."""
-        if self.regrant_host_side(config):
-            await self.send_policy()
-
-    async def _send_current_policy(self, peer: Peer) -> None:
-        assert self.manifest is not None
-        generation = self._policy_generation
-        wanted = compute_grant(self.manifest, self.policy)
-        try:
-            if _POLICY_METHOD not in self._notification_only:
-                try:
-                    await peer.request(
-                        _POLICY_METHOD,
-                        wanted.to_update_params(),
-                        on_answer=lambda envelope: self._on_policy_answer(envelope, wanted, generation),
-                    )
-                    return
-                except RpcError as error:
-                    if error.code != METHOD_NOT_FOUND:
-                        raise
-                    self._notification_only.add(_POLICY_METHOD)
-            # As at connect: a server that reads only the Notification (mcpl-editor) is told
-            # which feature sets are enabled that way; its grant is host-side.
-            await peer.notify(_POLICY_METHOD, self.grant.to_update_params())
-            self._log.info("link.policy.notified", generation=generation)
-        except (RpcError, RequestTimeout, PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._log.warning("link.regrant.failed", error=str(exc))
-
     # -- inbound -----------------------------------------------------------------------------
 
     def _grant_at_receipt(self) -> Grant:
@@ -756,89 +448,6 @@ class ServerLink:
             )
         return await self._delegate.handle_server_message(self, inbound)
 
-    # -- manifest changes (§17) --------------------------------------------------------------
-
-    def _on_manifest_changed(self) -> None:
-        self._manifest_dirty = True
-        if not self._manifest_fetch_running and self._epoch_nursery is not None:
-            self._manifest_fetch_running = True
-            self._epoch_nursery.start_soon(self._refetch_manifest)
-
-    async def _refetch_manifest(self) -> None:
-        try:
-            while self._manifest_dirty:
-                self._manifest_dirty = False
-                wait = self._last_manifest_fetch + MANIFEST_REFETCH_INTERVAL - trio.current_time()
-                if wait > 0:
-                    await trio.sleep(wait)  # rate bound: announcements in between coalesce
-                self._last_manifest_fetch = trio.current_time()
-                await self._apply_manifest_change()
-        finally:
-            self._manifest_fetch_running = False
-
-    async def _apply_manifest_change(self) -> None:
-        peer = self._peer
-        if peer is None or self.manifest is None:
-            return
-        try:
-            raw = await peer.request("mcpl/manifest")
-        except (RpcError, RequestTimeout, PeerClosed) as exc:
-            self._log.warning("link.manifest.refetch_failed", error=str(exc))
-            return
-        if isinstance(raw, dict) and isinstance(raw.get("manifest"), dict):
-            raw = raw["manifest"]  # tolerate a wrapped answer
-        try:
-            new_manifest = parse_manifest(raw)
-        except ManifestError as exc:
-            self._log.warning("link.manifest.invalid", error=str(exc))
-            return
-        if new_manifest.revision is not None:
-            try:
-                computed = manifest_revision(raw)
-            except DigestError as exc:
-                self._log.warning("link.manifest.invalid", error=f"{exc.code}: {exc}")
-                return
-            if computed != new_manifest.revision:
-                self._log.warning("link.manifest.revision_mismatch", claimed=new_manifest.revision, computed=computed)
-                return
-        if self.legacy:
-            new_manifest = self._map_legacy_vocabulary(new_manifest)
-        diff = diff_manifests(self.manifest, new_manifest)
-        old_grant = self.grant
-        new_grant = narrow_on_manifest_change(old_grant, new_manifest, self.policy)
-        # Removals first, host-side, before telling the server: narrowing never waits.
-        self.grant = attrs.evolve(new_grant, legacy=self.legacy)
-        self.manifest = new_manifest
-        sent = False
-        if new_grant.effective != old_grant.effective:
-            # Told the way it learned its policy at connect, as a reload tells it: a Request, or
-            # the Notification for a server that takes only that (mcpl-editor).
-            try:
-                if _POLICY_METHOD in self._notification_only:
-                    await peer.notify(_POLICY_METHOD, self.grant.to_update_params())
-                else:
-                    await peer.request(_POLICY_METHOD, new_grant.to_update_params())
-                sent = True
-            except (RpcError, RequestTimeout, PeerClosed, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._log.warning("link.manifest.policy_update_failed", error=str(exc))
-        self._log.info(
-            "link.manifest.changed",
-            diff=diff.to_receipt(),
-            revoked=sorted(old_grant.effective - new_grant.effective),
-            not_granted=sorted(new_manifest.advertised - new_grant.effective),
-            policy_sent=sent,
-            revision=new_manifest.revision,
-        )
-
-
-def _legacy_reason(manifest: Manifest) -> str | None:
-    """Why the manifest alone shows a legacy server (older version, 0.4 names), or None."""
-    if manifest.is_legacy_version:
-        return f"manifest version {manifest.version}"
-    if manifest.legacy_names:
-        return f"0.4 vocabulary ({', '.join(manifest.legacy_names)}) in a version {manifest.version!r} manifest"
-    return None
-
 
 _EXPECTED_FAILURES = (TransportError, PeerClosed, RequestTimeout, RpcError, ManifestError, trio.BrokenResourceError)
 
@@ -857,9 +466,3 @@ def _describe_failure(exc: BaseException) -> str:
     if status is not None:  # trio-websocket's ConnectionRejected: the server said no
         return f"websocket handshake refused (status {status})"
     return f"{type(exc).__name__}: {exc}"
-
-
-def _version() -> str:
-    from mcpl_router import __version__
-
-    return __version__

@@ -6,23 +6,29 @@ out: no sockets, no trio. Its owner (the router) calls it with what a server sen
 current at receipt, and every mutating method returns what changed, so the caller can stop
 typing and streams for exactly those refs and answer the server item by item.
 
-The indexes (by id, by qualified name, by label, by a DM's label, by native address) hold sets
-of refs and are kept up to date on every add and removal, so a lookup costs O(1) in the number
-of registered channels. :mod:`mcpl_router.routing.names` reads them; nothing else writes them.
+This module decides: which descriptors are registered (:class:`RegistrationPolicy`, refusals
+and their reasons), whether a message may enter a channel (:class:`Admission`), which channel a
+push belongs to (:class:`PushChannel`), and what stays registered as servers come and go. What a
+descriptor is lives in :mod:`mcpl_router.routing.descriptors`; the indexes a name is resolved
+through (by id, by qualified name, by label, by a DM's label, by native address) in
+:mod:`mcpl_router.routing.name_index`. The registry *is* that index (a subclass, so a lookup is
+one call) and keeps it up to date on every add and removal, so a lookup costs O(1) in the number
+of registered channels. :mod:`mcpl_router.routing.names` reads it; nothing else writes it.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import itertools
-import types
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 import attrs
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
+from mcpl_router.routing.descriptors import DIRECTIONS, DM_TYPE, NATIVE_CHANNEL_KEY, ChannelDescriptor
+from mcpl_router.routing.name_index import ChannelNameIndex
 from mcpl_router.routing.refs import ChannelRef
 
 __all__ = [
@@ -45,154 +51,8 @@ UNKNOWN_CHANNEL: Final = -32023
 #: JSON-RPC error code for a channel the server's grant does not permit (PROTOCOL §5).
 CHANNEL_NOT_PERMITTED: Final = -32017
 
-Direction = Literal["inbound", "outbound", "bidirectional"]
-DIRECTIONS: Final = frozenset({"inbound", "outbound", "bidirectional"})
-
-#: The descriptor ``type`` whose label is also a name (matched without case), as a DM's is.
-DM_TYPE: Final = "dm"
-
-#: The address key a push's native channel id (``origin.channelId``) is matched under.
-NATIVE_CHANNEL_KEY: Final = "channelId"
 
 Form = Literal["request", "notification"]
-
-_EMPTY: Final[tuple[ChannelRef, ...]] = ()
-
-
-def _freeze(value: Any) -> Any:
-    """A deep, read-only copy of a JSON value: objects become mapping proxies, arrays tuples."""
-    if isinstance(value, Mapping):
-        # The proxy wraps a dict nobody else holds, so the copy can't change under it.
-        return types.MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
-    if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    """The plain JSON value :func:`_freeze` froze (dicts and lists again), for encoding."""
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
-
-
-def _address(value: Any) -> tuple[tuple[str, str], ...]:
-    if value is None:
-        return ()
-    if isinstance(value, Mapping):
-        pairs = list(value.items())
-    elif isinstance(value, (list, tuple)):
-        pairs = list(value)
-    else:
-        raise ValueError(f"channel descriptor address must be an object, got {type(value).__name__}")
-    out: list[tuple[str, str]] = []
-    for pair in pairs:
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-            raise ValueError("channel descriptor address entries must be key/value pairs")
-        key, native = pair
-        # Native ids arrive as strings or as numbers (a Discord snowflake, a Telegram peer); a
-        # boolean or nested value is no id at all.
-        if not isinstance(key, str) or isinstance(native, bool) or not isinstance(native, (str, int)):
-            raise ValueError(f"channel descriptor address {key!r} must map to a string or number")
-        out.append((key, str(native)))
-    return tuple(out)
-
-
-@attrs.frozen
-class ChannelDescriptor:
-    """One channel as its server described it (PROTOCOL §4).
-
-    ``id`` is unique within its server's connection only; a descriptor never names its server,
-    the registry pairs it with one in a :class:`ChannelRef`. ``metadata`` is kept as the server
-    sent it, frozen (objects as read-only mappings, arrays as tuples), and takes no part in the
-    hash.
-    """
-
-    id: str = attrs.field(validator=[attrs.validators.instance_of(str), attrs.validators.min_len(1)])
-    type: str = "channel"
-    # A channel without a label of its own is labelled by its id, as from_wire reads it.
-    label: str = attrs.field(default=attrs.Factory(lambda self: self.id, takes_self=True))
-    direction: Direction = attrs.field(default="bidirectional", validator=attrs.validators.in_(DIRECTIONS))
-    address: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_address)
-    metadata: Any = attrs.field(default=None, converter=_freeze, hash=False)
-    initially_open: bool = False
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> ChannelDescriptor:
-        """Read a descriptor from its wire form (``id``, ``type``, ``label``, ``direction``, …).
-
-        Raises:
-            ValueError: the descriptor is malformed (not an object; an id that is missing,
-                empty or not a string; a field of the wrong type; an unknown direction). The
-                message says which, so it can go back to the server as the refusal's reason.
-        """
-        if not isinstance(obj, Mapping):
-            raise ValueError(f"channel descriptor must be an object, got {type(obj).__name__}")
-        channel_id = obj.get("id")
-        if channel_id is None:
-            raise ValueError("channel descriptor has no id")
-        if not isinstance(channel_id, str):
-            raise ValueError(f"channel descriptor id must be a string, got {type(channel_id).__name__}")
-        if not channel_id:
-            raise ValueError("channel descriptor id is empty")
-        kind = obj.get("type", "channel")
-        if not isinstance(kind, str) or not kind:
-            raise ValueError(f"channel {channel_id!r}: type must be a non-empty string")
-        label = obj.get("label", channel_id)
-        if label is None:
-            label = channel_id
-        if not isinstance(label, str):
-            raise ValueError(f"channel {channel_id!r}: label must be a string")
-        direction = obj.get("direction", "bidirectional")
-        if direction not in DIRECTIONS:
-            raise ValueError(
-                f"channel {channel_id!r}: direction must be inbound, outbound or bidirectional,"
-                f" got {direction!r}"
-            )
-        initially_open = obj.get("initiallyOpen", False)
-        if not isinstance(initially_open, bool):
-            raise ValueError(f"channel {channel_id!r}: initiallyOpen must be a boolean")
-        try:
-            address = _address(obj.get("address"))
-        except ValueError as exc:
-            raise ValueError(f"channel {channel_id!r}: {exc}") from None
-        return cls(
-            id=channel_id,
-            type=kind,
-            label=label,
-            direction=direction,
-            address=address,
-            metadata=obj.get("metadata"),
-            initially_open=initially_open,
-        )
-
-    def to_wire(self) -> dict[str, Any]:
-        """The descriptor in its wire form, metadata thawed back to plain JSON values."""
-        wire: dict[str, Any] = {
-            "id": self.id,
-            "type": self.type,
-            "label": self.label,
-            "direction": self.direction,
-            "address": dict(self.address),
-            "initiallyOpen": self.initially_open,
-        }
-        if self.metadata is not None:
-            wire["metadata"] = _thaw(self.metadata)
-        return wire
-
-    @property
-    def is_dm(self) -> bool:
-        """Whether this is a DM, whose label is also a name (matched without case)."""
-        return self.type == DM_TYPE
-
-    def native(self, key: str = NATIVE_CHANNEL_KEY) -> str | None:
-        """The native id under ``key`` in the descriptor's address, if it has one."""
-        for k, v in self.address:
-            if k == key:
-                return v
-        return None
 
 
 @attrs.frozen
@@ -302,74 +162,20 @@ class ChannelEntry:
     order: int
 
 
-#: A name index maps a string to the one ref answering to it, or to the refs (in registration
-#: order) when several do. Most names pick one channel: holding the ref itself rather than a
-#: one-item dict is most of what a registered channel costs in memory (docs/performance.md).
-_Bucket = ChannelRef | dict[ChannelRef, None]
-
-
-def _index_add(index: dict[str, _Bucket], key: str, ref: ChannelRef) -> None:
-    bucket = index.get(key)
-    if bucket is None:
-        index[key] = ref
-    elif isinstance(bucket, ChannelRef):
-        if bucket != ref:
-            index[key] = {bucket: None, ref: None}
-    else:
-        bucket[ref] = None
-
-
-def _index_discard(index: dict[str, _Bucket], key: str, ref: ChannelRef) -> None:
-    bucket = index.get(key)
-    if bucket is None:
-        return
-    if isinstance(bucket, ChannelRef):
-        if bucket == ref:
-            del index[key]
-        return
-    bucket.pop(ref, None)
-    if len(bucket) == 1:
-        index[key] = next(iter(bucket))
-    elif not bucket:
-        # Drop empty buckets, so the index's size follows the channels registered now and a
-        # lookup of a withdrawn name finds nothing rather than an empty set.
-        del index[key]
-
-
-def _view(index: dict[str, _Bucket], key: str) -> Collection[ChannelRef]:
-    bucket = index.get(key)
-    if bucket is None:
-        return _EMPTY
-    if isinstance(bucket, ChannelRef):
-        return (bucket,)
-    return bucket.keys()
-
-
 @attrs.define(eq=False)
-class ChannelRegistry:
+class ChannelRegistry(ChannelNameIndex):
     """Every server's channels, each held by its :class:`ChannelRef`; owned by the router.
 
     Mutated only by its owner, from one task. Every mutating method returns what changed.
     Refusals are logged (event ``channels.register.refused`` / ``channels.incoming.refused``,
     at warning, with ``server``, ``channel``, ``reason`` and ``form``), since a Notification-form
-    call has no answer to carry them.
+    call has no answer to carry them. The name indexes and their views (``refs_with_*``) are
+    the base class's (:class:`~mcpl_router.routing.name_index.ChannelNameIndex`).
     """
 
     _entries: dict[ChannelRef, ChannelEntry] = attrs.field(factory=dict, init=False)
-    # Dicts used as insertion-ordered sets of refs. Keys are the string a name is matched
-    # against (an id, a qualified name, a casefolded label), values the one ref or, when two
-    # channels share the string, all of them in registration order (_Bucket): the index must
-    # keep both.
+    # Each server's refs, in registration order (a dict used as an insertion-ordered set).
     _by_server: dict[str, dict[ChannelRef, None]] = attrs.field(factory=dict, init=False)
-    _by_id: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
-    _by_qualified: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
-    _by_label: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
-    _by_dm_label: dict[str, _Bucket] = attrs.field(factory=dict, init=False)
-    # server id -> (address key, native id) -> refs: a native id is looked up only among the
-    # pushing server's own channels, so the server is part of the path, not of a joined key.
-    _by_native: dict[str, dict[tuple[str, str], dict[ChannelRef, None]]] = attrs.field(
-        factory=dict, init=False
-    )
     _next_order: int = attrs.field(default=0, init=False)
     #: Bumped by every change to what is registered (or open): values derived from the
     #: registry (a resolved wake policy, a rendered invitation) are valid while it stands.
@@ -489,59 +295,26 @@ class ChannelRegistry:
             entry = ChannelEntry(ref, descriptor, lazy=lazy, open=descriptor.initially_open, order=self._next_order)
             self._next_order += 1
             self._by_server.setdefault(ref.server_id, {})[ref] = None
-            _index_add(self._by_id, ref.channel_id, ref)
-            _index_add(self._by_qualified, ref.qualified_name, ref)
+            self._index_ref(ref)
         else:
             # Replacing keeps the channel's place in the listing. Open/closed is the daemon's
             # lifecycle state, so a re-register keeps it; only a channel a push registered,
             # which never had a descriptor of its own, takes the descriptor's initial state.
             is_open = descriptor.initially_open if old.lazy else old.open
             entry = ChannelEntry(ref, descriptor, lazy=lazy, open=is_open, order=old.order)
-            self._unindex_description(old)
+            self._unindex_description(old.ref, old.descriptor)
         self._entries[ref] = entry
         self.generation += 1
-        self._index_description(entry)
+        self._index_description(ref, descriptor)
         return entry
-
-    def _index_description(self, entry: ChannelEntry) -> None:
-        """Index what a re-register can change: labels and native ids (id and pair never do)."""
-        ref, descriptor = entry.ref, entry.descriptor
-        if descriptor.label:
-            folded = descriptor.label.casefold()
-            _index_add(self._by_label, folded, ref)
-            if descriptor.is_dm:
-                _index_add(self._by_dm_label, folded, ref)
-        if descriptor.address:
-            natives = self._by_native.setdefault(ref.server_id, {})
-            for pair in descriptor.address:
-                natives.setdefault(pair, {})[ref] = None
-
-    def _unindex_description(self, entry: ChannelEntry) -> None:
-        ref, descriptor = entry.ref, entry.descriptor
-        if descriptor.label:
-            folded = descriptor.label.casefold()
-            _index_discard(self._by_label, folded, ref)
-            if descriptor.is_dm:
-                _index_discard(self._by_dm_label, folded, ref)
-        natives = self._by_native.get(ref.server_id)
-        if natives is not None:
-            for pair in descriptor.address:
-                refs = natives.get(pair)
-                if refs is not None:
-                    refs.pop(ref, None)
-                    if not refs:
-                        del natives[pair]
-            if not natives:
-                del self._by_native[ref.server_id]
 
     def _drop(self, ref: ChannelRef) -> bool:
         entry = self._entries.pop(ref, None)
         self.generation += 1
         if entry is None:
             return False
-        self._unindex_description(entry)
-        _index_discard(self._by_id, ref.channel_id, ref)
-        _index_discard(self._by_qualified, ref.qualified_name, ref)
+        self._unindex_description(entry.ref, entry.descriptor)
+        self._unindex_ref(ref)
         server_refs = self._by_server.get(ref.server_id)
         if server_refs is not None:
             server_refs.pop(ref, None)
@@ -719,36 +492,6 @@ class ChannelRegistry:
         """The registration sequence number of a registered channel (KeyError if it isn't)."""
         return self._entries[ref].order
 
-    # Index views for the resolver. Each is live and read-only: use it at once, don't hold it
-    # across a mutation.
-
-    def refs_with_id(self, channel_id: str) -> Collection[ChannelRef]:
-        """The registered channels whose own id is ``channel_id`` (any server)."""
-        return _view(self._by_id, channel_id)
-
-    def refs_with_qualified_name(self, name: str) -> Collection[ChannelRef]:
-        """The registered channels whose ``serverId:channelId`` is exactly ``name``.
-
-        Matched against the registered pairs, never by splitting ``name`` at a colon: server
-        ``a``'s ``b:room`` and server ``a:b``'s ``room`` are both here under ``a:b:room``.
-        """
-        return _view(self._by_qualified, name)
-
-    def refs_with_label(self, label: str) -> Collection[ChannelRef]:
-        """The registered channels whose label is ``label``, compared without case."""
-        return _view(self._by_label, label.casefold())
-
-    def dm_refs_with_label(self, label: str) -> Collection[ChannelRef]:
-        """The registered DMs whose label is ``label``, compared without case."""
-        return _view(self._by_dm_label, label.casefold())
-
-    def refs_with_native_id(
-        self, server_id: str, native_id: str, key: str = NATIVE_CHANNEL_KEY
-    ) -> Collection[ChannelRef]:
-        """This server's channels whose address gives ``native_id`` under ``key``."""
-        refs = self._by_native.get(server_id, {}).get((key, native_id))
-        return refs.keys() if refs else _EMPTY
-
     # ------------------------------------------------------------------ logging
 
     def _log_refused(
@@ -767,4 +510,3 @@ class ChannelRegistry:
         get_logger().warning(
             event, server=server_id, channel=channel_id, reason=reason, form=form, method=method, **extra
         )
-

@@ -1,0 +1,279 @@
+"""The read side of a peer: the read loop, the lanes, each inbound message handled and answered.
+
+The read loop takes one message at a time. An answer to one of our requests is resolved at
+once, inside the loop (:meth:`~mcpl_router.jsonrpc.peer.Peer._on_answer`), so a handler awaiting
+a request never deadlocks it. A request or notification of theirs goes into its *lane* (named by
+``lane_of``; one lane when there is none), whose task handles the lane's messages in arrival
+order; a lane's task exists while the lane has work, except the connection's own lane (key
+``None``), which lives as long as the connection. Methods named concurrent run in a task of
+their own; a handler's :class:`~mcpl_router.jsonrpc.handlers.Deferred` answer is awaited in one,
+and the lane moves on. Every queue and slot is bounded (:class:`PeerLimits`): when one is full
+the read loop waits for room, so the other side's sends back up into its socket. Nothing
+inbound is dropped, and no input stops the connection: a message that can't be decoded or
+handled becomes an error answer, or for a notification a logged event and a counter.
+
+Apart from the outbox and the Peer because ordering, backpressure and the failure-to-answer
+rules are the read side's alone; it hands what it answers to the outbox (``_enqueue``). The
+state it uses is the Peer's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import msgspec
+import trio
+
+from mcpl_router.jsonrpc.envelope import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    Envelope,
+    EnvelopeProblem,
+    ErrorObject,
+    ErrorOut,
+    ResultOut,
+    RpcError,
+    decode_envelope,
+    encode,
+)
+from mcpl_router.jsonrpc.framing import MessageStream, OversizedMessage
+from mcpl_router.jsonrpc.handlers import Deferred, Handler, Inbound, LaneOf
+from mcpl_router.jsonrpc.limits import PeerLimits
+from mcpl_router.jsonrpc.outbox import PeerClosed
+
+__all__ = ["PeerLanes"]
+
+
+@attrs.define(eq=False)
+class _Lane:
+    key: Hashable
+    send: trio.MemorySendChannel[tuple[Inbound, int]]
+    receive: trio.MemoryReceiveChannel[tuple[Inbound, int]]
+
+
+class PeerLanes:
+    """The read loop and the lanes; a part of :class:`~mcpl_router.jsonrpc.peer.Peer`."""
+
+    # The Peer's, set when it is made.
+    limits: PeerLimits
+    _stream: MessageStream
+    _handler: Handler
+    _stamp: Callable[[], Any] | None
+    _lane_of: LaneOf | None
+    _concurrent: frozenset[str]
+    _log: Any
+    _counts: dict[str, int]
+    _nursery: trio.Nursery | None
+    _lanes: dict[Hashable, _Lane]
+    #: Inbound messages (and their bytes) queued across the lanes, not yet handled.
+    _queued: int
+    _queued_bytes: int
+    #: Messages being handled right now (in lanes or their own tasks).
+    _handling: int
+    #: Set when a lane takes a message out (the read loop waits on it while the bound is full).
+    _inbound_room: trio.Event
+    _lane_slots: trio.Semaphore
+    _concurrent_slots: trio.Semaphore
+    _deferred_slots: trio.Semaphore
+
+    if TYPE_CHECKING:
+
+        async def _enqueue(self, data: bytes) -> None: ...
+
+        def _on_answer(self, envelope: Envelope) -> None: ...
+
+    async def _reply(self, reply: ResultOut | ErrorOut) -> None:
+        try:
+            data = encode(reply)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # A handler returned something JSON can't carry: a bug, answered as one.
+            self._counts["handler_failures"] += 1
+            self._log.error("jsonrpc.result.unencodable", id=reply.id, error=f"{type(exc).__name__}: {exc}")
+            data = encode(ErrorOut(id=reply.id, error=ErrorObject(code=INTERNAL_ERROR, message="Internal error: the result could not be encoded")))
+        try:
+            await self._enqueue(data)
+        except PeerClosed:
+            self._log.info("jsonrpc.reply.undeliverable", id=reply.id)
+
+    # -- incoming ----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                data = await self._stream.receive_message()
+            except OversizedMessage as exc:
+                self._counts["oversized_messages"] += 1
+                self._log.warning("jsonrpc.message.oversized", size=exc.size, limit=exc.limit)
+                await self._reply(ErrorOut(id=None, error=ErrorObject(code=INVALID_REQUEST, message=f"Invalid request: {exc}")))
+                continue
+            except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            await self._on_message(data)
+            # A checkpoint per message keeps one busy peer from starving its neighbours.
+            await trio.lowlevel.checkpoint()
+
+    async def _on_message(self, data: bytes) -> None:
+        if self._stream.line_oriented and data.lstrip()[:1] not in (b"{", b"["):
+            # Real servers print log lines on stdout: skip them, never drop the link for them.
+            self._skip_line(data)
+            return
+        try:
+            envelope = decode_envelope(data)
+        except EnvelopeProblem as problem:
+            if self._stream.line_oriented and (problem.error.code == PARSE_ERROR or data.lstrip()[:1] == b"["):
+                # Not JSON at all (``[server] started``), or an array no MCPL peer sends: a log
+                # line on a line-oriented stream. Skipped and logged, never answered.
+                self._skip_line(data)
+                return
+            self._counts["malformed_messages"] += 1
+            self._log.warning(
+                "jsonrpc.message.malformed",
+                code=problem.error.code,
+                detail=problem.error.message,
+                sample=data[:200].decode("utf-8", "replace"),
+            )
+            if problem.answerable:
+                await self._reply(ErrorOut(id=problem.reply_id, error=problem.error.to_object()))
+            return
+        if envelope.method is msgspec.UNSET:
+            self._on_answer(envelope)
+            return
+        is_notification = envelope.id is msgspec.UNSET
+        inbound = Inbound(
+            method=envelope.method,
+            params=None if envelope.params is msgspec.UNSET else envelope.params,
+            id=None if is_notification else envelope.id,
+            is_notification=is_notification,
+            stamp=self._stamp() if self._stamp is not None else None,
+        )
+        assert self._nursery is not None
+        if inbound.method in self._concurrent:
+            await self._acquire(self._concurrent_slots)
+            self._nursery.start_soon(self._handle_concurrent, inbound)
+            return
+        size = len(data)
+        if self._queued >= self.limits.inbound_messages or self._queued_bytes + size > self.limits.inbound_bytes:
+            # Handlers are slower than the peer sends: stop reading until they catch up (the
+            # peer's writes back up into its socket). Never a drop.
+            self._counts["backpressure_waits"] += 1
+            while self._queued and (
+                self._queued >= self.limits.inbound_messages or self._queued_bytes + size > self.limits.inbound_bytes
+            ):
+                self._inbound_room = trio.Event()
+                await self._inbound_room.wait()
+        key = self._lane_key(inbound)
+        lane = self._lanes.get(key)
+        if lane is None:
+            await self._acquire(self._lane_slots)
+            # Unbounded by itself: the connection-wide count above is the bound.
+            send, receive = trio.open_memory_channel[tuple[Inbound, int]](math.inf)
+            lane = _Lane(key, send, receive)
+            self._lanes[key] = lane
+            self._nursery.start_soon(self._run_lane, lane)
+        self._queued += 1
+        self._queued_bytes += size
+        lane.send.send_nowait((inbound, size))
+
+    def _skip_line(self, data: bytes) -> None:
+        self._counts["skipped_lines"] += 1
+        self._log.info("jsonrpc.line.skipped", line=data[:500].decode("utf-8", "replace"))
+
+    def _lane_key(self, inbound: Inbound) -> Hashable:
+        if self._lane_of is None:
+            return None
+        try:
+            return self._lane_of(inbound)
+        except Exception:
+            # A key we can't read puts the message in the shared lane; its handler answers.
+            return None
+
+    async def _acquire(self, slots: trio.Semaphore) -> None:
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            self._counts["backpressure_waits"] += 1
+            await slots.acquire()
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        try:
+            while True:
+                try:
+                    inbound, size = lane.receive.receive_nowait()
+                except trio.WouldBlock:
+                    if lane.key is None:
+                        # The connection's own lane (all of a server link's messages) stays for
+                        # the connection's life: no task to start per message.
+                        inbound, size = await lane.receive.receive()
+                    else:
+                        # Idle: the lane ends. No await between the check and the removal, so
+                        # the read loop never puts a message into a lane that is gone.
+                        if self._lanes.get(lane.key) is lane:
+                            del self._lanes[lane.key]
+                        return
+                self._queued -= 1
+                self._queued_bytes -= size
+                self._inbound_room.set()
+                await self._handle(inbound)
+        finally:
+            self._lane_slots.release()
+
+    async def _handle_concurrent(self, inbound: Inbound) -> None:
+        try:
+            await self._handle(inbound)
+        finally:
+            self._concurrent_slots.release()
+
+    async def _handle(self, inbound: Inbound) -> None:
+        self._counts["inbound_handled"] += 1
+        self._handling += 1
+        try:
+            await self._handle_one(inbound)
+        finally:
+            self._handling -= 1
+
+    async def _handle_one(self, inbound: Inbound) -> None:
+        try:
+            result = await self._handler(inbound)
+        except Exception as exc:
+            await self._answer_failure(inbound, exc)
+            return
+        if isinstance(result, Deferred):
+            await self._acquire(self._deferred_slots)
+            assert self._nursery is not None
+            self._nursery.start_soon(self._finish_deferred, inbound, result)
+            return
+        if not inbound.is_notification:
+            await self._reply(ResultOut(id=inbound.id, result=result))
+
+    async def _finish_deferred(self, inbound: Inbound, deferred: Deferred) -> None:
+        try:
+            try:
+                result = await deferred.wait()
+            except Exception as exc:
+                await self._answer_failure(inbound, exc)
+                return
+            if not inbound.is_notification:
+                await self._reply(ResultOut(id=inbound.id, result=result))
+        finally:
+            self._deferred_slots.release()
+
+    async def _answer_failure(self, inbound: Inbound, exc: Exception) -> None:
+        if isinstance(exc, RpcError):
+            if inbound.is_notification:
+                self._log.warning("jsonrpc.notification.refused", method=inbound.method, code=exc.code, detail=exc.message)
+                return
+            await self._reply(ErrorOut(id=inbound.id, error=exc.to_object()))
+            return
+        self._counts["handler_failures"] += 1
+        self._log.error("jsonrpc.handler.crashed", method=inbound.method, exc_info=exc)
+        if not inbound.is_notification:
+            await self._reply(
+                ErrorOut(
+                    id=inbound.id,
+                    error=ErrorObject(code=INTERNAL_ERROR, message=f"Internal error handling {inbound.method}: {type(exc).__name__}"),
+                )
+            )

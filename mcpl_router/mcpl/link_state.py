@@ -1,0 +1,113 @@
+"""What the daemon sees of a server link: its states, its status, its delegate, its refusals.
+
+The routing shell, the tools, the context hooks and the status all hold links; they read a
+:class:`LinkState`, a :class:`LinkStatus` snapshot, and catch :class:`LinkUnavailable` or
+:class:`CapabilityNotGranted` from an outbound call (or see :data:`NOTIFIED` when a method went
+as a Notification). A link reports to its :class:`LinkDelegate`. Apart from
+:class:`~mcpl_router.mcpl.link.ServerLink` because this is the link's whole face, and none of it
+needs the link's transport, handshake or reconnect loop.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+if TYPE_CHECKING:
+    from mcpl_router.jsonrpc import Inbound
+    from mcpl_router.mcpl.link import ServerLink
+
+__all__ = [
+    "NOTIFIED",
+    "CapabilityNotGranted",
+    "LinkDelegate",
+    "LinkState",
+    "LinkStatus",
+    "LinkUnavailable",
+]
+
+#: What :meth:`ServerLink.request_or_notify` returns when the method went as a Notification.
+NOTIFIED: Any = enum.Enum("Notified", "NOTIFIED").NOTIFIED
+
+
+class LinkState(enum.Enum):
+    CONNECTING = "connecting"
+    READY = "ready"
+    RETRYING = "retrying"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class LinkUnavailable(Exception):
+    """The link is not ready (or not connected) for an outbound call."""
+
+
+class CapabilityNotGranted(Exception):
+    """We would send a message needing a capability this server's current grant lacks."""
+
+    def __init__(self, server_id: str, capability: str) -> None:
+        super().__init__(f"server {server_id!r} is not granted {capability}")
+        self.server_id = server_id
+        self.capability = capability
+
+
+class LinkDelegate(Protocol):
+    """What the daemon does with what a link hears. Implemented by the daemon's routing shell."""
+
+    def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None: ...
+
+    def link_epoch_ended(self, link: ServerLink) -> None:
+        """The transport is gone: everything this server registered in that epoch is gone too."""
+        ...
+
+    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
+        """An admitted inbound method (already checked against the grant). Raise RpcError."""
+        ...
+
+
+@attrs.frozen
+class LinkStatus:
+    """An immutable snapshot for ``servers/list``, ``status`` and the demo."""
+
+    server_id: str
+    state: str
+    transport: str
+    endpoint: str
+    epoch: int
+    attempts: int
+    legacy: bool
+    #: 0.4 name → the 0.5 leaf it was read as, for a legacy server that used one.
+    legacy_mapping: dict[str, str]
+    manifest_version: str | None
+    grant: dict[str, Any]
+    receipt: Any
+    last_error: str | None
+    since: float
+    exit_code: int | None = None
+    stderr_tail: tuple[str, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "serverId": self.server_id,
+            "state": self.state,
+            "transport": self.transport,
+            "endpoint": self.endpoint,
+            "epoch": self.epoch,
+            "attempts": self.attempts,
+            "legacy": self.legacy,
+            "legacyMapping": dict(self.legacy_mapping),
+            "manifestVersion": self.manifest_version,
+            "grant": {
+                "granted": self.grant["granted"],
+                "deniedCount": self.grant["denied_count"],
+                "featureSetsEnabled": self.grant["feature_sets_enabled"],
+                "featureSetsDisabled": self.grant["feature_sets_disabled"],
+                "legacy": self.grant["legacy"],
+            },
+            "receipt": self.receipt,
+            "lastError": self.last_error,
+            "exitCode": self.exit_code,
+            "stderr": list(self.stderr_tail),
+        }

@@ -1,0 +1,103 @@
+"""What the journal takes and gives back: events, deliveries, what a commit recorded, statistics.
+
+Plain values, apart from the journal's machinery so that the code handing it messages (the
+inbound path, host sessions, tools) reads what it needs without the writer, SQLite or trio. Also
+here: :func:`content_digest`, which tells a re-send from a new message under an old id, because
+the inbound path computes it before a message reaches the journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import attrs
+import msgspec
+
+__all__ = [
+    "Delivery",
+    "InboundEvent",
+    "JournalFailure",
+    "JournalStatistics",
+    "Recorded",
+    "StoredDelivery",
+    "StoredEvent",
+    "content_digest",
+]
+
+
+class JournalFailure(Exception):
+    """A write could not be committed (disk full, I/O error); nothing of it was accepted."""
+
+
+@attrs.frozen
+class InboundEvent:
+    """One accepted inbound message or push, ready to be journaled."""
+
+    server_id: str
+    #: The channel's id on ``server_id``; together they are the channel's ref. None for a push
+    #: that names no channel.
+    channel_id: str | None
+    kind: str  # "message" | "push"
+    dedup_key: str
+    payload: Any
+    #: What the message said (see :func:`content_digest`); a re-send under the same key with
+    #: the same digest is a duplicate, a different one a new message. None: the whole payload's.
+    digest: bytes | None = None
+
+
+@attrs.frozen
+class Delivery:
+    """One agent woken by one event, as the journal keeps it."""
+
+    agent: str
+    reason: str
+    tags: tuple[str, ...]
+    addressed: bool
+
+
+@attrs.frozen
+class Recorded:
+    seq: int
+    duplicate: bool
+    #: A different message under an id already seen (a server that restarted its counter).
+    reused_id: bool = False
+
+
+@attrs.frozen
+class StoredEvent:
+    seq: int
+    server_id: str
+    channel_id: str | None
+    kind: str
+    payload: Any
+    received_at: float
+
+
+@attrs.frozen
+class StoredDelivery:
+    """A delivery with its event, for re-sending."""
+
+    delivery: Delivery
+    event: StoredEvent
+
+
+@attrs.frozen
+class JournalStatistics:
+    last_seq: int
+    queued_writes: int
+    commits: int
+    #: Operations in the last commit, and the most one commit held.
+    last_batch: int
+    largest_batch: int
+    #: Seconds the last commit took in its thread (fsync included).
+    last_commit_seconds: float
+    pruned_events: int
+    pruned_drafts: int
+    #: The last commit's error while it keeps failing; None when healthy.
+    failing: str | None
+
+
+def content_digest(payload: Any) -> bytes:
+    """What a message or event said, for telling a re-send from a new message under an old id."""
+    return hashlib.blake2b(msgspec.json.encode(payload, order="sorted"), digest_size=16).digest()

@@ -1,0 +1,400 @@
+"""The journal's writer: one task committing what has queued up in one transaction, off the trio thread.
+
+Every write goes through here (group commit): inbound batches, acks, drafts, declines, agents.
+Each is an operation (``_Op``) queued for :meth:`JournalWriter.run`, which takes what has queued
+up (at most :data:`MAX_BATCH_OPS`) and applies it in one ``BEGIN IMMEDIATE`` … ``COMMIT`` in a
+worker thread, each operation in a savepoint of its own so one's failure stays its own. An
+operation's ``committed`` runs afterwards on the trio thread, in commit order: an inbound batch
+learns its seqs only then, so ``accepted`` is answered only once it is durable, and everything
+that arrived meanwhile shares the next commit. The trio thread never waits on SQLite or fsync.
+
+Apart from :class:`~mcpl_router.store.journal.Journal` because the queue, its bounds, the
+retry of write-behind operations after a failed commit and the last commit at shutdown are one
+mechanism with rules of their own; the journal's other parts only hand it operations (awaited
+ones through ``submit_*``, write-behind ones through ``_submit_nowait``). The state it uses is
+the journal's (:meth:`JournalWriter._init_writer` sets its own part).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import msgspec
+import trio
+
+from mcpl_router.store.pruning import PRUNE_INTERVAL
+from mcpl_router.store.records import Delivery, InboundEvent, JournalFailure, Recorded, content_digest
+from mcpl_router.store.schema import (
+    SQL_ACK_DELIVERY,
+    SQL_ACK_EVENT,
+    SQL_FIND_DUPLICATE,
+    SQL_INSERT_DELIVERY,
+    SQL_INSERT_EVENT,
+)
+
+__all__ = ["MAX_BATCH_OPS", "SHUTDOWN_COMMIT_TIMEOUT", "WRITE_QUEUE", "JournalWriter"]
+
+#: Inbound batches (and other writes) that may wait for the writer before submitters wait.
+WRITE_QUEUE: Final = 4096
+#: The most operations one transaction takes.
+MAX_BATCH_OPS: Final = 2048
+#: How long the last commit at shutdown may take before the daemon exits without it.
+SHUTDOWN_COMMIT_TIMEOUT: Final = 10.0
+
+
+def _one_per_agent(deliveries: Sequence[Delivery]) -> list[Delivery]:
+    """An agent is woken once per event, however often a policy listed it (the first wins)."""
+    seen: dict[str, Delivery] = {}
+    for delivery in deliveries:
+        seen.setdefault(delivery.agent, delivery)
+    return list(seen.values())
+
+
+# -- the writer's operations ---------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Op:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: BaseException | None = None
+
+    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+        raise NotImplementedError
+
+    def committed(self, journal: JournalWriter) -> None:
+        """On the trio thread, in commit order, once the transaction holding this is durable."""
+
+    async def wait(self) -> None:
+        await self.done.wait()
+        if self.error is not None:
+            raise JournalFailure(str(self.error)) from self.error
+
+
+@attrs.define(eq=False)
+class _InboundOp(_Op):
+    events: Sequence[tuple[InboundEvent, Sequence[Delivery]]] = ()
+    on_committed: Callable[[list[Recorded]], None] | None = None
+    results: list[Recorded] = attrs.field(factory=list)
+
+    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+        now = time.time()
+        encode = journal._encoder.encode
+        for event, deliveries in self.events:
+            digest = event.digest if event.digest is not None else content_digest(event.payload)
+            row = db.execute(SQL_FIND_DUPLICATE, (event.server_id, event.kind, event.dedup_key)).fetchone()
+            if row is not None and (row[1] is None or row[1] == digest):
+                # A journal from before digests were kept counts a re-used id as a re-send.
+                self.results.append(Recorded(seq=row[0], duplicate=True))
+                continue
+            cursor = db.execute(
+                SQL_INSERT_EVENT,
+                (event.server_id, event.channel_id, event.kind, event.dedup_key, digest, encode(event.payload), now,
+                 # An event that woke nobody is owed to nobody: acked as it is written.
+                 0 if deliveries else 1),
+            )
+            seq = int(cursor.lastrowid or 0)
+            db.executemany(
+                SQL_INSERT_DELIVERY,
+                [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries)],
+            )
+            self.results.append(Recorded(seq=seq, duplicate=False, reused_id=row is not None))
+
+    def committed(self, journal: JournalWriter) -> None:
+        for (_event, deliveries), recorded in zip(self.events, self.results, strict=True):
+            if not recorded.duplicate:
+                journal._last_seq = max(journal._last_seq, recorded.seq)
+                for delivery in _one_per_agent(deliveries):
+                    journal._unacked[delivery.agent] += 1
+        if self.on_committed is not None:
+            self.on_committed(self.results)
+
+
+@attrs.define(eq=False)
+class _AckOp(_Op):
+    agents: Sequence[str] = ()
+    seqs: Sequence[int] = ()
+    newly: Counter[str] = attrs.field(factory=Counter)
+
+    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+        for agent in self.agents:
+            for seq in self.seqs:
+                self.newly[agent] += db.execute(SQL_ACK_DELIVERY, (agent, seq)).rowcount
+        db.executemany(SQL_ACK_EVENT, [(seq, seq) for seq in set(self.seqs)])
+
+    def committed(self, journal: JournalWriter) -> None:
+        for agent, count in self.newly.items():
+            journal._unacked[agent] = max(0, journal._unacked[agent] - count)
+
+
+@attrs.define(eq=False)
+class _WriteOp(_Op):
+    """A write-behind statement (drafts, declines, agents): in order, no caller waits on it."""
+
+    sql: str = ""
+    args: tuple[Any, ...] = ()
+
+    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+        db.execute(self.sql, self.args)
+
+
+@attrs.define(eq=False)
+class _BarrierOp(_Op):
+    """Nothing to write: done once everything queued before it has committed."""
+
+    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+        return None
+
+
+# -- the writer task ------------------------------------------------------------------------------
+
+
+class JournalWriter:
+    """The writer task and its queue; a part of :class:`~mcpl_router.store.journal.Journal`."""
+
+    # The journal's, set when it opens.
+    _db: sqlite3.Connection
+    _log: Any
+    _encoder: msgspec.json.Encoder
+    _closed: bool
+    _last_seq: int
+    _unacked: Counter[str]
+    # The writer's own (:meth:`_init_writer`).
+    _queue_send: trio.MemorySendChannel[_Op]
+    _queue_receive: trio.MemoryReceiveChannel[_Op]
+    _backlog: deque[_Op]
+    _running: bool
+    _stopped: bool
+    _stats: dict[str, int]
+    _last_commit_seconds: float
+    failing: str | None
+
+    if TYPE_CHECKING:
+
+        async def _prune_chunk_now(self) -> bool: ...
+
+    def _init_writer(self) -> None:
+        """The queue (bounded: :data:`WRITE_QUEUE`), its overflow, and the writer's counters."""
+        self._queue_send, self._queue_receive = trio.open_memory_channel[_Op](WRITE_QUEUE)
+        self._backlog = deque()
+        self._running = False
+        self._stopped = False
+        self._stats = {"commits": 0, "last_batch": 0, "largest_batch": 0, "pruned_events": 0, "pruned_drafts": 0}
+        self._last_commit_seconds = 0.0
+        self.failing = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Commit queued writes in groups until cancelled; prune every :data:`PRUNE_INTERVAL`.
+
+        Pruning takes one chunk per pass, between commits, so queued writes never wait for a
+        whole backlog of history to go. A failed commit fails the ops someone awaits (inbound,
+        acks, barriers) and keeps the write-behind ones, in order, for the next try after a
+        backoff: nothing written behind is dropped by a passing I/O error.
+        """
+        self._running = True
+        task_status.started()
+        next_prune = trio.current_time()
+        retry_delay = 0.0
+        try:
+            while True:
+                batch: list[_Op] = []
+                if not self._backlog:
+                    with trio.move_on_at(next_prune):
+                        batch.append(await self._queue_receive.receive())
+                while len(batch) < MAX_BATCH_OPS:
+                    try:
+                        batch.append(self._queue_receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                # The overflow of write-behind ops came after everything in the queue.
+                while self._backlog and len(batch) < MAX_BATCH_OPS:
+                    batch.append(self._backlog.popleft())
+                if batch:
+                    # Shielded: a commit under way finishes and its callers are told, even at
+                    # shutdown (the thread can't be stopped halfway anyway).
+                    with trio.CancelScope(shield=True):
+                        kept = await self._commit(batch)
+                    if kept:
+                        self._backlog.extendleft(reversed(kept))
+                        retry_delay = min(5.0, max(0.05, retry_delay * 2))
+                        await trio.sleep(retry_delay)
+                    else:
+                        retry_delay = 0.0
+                if trio.current_time() >= next_prune:
+                    with trio.CancelScope(shield=True):
+                        more = await self._prune_chunk_now()
+                    # More to prune: the next chunk comes right after the next commit.
+                    next_prune = trio.current_time() + (0 if more else PRUNE_INTERVAL)
+        finally:
+            self._running = False
+            self._stopped = True
+            # What was queued when the daemon stopped is still written: drafts and acks saved
+            # during the drain must not be lost to the shutdown. Bounded: a disk that hangs
+            # must not hold the daemon's exit for ever (the thread is left behind, logged).
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + SHUTDOWN_COMMIT_TIMEOUT):
+                remaining: list[_Op] = list(self._backlog)
+                self._backlog.clear()
+                while True:
+                    try:
+                        remaining.append(self._queue_receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                if remaining:
+                    kept = await self._commit(remaining, abandon_on_cancel=True)
+                    if kept:
+                        self._log.error("journal.unwritten_at_shutdown", ops=len(kept), error=self.failing)
+
+    async def _commit(self, batch: list[_Op], *, abandon_on_cancel: bool = False) -> list[_Op]:
+        """One transaction for ``batch``; returns the write-behind ops to try again (on failure)."""
+        started = time.perf_counter()
+        kept: list[_Op] = []
+        try:
+            await trio.to_thread.run_sync(self._commit_in_thread, batch, abandon_on_cancel=abandon_on_cancel)
+        except trio.Cancelled:
+            self.failing = "the commit did not finish before the shutdown deadline"
+            self._log.error("journal.commit.abandoned", ops=len(batch))
+            raise
+        except Exception as exc:  # sqlite3.Error, OSError: the whole transaction rolled back
+            self.failing = f"{type(exc).__name__}: {exc}"
+            self._log.error("journal.commit.failed", ops=len(batch), error=self.failing)
+            for op in batch:
+                if isinstance(op, _WriteOp):
+                    op.error = None
+                    kept.append(op)
+                else:
+                    op.error = exc
+            if kept:
+                # A barrier queued after a write-behind op that didn't commit fails too, so a
+                # flush never says "on disk" of something that isn't (it is in the same batch).
+                self._log.warning("journal.write_behind.retrying", ops=len(kept))
+        else:
+            if self.failing is not None:
+                self._log.info("journal.commit.recovered")
+            self.failing = None
+        self._last_commit_seconds = time.perf_counter() - started
+        self._stats["commits"] += 1
+        self._stats["last_batch"] = len(batch)
+        self._stats["largest_batch"] = max(self._stats["largest_batch"], len(batch))
+        retried = {id(op) for op in kept}
+        for op in batch:
+            if id(op) in retried:
+                continue
+            if op.error is None:
+                try:
+                    op.committed(self)
+                except Exception:
+                    self._log.exception("journal.committed_callback.crashed", op=type(op).__name__)
+            op.done.set()
+        return kept
+
+    def _commit_in_thread(self, batch: list[_Op]) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for op in batch:
+                # Each op in its own savepoint: one op's failure is its own, not the batch's.
+                db.execute("SAVEPOINT op")
+                try:
+                    op.apply(db, self)
+                except sqlite3.IntegrityError as exc:
+                    db.execute("ROLLBACK TO op")
+                    op.error = exc
+                db.execute("RELEASE op")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+
+    async def _submit(self, op: _Op) -> _Op:
+        if self._closed or self._stopped:
+            raise JournalFailure("the journal is closed (the daemon is stopping)")
+        await self._queue_send.send(op)
+        return op
+
+    def _submit_nowait(self, op: _Op) -> None:
+        """Queue a write-behind op; past the queue's bound it waits in an overflow kept in order.
+
+        Write-behind callers can't wait (they change state with no await between check and
+        change), so the overflow is unbounded by count but bounded by what they do: one draft,
+        decline or agent per tool call or hello. It is logged and counted when used.
+        """
+        if self._closed or self._stopped:
+            self._log.error("journal.write_after_close", op=type(op).__name__)
+            return
+        if not self._backlog:
+            try:
+                self._queue_send.send_nowait(op)
+                return
+            except trio.WouldBlock:
+                self._log.warning("journal.queue.full", queued=WRITE_QUEUE)
+        self._backlog.append(op)
+
+    # -- inbound and acks (awaited: these answer servers and hosts) ----------------------------
+
+    async def submit_inbound(
+        self,
+        events: Sequence[tuple[InboundEvent, Sequence[Delivery]]],
+        on_committed: Callable[[list[Recorded]], None] | None = None,
+    ) -> Callable[[], Any]:
+        """Queue a batch (each event with the agents it wakes) for the next group commit.
+
+        Returns ``wait``: awaiting it gives the batch's :class:`Recorded` list once it is
+        durable, or raises :class:`JournalFailure`. ``on_committed`` is called with the same
+        list on the trio thread right after the commit, in commit order across batches (wakes
+        go out from there, in seq order). Waits only while the write queue is full.
+        """
+        op = await self._submit(_InboundOp(events=events, on_committed=on_committed))
+        assert isinstance(op, _InboundOp)
+
+        async def wait() -> list[Recorded]:
+            await op.wait()
+            return op.results
+
+        return wait
+
+    async def record_inbound(self, events: Sequence[tuple[InboundEvent, Sequence[Delivery]]]) -> list[Recorded]:
+        """Record a batch and wait until it is durable (see :meth:`submit_inbound`)."""
+        wait = await self.submit_inbound(events)
+        return await wait()
+
+    async def ack_deliveries(self, agents: Sequence[str], seqs: Sequence[int]) -> int:
+        """Mark ``agents``' deliveries of ``seqs`` acked, durably; returns how many were newly acked.
+
+        An event whose every delivery is acked is marked acked too (and pruned later).
+        """
+        wait = await self.submit_ack(agents, seqs)
+        return await wait()
+
+    async def submit_ack(self, agents: Sequence[str], seqs: Sequence[int]) -> Callable[[], Awaitable[int]]:
+        """Queue an ack for the next group commit; ``wait()`` gives how many were newly acked
+        once it is durable (or raises :class:`JournalFailure`)."""
+        if not agents or not seqs:
+            await trio.lowlevel.checkpoint()
+
+            async def nothing() -> int:
+                return 0
+
+            return nothing
+        op = await self._submit(_AckOp(agents=list(agents), seqs=list(seqs)))
+        assert isinstance(op, _AckOp)
+
+        async def wait() -> int:
+            await op.wait()
+            return sum(op.newly.values())
+
+        return wait
+
+    async def flush(self) -> None:
+        """Wait until every write queued so far (write-behind ones too) has committed."""
+        op = _BarrierOp()
+        if self._backlog:
+            self._backlog.append(op)  # after the overflow it must wait for
+        else:
+            await self._submit(op)
+        await op.wait()
