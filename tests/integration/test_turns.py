@@ -230,6 +230,11 @@ async def test_host_typing_by_bare_id_fans_out_and_by_qualified_name_stays(tmp_p
                 assert [(row["serverId"], row["sent"]) for row in only_b["typing"]] == [("b", True)]
                 both = await client.call("channels/typing", {"channel": "general", "op": "stop"})
                 assert {(row["serverId"], row["sent"]) for row in both["typing"]} == {("a", True), ("b", True)}
+            # The stops are notifications: each server records its own when it reads it.
+            for name, count in (("a", 1), ("b", 2)):
+                with trio.move_on_after(5):
+                    while len(typing_ops(await servers[name].recorded())) < count:
+                        await trio.sleep(0.05)
             assert typing_ops(await servers["a"].recorded()) == [("general", "stop")]
             assert typing_ops(await servers["b"].recorded()) == [("general", "start"), ("general", "stop")]
 
