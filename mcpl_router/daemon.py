@@ -11,18 +11,17 @@ from __future__ import annotations
 import collections
 import signal
 import time
+from collections.abc import Callable
 from functools import partial
-from collections.abc import Callable, Collection
 from typing import Any
 
 import attrs
 import trio
 
 from mcpl_router import __version__
-from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_config
+from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
-from mcpl_router.metrics import DaemonMetrics, ScrapedParts, registration_reason_label
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.services import HostServices
 from mcpl_router.hosts.sessions import SessionManager
@@ -31,6 +30,8 @@ from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
+from mcpl_router.metrics import DaemonMetrics, ScrapedParts, registration_reason_label
+from mcpl_router.reload_plan import plan_reload
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal
@@ -50,11 +51,6 @@ SHUTDOWN_NOTICE_TIMEOUT = 1.0
 #: narrowing is host-side before any is sent; a slower server's receipt still arrives (within
 #: its ``requestTimeout``) and the answer names it in ``policyPending``.
 RELOAD_ANSWER_WAIT = 2.0
-
-#: Server keys a live link can take without reconnecting: its tool filters and readiness.
-_LIVE_KEYS = frozenset({"enabled_tools", "disabled_tools", "required"})
-#: Server keys applied to the live connection by sending it a new grant.
-_GRANT_KEYS = frozenset({"enabled_capabilities", "disabled_capabilities", "enabled_feature_sets", "disabled_feature_sets"})
 
 Observer = Callable[[str, dict[str, Any]], None]
 
@@ -276,24 +272,10 @@ class Daemon:
             "lastSeq": self.journal.last_seq(),
             "agents": self.sessions.statistics(),
             "hosts": self.sessions.host_statistics(),
-            "journal": self._journal_status(),
+            "journal": self.journal.statistics().to_wire(),
             "openTurns": len(self.turns.table.all()),
             "readiness": {"ready": state.ready, "problems": list(state.problems)},
             "lastReload": self.last_reload,
-        }
-
-    def _journal_status(self) -> dict[str, Any]:
-        stats = self.journal.statistics()
-        return {
-            "lastSeq": stats.last_seq,
-            "queuedWrites": stats.queued_writes,
-            "commits": stats.commits,
-            "lastBatch": stats.last_batch,
-            "largestBatch": stats.largest_batch,
-            "lastCommitMs": round(stats.last_commit_seconds * 1000, 3),
-            "prunedEvents": stats.pruned_events,
-            "prunedDrafts": stats.pruned_drafts,
-            "failing": stats.failing,
         }
 
     def servers_list(self) -> list[dict[str, Any]]:
@@ -592,56 +574,6 @@ class Daemon:
             fields = {key: value for key, value in result.items() if key not in ("outcome", "at") and value}
             self._log.info("config.reloaded", **fields)
         return result
-
-
-@attrs.frozen
-class ReloadPlan:
-    """What a reload does, server by server (ids in the new config's order)."""
-
-    added: tuple[str, ...] = ()
-    removed: tuple[str, ...] = ()
-    reconnected: tuple[str, ...] = ()
-    regranted: tuple[str, ...] = ()
-    updated: tuple[str, ...] = ()
-    restart_needed: tuple[str, ...] = ()
-
-    def to_start(self, config: RouterConfig) -> list[ServerConfig]:
-        return [config.servers[server_id] for server_id in (*self.reconnected, *self.added)]
-
-
-def plan_reload(old: RouterConfig, new: RouterConfig, *, revive: Collection[str] = ()) -> ReloadPlan:
-    """Compare two configs: which servers to connect, disconnect, reconnect or re-grant.
-
-    ``revive``: servers whose link has failed or closed. Each one still configured is
-    reconnected, changed or not: a failed link never retries by itself, and a grant sent to
-    no connection would change nothing (a reload, SIGHUP, is the operator's "try again").
-    """
-    before = {server.id: server for server in old.enabled_servers()}
-    after = {server.id: server for server in new.enabled_servers()}
-    reconnected, regranted, updated = [], [], []
-    for server_id, server in after.items():
-        previous = before.get(server_id)
-        if previous is not None and server_id in revive:
-            reconnected.append(server_id)
-            continue
-        if previous is None or previous == server:
-            continue
-        changed = {field.name for field in attrs.fields(ServerConfig) if getattr(previous, field.name) != getattr(server, field.name)}
-        if changed <= _LIVE_KEYS:
-            updated.append(server_id)
-        elif changed <= _LIVE_KEYS | _GRANT_KEYS:
-            regranted.append(server_id)
-        else:
-            reconnected.append(server_id)
-    restart = [name for name in ("host", "journal", "health", "logging") if getattr(old, name) != getattr(new, name)]
-    return ReloadPlan(
-        added=tuple(server_id for server_id in after if server_id not in before),
-        removed=tuple(server_id for server_id in before if server_id not in after),
-        reconnected=tuple(reconnected),
-        regranted=tuple(regranted),
-        updated=tuple(updated),
-        restart_needed=tuple(restart),
-    )
 
 
 async def run_until_signalled(daemon: Daemon, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:

@@ -16,8 +16,8 @@ room, so idle sockets can't starve the health check (a full house of busy ones i
 
 from __future__ import annotations
 
-from functools import partial
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import attrs

@@ -32,10 +32,9 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
-    from mcpl_router.store.journal import Journal
-    from mcpl_router.turns import TurnManager
-    from mcpl_router.store.journal import JournalStatistics
+    from mcpl_router.store.journal import Journal, JournalStatistics
     from mcpl_router.tools.table import NameClash
+    from mcpl_router.turns import TurnManager
 
 #: The Content-Type of :meth:`DaemonMetrics.render`.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -18,7 +18,7 @@ from typing import Any, Final
 import attrs
 
 from mcpl_router.config.addresses import host_port, is_loopback, without_password
-from mcpl_router.routing.modes import MODE_NAMES
+from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES
 from mcpl_router.routing.refs import ChannelRef
 
 # --- the values some keys choose from --------------------------------------------------------
@@ -443,7 +443,7 @@ class AgentConfig:
     """
 
     name: str
-    prose_routing: str = "locus"
+    prose_routing: str = DEFAULT_MODE.name
     allowed_tools: tuple[str, ...] | None = None
     home_channel: ChannelRef | None = None
     wake_channels: tuple[str, ...] = ()

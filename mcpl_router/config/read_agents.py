@@ -11,13 +11,9 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from mcpl_router.config.errors import did_you_mean, show_value
-from mcpl_router.config.model import (
-    AGENT_KEYS,
-    CHANNEL_REF_KEYS,
-    PROSE_ROUTING_MODES,
-    AgentConfig,
-)
+from mcpl_router.config.model import AGENT_KEYS, CHANNEL_REF_KEYS, PROSE_ROUTING_MODES, AgentConfig
 from mcpl_router.config.section_reader import Section
+from mcpl_router.routing.modes import DEFAULT_MODE
 from mcpl_router.routing.refs import ChannelRef
 
 _HOME_CHANNEL_FIX: Final = 'Write homeChannel = { serverId = "...", channelId = "..." }.'
@@ -52,7 +48,7 @@ def parse_agents(section: Section, server_ids: Sequence[str]) -> dict[str, Agent
         agents[name] = AgentConfig(
             name=name,
             prose_routing=a.choice(
-                "proseRouting", PROSE_ROUTING_MODES, "locus", "a prose routing mode"
+                "proseRouting", PROSE_ROUTING_MODES, DEFAULT_MODE.name, "a prose routing mode"
             ),
             allowed_tools=a.strings("allowedTools", None, item="tool pattern"),
             home_channel=_home_channel(a, server_ids),

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, Final
 import msgspec
 
 from mcpl_router.hosts.publish_api import add_publish_methods
-from mcpl_router.hosts.sessions import add_session_methods
+from mcpl_router.hosts.session_api import add_session_methods
 from mcpl_router.hosts.turn_api import add_turn_methods
 from mcpl_router.jsonrpc import INVALID_PARAMS, Inbound, MethodTable, RpcError
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.services import HostServices
     from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.hosts.services import HostServices
 
 
 class ExplainParams(msgspec.Struct, rename="camel"):

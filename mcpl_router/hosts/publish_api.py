@@ -31,8 +31,8 @@ from mcpl_router.routing.turns import MalformedChannel, ref_from_wire
 from mcpl_router.turns import publish_text
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.services import HostServices
     from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.hosts.services import HostServices
 
 __all__ = ["HostPublishParams", "add_publish_methods", "publish_for_agent"]
 

@@ -20,7 +20,7 @@ its wakes stay unacked in the journal and come back when it reconnects.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import msgspec
@@ -28,30 +28,22 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
-from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, Inbound, MethodTable, RpcError
+from mcpl_router.hosts.agents import AckParams, AgentSpec, AgentSpecParams, HelloParams, params_of
+from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
+from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, RpcError
 from mcpl_router.logs import get_logger
-from mcpl_router.routing.modes import ProseMode, mode_named
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tags import expand_tags
-from mcpl_router.routing.wakes import (
-    REASON_MESSAGE,
-    REASON_PUSH,
-    InboundFacts,
-    Wake,
-    WakePolicy,
-    resolve_policy,
-    wakes,
-)
-from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
+from mcpl_router.routing.wakes import REASON_MESSAGE, REASON_PUSH, InboundFacts, Wake, WakePolicy, resolve_policy, wakes
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, StoredDelivery
 from mcpl_router.tools import agent_may_call
 
 if TYPE_CHECKING:
+    from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.metrics import DaemonMetrics
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
     from mcpl_router.turns import Invitations
-    from mcpl_router.hosts.connection import HostConnection
 
 #: Recent wakes kept in memory for ``turn/open`` (older ones are read from the journal).
 RECENT_WAKES: Final = 4096
@@ -61,7 +53,6 @@ GRACE_SECONDS: Final = 10.0
 AGENT_OWNED: Final = -32010
 UNKNOWN_AGENT: Final = -32011
 
-ProseRouting = Literal["disabled", "locus", "hybrid", "explicit", "named"]
 
 
 class WakeDiversion(Protocol):
@@ -88,115 +79,6 @@ _NO_DIVERSION: Final = _NoDiversion()
 
 #: Daemon events every hello'd host is told of, under the same method name.
 BROADCAST_EVENTS: Final = ("server/state", "channels/changed")
-
-
-# -- wire ----------------------------------------------------------------------------------------
-
-
-class ChannelRefParams(msgspec.Struct, rename="camel"):
-    server_id: str
-    channel_id: str
-
-
-class WakeParams(msgspec.Struct, rename="camel"):
-    channels: list[str] | None = None
-    servers: list[str] | None = None
-    tags: list[str] | None = None
-
-
-class AgentSpecParams(msgspec.Struct, rename="camel"):
-    name: str
-    prose_routing: ProseRouting = "locus"
-    allowed_tools: list[str] | None = None
-    wake: WakeParams | None = None
-    home_channel: ChannelRefParams | None = None
-    #: Makes this agent the subconscious of the named (primary) agent (see mcpl_router.tune_out).
-    subconscious_for: str | None = None
-
-
-class HelloParams(msgspec.Struct, rename="camel"):
-    host: str
-    agents: list[AgentSpecParams] = []
-    resume_from: int | None = None
-
-
-class AckParams(msgspec.Struct, rename="camel"):
-    seqs: list[int] | None = None
-    seq: int | None = None
-    agent: str | None = None
-
-
-# -- values --------------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class AgentSpec:
-    """An agent as the daemon serves it: prose routing, tools, wake policy, home channel.
-
-    ``wake_tags`` of ``None`` means the default policy's tags (see
-    :mod:`mcpl_router.routing.wakes`); ``allowed_tools`` of ``None`` allows every tool.
-    """
-
-    name: str
-    prose_routing: str = "locus"
-    allowed_tools: tuple[str, ...] | None = None
-    home_channel: ChannelRef | None = None
-    wake_channels: tuple[str, ...] = ()
-    wake_servers: tuple[str, ...] = ()
-    wake_tags: tuple[str, ...] | None = None
-    #: Declared in the daemon's config (its spec is the operator's, not the host's).
-    configured: bool = False
-    #: The primary agent this one is the subconscious of (its tune-out tools act on the primary's).
-    subconscious_for: str | None = None
-
-    @classmethod
-    def from_config(cls, config: AgentConfig) -> AgentSpec:
-        return cls(
-            name=config.name,
-            prose_routing=config.prose_routing,
-            allowed_tools=config.allowed_tools,
-            home_channel=config.home_channel,
-            wake_channels=config.wake_channels,
-            wake_servers=config.wake_servers,
-            # The config can't tell "no tags" from "not given": empty means the default.
-            wake_tags=config.wake_tags or None,
-            subconscious_for=config.subconscious_for,
-            configured=True,
-        )
-
-    @classmethod
-    def from_params(cls, params: AgentSpecParams) -> AgentSpec:
-        wake = params.wake or WakeParams()
-        home = params.home_channel
-        return cls(
-            name=params.name,
-            prose_routing=params.prose_routing,
-            allowed_tools=None if params.allowed_tools is None else tuple(params.allowed_tools),
-            home_channel=None if home is None else ChannelRef(home.server_id, home.channel_id),
-            wake_channels=tuple(wake.channels or ()),
-            wake_servers=tuple(wake.servers or ()),
-            wake_tags=None if wake.tags is None else tuple(wake.tags),
-            subconscious_for=params.subconscious_for or None,
-        )
-
-    @property
-    def mode(self) -> ProseMode:
-        """The agent's prose-routing mode (config and hello validate the name)."""
-        return mode_named(self.prose_routing)
-
-    def to_wire(self) -> dict[str, Any]:
-        wake: dict[str, Any] = {"channels": list(self.wake_channels), "servers": list(self.wake_servers)}
-        if self.wake_tags is not None:
-            wake["tags"] = list(self.wake_tags)
-        return {
-            "name": self.name,
-            "proseRouting": self.prose_routing,
-            "allowedTools": None if self.allowed_tools is None else list(self.allowed_tools),
-            "wake": wake,
-            "homeChannel": None if self.home_channel is None else self.home_channel.to_wire(),
-            "configured": self.configured,
-            "subconsciousFor": self.subconscious_for,
-        }
 
 
 @attrs.define(eq=False)
@@ -583,7 +465,7 @@ class SessionManager:
         for spec in specs:
             self._agents[spec.name] = spec
             if not spec.configured:
-                self._journal.save_agent(spec.name, msgspec.to_builtins(_params_of(spec)))
+                self._journal.save_agent(spec.name, msgspec.to_builtins(params_of(spec)))
             self._holds.pop(spec.name, None)
             previous = self._owners.get(spec.name)
             if previous is not connection:
@@ -707,33 +589,3 @@ def _wake_of(stored: StoredDelivery) -> Wake:
         tags=stored.delivery.tags,
         addressed=stored.delivery.addressed,
     )
-
-
-def _params_of(spec: AgentSpec) -> AgentSpecParams:
-    return AgentSpecParams(
-        name=spec.name,
-        prose_routing=spec.prose_routing,  # type: ignore[arg-type]
-        allowed_tools=None if spec.allowed_tools is None else list(spec.allowed_tools),
-        wake=WakeParams(
-            channels=list(spec.wake_channels),
-            servers=list(spec.wake_servers),
-            tags=None if spec.wake_tags is None else list(spec.wake_tags),
-        ),
-        home_channel=None
-        if spec.home_channel is None
-        else ChannelRefParams(spec.home_channel.server_id, spec.home_channel.channel_id),
-        subconscious_for=spec.subconscious_for,
-    )
-
-
-def add_session_methods(table: MethodTable, manager: SessionManager, connection: HostConnection) -> None:
-    """Register ``session/hello`` and ``wake/ack`` for one connection."""
-
-    async def hello(params: HelloParams, _inbound: Inbound) -> Any:
-        return manager.hello(connection, params)
-
-    async def ack(params: AckParams, _inbound: Inbound) -> Any:
-        return await manager.ack(connection, params)
-
-    table.add("session/hello", hello, HelloParams)
-    table.add("wake/ack", ack, AckParams)

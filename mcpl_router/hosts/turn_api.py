@@ -15,8 +15,8 @@ import msgspec
 from mcpl_router.jsonrpc import Inbound, MethodTable
 
 if TYPE_CHECKING:
-    from mcpl_router.turns import TurnManager
     from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.turns import TurnManager
 
 __all__ = ["add_turn_methods"]
 

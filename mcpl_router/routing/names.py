@@ -22,7 +22,6 @@ the k channels that answer to the name). Nothing here keeps state of its own.
 from __future__ import annotations
 
 import collections
-
 from collections.abc import Iterable
 from typing import Any, Final
 

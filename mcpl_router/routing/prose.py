@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPLICIT",
-    "HYBRID",
     "PIN",
     "SKIP_REPLY",
     "UNSENT",

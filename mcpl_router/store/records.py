@@ -97,6 +97,20 @@ class JournalStatistics:
     #: The last commit's error while it keeps failing; None when healthy.
     failing: str | None
 
+    def to_wire(self) -> dict[str, Any]:
+        """As ``status`` shows it (``journal``)."""
+        return {
+            "lastSeq": self.last_seq,
+            "queuedWrites": self.queued_writes,
+            "commits": self.commits,
+            "lastBatch": self.last_batch,
+            "largestBatch": self.largest_batch,
+            "lastCommitMs": round(self.last_commit_seconds * 1000, 3),
+            "prunedEvents": self.pruned_events,
+            "prunedDrafts": self.pruned_drafts,
+            "failing": self.failing,
+        }
+
 
 def content_digest(payload: Any) -> bytes:
     """What a message or event said, for telling a re-send from a new message under an old id."""

@@ -41,7 +41,7 @@ from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.sessions import AgentSpec
+    from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import InboundEvent, Journal
@@ -383,7 +383,6 @@ class ChannelTools:
     # ------------------------------------------------------------------ channel_close
 
     async def _close(self, call: ToolCall) -> dict[str, Any]:
-        args = call.arguments
         not_done = texts.CLOSE_NOT_DONE
         ref = self._lifecycle_target(call, "close", not_done)
         if not isinstance(ref, ChannelRef):

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
-from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.drafts import Draft, page
+from mcpl_router.routing.modes import ProseMode
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.sessions import AgentSpec
+    from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.turns import TurnManager, TurnRun
 
 __all__ = ["SPEECH_TOOLS", "SpeechTools"]

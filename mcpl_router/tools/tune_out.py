@@ -41,7 +41,7 @@ from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
 from mcpl_router.turns import publish_text
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.sessions import AgentSpec
+    from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.turns import TurnManager, TurnRun

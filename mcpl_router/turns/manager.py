@@ -32,17 +32,7 @@ from mcpl_router.mcpl.context import HookFacts, before_inference
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.routing.turns import (
-    OUTCOMES,
-    MalformedChannel,
-    Turn,
-    TurnRouting,
-    TurnTable,
-    WakeFact,
-    call_scope,
-    requested_channel,
-    trigger_of,
-)
+from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, WakeFact, call_scope, requested_channel, trigger_of
 from mcpl_router.tools import ToolCall, ToolTable, agent_may_call, tool_result
 from mcpl_router.turns.drafts import DraftBook, receipt_of
 from mcpl_router.turns.lifecycle import REFUSAL_REACTION, InferenceLifecycle
@@ -53,8 +43,9 @@ from mcpl_router.turns.typing import TypingIndicators
 from mcpl_router.turns.wakes import wake_fact
 
 if TYPE_CHECKING:
+    from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.hosts.connection import HostConnection
-    from mcpl_router.hosts.sessions import AgentSpec, SessionManager
+    from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.metrics import DaemonMetrics
     from mcpl_router.routing.router import Router

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from mcpl_router.routing.modes import MODE_NAMES
+
 ROUTING = Path(__file__).resolve().parents[2] / "mcpl_router" / "routing"
 PACKAGE = "mcpl_router.routing"
-TOOLS = ROUTING.parent / "tools"
+SOURCE = ROUTING.parent
 TOOLS_PACKAGE = "mcpl_router.tools"
 DAEMON = "mcpl_router.daemon"
 
@@ -69,19 +71,19 @@ def imported_modules(source: str, package: str = PACKAGE) -> list[tuple[int, str
 
 
 def routing_modules() -> list[Path]:
-    return sorted(ROUTING.glob("*.py"))
+    return sorted(ROUTING.rglob("*.py"))
 
 
 def test_there_are_routing_modules_to_check() -> None:
-    names = {path.name for path in routing_modules()}
-    assert {"refs.py", "registry.py", "names.py", "texts.py"} <= names
+    names = {path.relative_to(ROUTING).as_posix() for path in routing_modules()}
+    assert {"refs.py", "registry.py", "names.py", "texts.py", "modes/base.py", "modes/named.py"} <= names
 
 
-@pytest.mark.parametrize("path", routing_modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", routing_modules(), ids=lambda p: p.relative_to(ROUTING).as_posix())
 def test_routing_module_imports_nothing_impure(path: Path) -> None:
     violations = [
         f"{path.name}:{line}: imports {module}"
-        for line, module in imported_modules(path.read_text(encoding="utf-8"))
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), _package_of(path))
         if _is_forbidden(module)
     ]
     assert not violations, "routing/ must stay pure:\n" + "\n".join(violations)
@@ -114,30 +116,95 @@ def test_the_checker_allows_pure_imports(source: str) -> None:
     assert not any(_is_forbidden(module) for _, module in imported_modules(source))
 
 
-# ---------------------------------------------------------------------- tools/ and the daemon
+# ---------------------------------------------------------------------- the daemon is only wired
+
+#: The modules that may build a daemon: the command line and the demo (and the daemon itself).
+ENTRY_POINTS = frozenset({"cli.py", "demo.py", "daemon.py"})
+#: Larger by nature: fixture servers, and the one module of texts an agent reads.
+SIZE_EXEMPT = ("testing/", "routing/texts.py")
+MAX_LINES = 600
 
 
 def _is_the_daemon(module: str) -> bool:
     return module == DAEMON or module.startswith(DAEMON + ".")
 
 
-def tools_modules() -> list[Path]:
-    return sorted(TOOLS.glob("*.py"))
+def _package_of(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts if path.name == "__init__.py" else parts[:-1]).removesuffix(".__init__")
 
 
-def test_there_are_tools_modules_to_check() -> None:
-    names = {path.name for path in tools_modules()}
-    assert {"__init__.py", "seam.py", "table.py", "channel_tools.py", "connector_tools.py"} <= names
+def package_modules() -> list[Path]:
+    return sorted(SOURCE.rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", tools_modules(), ids=lambda p: p.name)
-def test_tools_module_does_not_import_the_daemon(path: Path) -> None:
+def test_there_are_package_modules_to_check() -> None:
+    names = {path.relative_to(SOURCE).as_posix() for path in package_modules()}
+    assert {"daemon.py", "cli.py", "tools/seam.py", "tools/table.py", "turns/manager.py", "hosts/sessions.py"} <= names
+
+
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.relative_to(SOURCE).as_posix())
+def test_only_the_entry_points_import_the_daemon(path: Path) -> None:
+    if path.relative_to(SOURCE).as_posix() in ENTRY_POINTS:
+        return
     violations = [
-        f"{path.name}:{line}: imports {module}"
-        for line, module in imported_modules(path.read_text(encoding="utf-8"), TOOLS_PACKAGE)
+        f"{path.relative_to(SOURCE)}:{line}: imports {module}"
+        for line, module in imported_modules(path.read_text(encoding="utf-8"), _package_of(path))
         if _is_the_daemon(module)
     ]
-    assert not violations, "tools/ gets its collaborators at construction, not the daemon:\n" + "\n".join(violations)
+    assert not violations, "the daemon hands each part its collaborators; only cli.py and demo.py import it:\n" + "\n".join(violations)
+
+
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.relative_to(SOURCE).as_posix())
+def test_no_module_is_over_600_lines(path: Path) -> None:
+    relative = path.relative_to(SOURCE).as_posix()
+    if relative.startswith(SIZE_EXEMPT):
+        return
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{relative} is {lines} lines: split it by concept (at most {MAX_LINES})"
+
+
+def mode_name_comparisons(source: str) -> list[tuple[int, str]]:
+    """Every comparison (``==``, ``!=``, ``in``, ``not in``, ``match`` case) against a mode's name."""
+    names = set(MODE_NAMES)
+
+    def mode_names_in(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Constant) and node.value in names:
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [elt.value for elt in node.elts if isinstance(elt, ast.Constant) and elt.value in names]
+        return []
+
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in (node.left, *node.comparators):
+                found.extend((node.lineno, name) for name in mode_names_in(operand))
+        elif isinstance(node, ast.MatchValue):
+            found.extend((node.lineno, name) for name in mode_names_in(node.value))
+    return found
+
+
+@pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.relative_to(SOURCE).as_posix())
+def test_no_mode_name_is_compared_outside_the_modes(path: Path) -> None:
+    relative = path.relative_to(SOURCE).as_posix()
+    if relative.startswith("routing/modes/"):
+        return
+    violations = [f"{relative}:{line}: compares {name!r}" for line, name in mode_name_comparisons(path.read_text(encoding="utf-8"))]
+    assert not violations, "ask the agent's ProseMode instead (routing/modes/):\n" + "\n".join(violations)
+
+
+@pytest.mark.parametrize(
+    "source",
+    ['mode == "named"', 'run.mode in ("disabled", "named")', '"hybrid" != mode', 'match m:\n    case "explicit":\n        pass'],
+)
+def test_the_mode_checker_catches_each_form(source: str) -> None:
+    assert mode_name_comparisons(source)
+
+
+@pytest.mark.parametrize("source", ['action == "kept"', 'mode.name', '{"locus": 1}', 'x == "disabledness"'])
+def test_the_mode_checker_allows_other_strings(source: str) -> None:
+    assert not mode_name_comparisons(source)
 
 
 @pytest.mark.parametrize(
@@ -155,6 +222,6 @@ def test_the_daemon_checker_catches_each_form(source: str) -> None:
     assert any(_is_the_daemon(module) for _, module in imported_modules(source, TOOLS_PACKAGE))
 
 
-@pytest.mark.parametrize("source", ["from mcpl_router.turn_runner import TurnManager", "from . import seam", "import mcpl_router.daemonish"])
+@pytest.mark.parametrize("source", ["from mcpl_router.turns import TurnManager", "from . import seam", "import mcpl_router.daemonish"])
 def test_the_daemon_checker_allows_other_imports(source: str) -> None:
     assert not any(_is_the_daemon(module) for _, module in imported_modules(source, TOOLS_PACKAGE))

@@ -44,7 +44,7 @@ from mcpl_router.config import ServerConfig, parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.publish_api import HostPublishParams, publish_for_agent
-from mcpl_router.hosts.sessions import AgentSpecParams, HelloParams
+from mcpl_router.hosts.agents import AgentSpecParams, HelloParams
 from mcpl_router.jsonrpc import RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState, ServerLink

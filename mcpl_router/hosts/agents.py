@@ -1,0 +1,149 @@
+"""Agents as hosts declare them (the wire) and as the daemon serves them (:class:`AgentSpec`).
+
+An agent comes from the operator's config (``agents``) or from a host's ``session/hello``; either
+way the daemon holds one :class:`AgentSpec`: its prose-routing mode, the tools it may call, its
+wake policy and home channel. Host-declared specs are journaled, so they survive a restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+import msgspec
+
+from mcpl_router.config import AgentConfig
+from mcpl_router.routing.modes import DEFAULT_MODE, ProseMode, mode_named
+from mcpl_router.routing.refs import ChannelRef
+
+__all__ = ["AckParams", "AgentSpec", "AgentSpecParams", "ChannelRefParams", "HelloParams", "WakeParams", "params_of"]
+
+#: The wire's names of the prose-routing modes (``routing/modes/`` holds what each does).
+ProseRouting = Literal["disabled", "locus", "hybrid", "explicit", "named"]
+
+
+# -- wire ----------------------------------------------------------------------------------------
+
+
+class ChannelRefParams(msgspec.Struct, rename="camel"):
+    server_id: str
+    channel_id: str
+
+
+class WakeParams(msgspec.Struct, rename="camel"):
+    channels: list[str] | None = None
+    servers: list[str] | None = None
+    tags: list[str] | None = None
+
+
+class AgentSpecParams(msgspec.Struct, rename="camel"):
+    name: str
+    prose_routing: ProseRouting = "locus"
+    allowed_tools: list[str] | None = None
+    wake: WakeParams | None = None
+    home_channel: ChannelRefParams | None = None
+    #: Makes this agent the subconscious of the named (primary) agent (see mcpl_router.tune_out).
+    subconscious_for: str | None = None
+
+
+class HelloParams(msgspec.Struct, rename="camel"):
+    host: str
+    agents: list[AgentSpecParams] = []
+    resume_from: int | None = None
+
+
+class AckParams(msgspec.Struct, rename="camel"):
+    seqs: list[int] | None = None
+    seq: int | None = None
+    agent: str | None = None
+
+
+# -- values --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class AgentSpec:
+    """An agent as the daemon serves it: prose routing, tools, wake policy, home channel.
+
+    ``wake_tags`` of ``None`` means the default policy's tags (see
+    :mod:`mcpl_router.routing.wakes`); ``allowed_tools`` of ``None`` allows every tool.
+    """
+
+    name: str
+    prose_routing: str = DEFAULT_MODE.name
+    allowed_tools: tuple[str, ...] | None = None
+    home_channel: ChannelRef | None = None
+    wake_channels: tuple[str, ...] = ()
+    wake_servers: tuple[str, ...] = ()
+    wake_tags: tuple[str, ...] | None = None
+    #: Declared in the daemon's config (its spec is the operator's, not the host's).
+    configured: bool = False
+    #: The primary agent this one is the subconscious of (its tune-out tools act on the primary's).
+    subconscious_for: str | None = None
+
+    @classmethod
+    def from_config(cls, config: AgentConfig) -> AgentSpec:
+        return cls(
+            name=config.name,
+            prose_routing=config.prose_routing,
+            allowed_tools=config.allowed_tools,
+            home_channel=config.home_channel,
+            wake_channels=config.wake_channels,
+            wake_servers=config.wake_servers,
+            # The config can't tell "no tags" from "not given": empty means the default.
+            wake_tags=config.wake_tags or None,
+            subconscious_for=config.subconscious_for,
+            configured=True,
+        )
+
+    @classmethod
+    def from_params(cls, params: AgentSpecParams) -> AgentSpec:
+        wake = params.wake or WakeParams()
+        home = params.home_channel
+        return cls(
+            name=params.name,
+            prose_routing=params.prose_routing,
+            allowed_tools=None if params.allowed_tools is None else tuple(params.allowed_tools),
+            home_channel=None if home is None else ChannelRef(home.server_id, home.channel_id),
+            wake_channels=tuple(wake.channels or ()),
+            wake_servers=tuple(wake.servers or ()),
+            wake_tags=None if wake.tags is None else tuple(wake.tags),
+            subconscious_for=params.subconscious_for or None,
+        )
+
+    @property
+    def mode(self) -> ProseMode:
+        """The agent's prose-routing mode (config and hello validate the name)."""
+        return mode_named(self.prose_routing)
+
+    def to_wire(self) -> dict[str, Any]:
+        wake: dict[str, Any] = {"channels": list(self.wake_channels), "servers": list(self.wake_servers)}
+        if self.wake_tags is not None:
+            wake["tags"] = list(self.wake_tags)
+        return {
+            "name": self.name,
+            "proseRouting": self.prose_routing,
+            "allowedTools": None if self.allowed_tools is None else list(self.allowed_tools),
+            "wake": wake,
+            "homeChannel": None if self.home_channel is None else self.home_channel.to_wire(),
+            "configured": self.configured,
+            "subconsciousFor": self.subconscious_for,
+        }
+
+
+def params_of(spec: AgentSpec) -> AgentSpecParams:
+    """The spec as ``session/hello`` would declare it (how a host-declared agent is journaled)."""
+    return AgentSpecParams(
+        name=spec.name,
+        prose_routing=spec.prose_routing,  # type: ignore[arg-type]
+        allowed_tools=None if spec.allowed_tools is None else list(spec.allowed_tools),
+        wake=WakeParams(
+            channels=list(spec.wake_channels),
+            servers=list(spec.wake_servers),
+            tags=None if spec.wake_tags is None else list(spec.wake_tags),
+        ),
+        home_channel=None
+        if spec.home_channel is None
+        else ChannelRefParams(spec.home_channel.server_id, spec.home_channel.channel_id),
+        subconscious_for=spec.subconscious_for,
+    )
