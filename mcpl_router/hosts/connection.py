@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from mcpl_router.jsonrpc import Peer, PeerClosed
 from mcpl_router.logs import get_logger
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.sessions import HostSession
 
 _connection_ids = itertools.count(1)
 
@@ -23,7 +26,7 @@ class HostConnection:
     transport: str
     id: int = attrs.field(factory=lambda: next(_connection_ids))
     peer: Peer | None = None
-    session: Any = None
+    session: HostSession | None = None
 
     async def notify(self, method: str, params: Any) -> bool:
         """Send a notification; False when the connection is gone (the caller keeps it pending)."""
