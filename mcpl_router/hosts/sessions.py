@@ -103,8 +103,9 @@ class _Hold:
 class SessionManager:
     """Host connections, agent ownership and wake delivery for one daemon.
 
-    Set as ``daemon.sessions`` and ``daemon.host_connection_hooks``; :meth:`run` must run in
-    the daemon's nursery (it hosts each connection's sender task and the grace timers).
+    Built by the daemon with what it uses; the daemon passes it each host connection's open
+    and close. :meth:`run` must run in the daemon's nursery (it hosts each connection's sender
+    task and the grace timers).
     """
 
     def __init__(

@@ -1,8 +1,8 @@
 """Host API methods for turns, typing and context: ``turn/*`` and ``channels/typing``.
 
 Each ``turn/*`` method checks that the connection's session owns the turn's agent
-(``daemon.sessions.require_owner``). The work is :class:`~mcpl_router.turns.TurnManager`'s
-(``daemon.turns``); this module only decodes params and shapes answers. Documented in
+(``SessionManager.require_owner``). The work is :class:`~mcpl_router.turns.TurnManager`'s;
+this module only decodes params and shapes answers. Documented in
 ``docs/host-api.md`` (Turns, Typing).
 """
 

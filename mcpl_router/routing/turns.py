@@ -1,6 +1,6 @@
 """Turns: the routing state of one agent's turn, held as refs only, and the rules that read it.
 
-Pure: no sockets, no trio. The shell (:mod:`mcpl_router.turn_runner`) owns the turns and runs
+Pure: no sockets, no trio. The shell (:mod:`mcpl_router.turns`) owns the turns and runs
 their effects (typing, publishing, context fan-out); everything it decides about *where* goes
 through here.
 

@@ -70,7 +70,7 @@ class _Timing:
 
 
 class TurnManager:
-    """Every open turn and the tasks that keep them (``daemon.turns``).
+    """Every open turn and the tasks that keep them.
 
     Args:
         router: the registry and the one resolver.
