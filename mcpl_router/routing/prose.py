@@ -174,8 +174,8 @@ def candidate_tokens(names: ChannelNames, refs: Sequence[ChannelRef], prefix: st
     tokens = []
     for ref in refs[:CANDIDATE_CAP]:
         picked = names.pick_name(ref)
-        if picked is not None and not any(char.isspace() for char in picked):
-            tokens.append(prefix + picked)
+        if is_target_token(picked):
+            tokens.append(prefix + picked)  # type: ignore[operator]
     return tuple(tokens)
 
 
@@ -429,10 +429,12 @@ def decide_hybrid(
 
 
 def example_target(candidates: Sequence[str], prefix: str, fallback: str | None) -> str:
-    """The target written in a bounce's resend example: the first candidate, else ``fallback``."""
+    """The target written in a bounce's resend example: the first candidate, else ``fallback``
+    where it reads as one target token (a name with a space, or ``skip_reply``, would make the
+    example say something else), else a placeholder."""
     if candidates:
         return candidates[0][len(prefix):]
-    return fallback or "<channel>"
+    return fallback if fallback is not None and is_target_token(fallback) else "<channel>"
 
 
 # ---------------------------------------------------------------------- the invitation

@@ -300,3 +300,22 @@ async def test_a_draft_left_sending_by_a_stopped_daemon_is_unconfirmed_at_the_ne
     assert not settled.sending and settled.state == "unconfirmed"
     assert [(a.outcome, a.reason) for a in settled.attempts] == [("unknown", texts.REASON_INTERRUPTED)]
     assert kept == untouched
+
+
+def test_a_bounce_example_is_always_one_target_token_that_is_not_skip_reply() -> None:
+    """A resend example must say "send it there": never ``skip_reply`` (which dismisses the
+    draft), never a name with a space (which would parse as another target)."""
+    registry = ChannelRegistry()
+    for channel_id in ("skip_reply", "my room", "lounge"):
+        assert registry.register("a", [channel_descriptor(channel_id)], FULL)[0].accepted
+    names = ChannelNames(registry)
+    refs = [ChannelRef("a", "skip_reply"), ChannelRef("a", "my room"), ChannelRef("a", "lounge")]
+    assert prose.candidate_tokens(names, refs, prose.EXPLICIT) == (">>lounge",)
+    assert prose.example_target((), prose.EXPLICIT, names.pick_name(refs[0])) == "<channel>"
+    assert prose.example_target((), prose.EXPLICIT, names.pick_name(refs[1])) == "<channel>"
+    assert prose.example_target((), prose.EXPLICIT, names.pick_name(refs[2])) == "lounge"
+    for example in ("skip_reply", "my room"):
+        advice = texts.bounce(5, "why.", "d-abcde", (), example_target=prose.example_target((), prose.EXPLICIT, example))
+        [resend] = [line for line in advice.split("\n") if line.startswith("To send them")]
+        target = prose.split_envelopes(resend.removeprefix("To send them, write a line ").split(" (the draft")[0], prose.EXPLICIT)[0].target
+        assert target == "<channel>"
