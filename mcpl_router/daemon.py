@@ -125,14 +125,16 @@ class Daemon:
         )
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
         # and the subconscious agent's tools; its summary wakes go out through the sessions.
-        self.tune_outs = TuneOuts(self.router, self.links, self.turns, notify_agent=self.sessions.notify_agent)
+        self.tune_outs = TuneOuts(self.router, self.links, self.turns.timings, notify_agent=self.sessions.notify_agent)
         self.sessions.divert_wakes_with(self.tune_outs)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
-        self.channel_tools = ChannelTools(self.router, self.links, self.journal, self.turns, self.tune_outs)
+        self.channel_tools = ChannelTools(
+            self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs
+        )
         # The servers' own tools, offered under each server's prefix and forwarded to it.
-        self.connector_tools = ConnectorTools(self.links, self.router, self.turns, self.tools)
+        self.connector_tools = ConnectorTools(self.links, self.router, self.tools)
         # Listed in this order; a name means one tool whatever the order.
-        self.tools.install([self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(self.turns)])
+        self.tools.install([self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(speech=self.turns.speech, drafts=self.turns.drafts)])
         self.inbound = ServerInbound(
             self.router.registry,
             self.journal,
@@ -146,6 +148,7 @@ class Daemon:
             links=self.links,
             sessions=self.sessions,
             turns=self.turns,
+            typing=self.turns.typing,
             hooks=self,
             status=self.status,
             servers_list=self.servers_list,

@@ -282,7 +282,7 @@ class _StateCollector(Collector):
             refusals.add_metric([kind], float(count))
         yield refusals
         typing = GaugeMetricFamily("mcpl_router_typing_active", "Typing indicators the daemon holds now (source: turn, host).", labels=["source"])
-        for source, count in parts.turns.typing.statistics(parts.turns.runs()).items():
+        for source, count in parts.turns.typing_statistics().items():
             typing.add_metric([source], float(count))
         yield typing
         turns = GaugeMetricFamily("mcpl_router_open_turns", "Turns open now.")

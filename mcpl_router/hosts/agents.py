@@ -13,13 +13,13 @@ import attrs
 import msgspec
 
 from mcpl_router.config import AgentConfig
-from mcpl_router.routing.modes import DEFAULT_MODE, ProseMode, mode_named
+from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES, ProseMode, mode_named
 from mcpl_router.routing.refs import ChannelRef
 
 __all__ = ["AckParams", "AgentSpec", "AgentSpecParams", "ChannelRefParams", "HelloParams", "WakeParams", "params_of"]
 
 #: The wire's names of the prose-routing modes (``routing/modes/`` holds what each does).
-ProseRouting = Literal["disabled", "locus", "hybrid", "explicit", "named"]
+ProseRouting = Literal[MODE_NAMES]  # type: ignore[valid-type]
 
 
 # -- wire ----------------------------------------------------------------------------------------
@@ -38,11 +38,11 @@ class WakeParams(msgspec.Struct, rename="camel"):
 
 class AgentSpecParams(msgspec.Struct, rename="camel"):
     name: str
-    prose_routing: ProseRouting = "locus"
+    prose_routing: ProseRouting = DEFAULT_MODE.name
     allowed_tools: list[str] | None = None
     wake: WakeParams | None = None
     home_channel: ChannelRefParams | None = None
-    #: Makes this agent the subconscious of the named (primary) agent (see mcpl_router.tune_out).
+    #: Makes this agent the subconscious of the named (primary) agent (see mcpl_router.tools.tune_out).
     subconscious_for: str | None = None
 
 

@@ -107,6 +107,6 @@ def host_methods(services: HostServices, connection: HostConnection | None = Non
     add_query_methods(table, services)
     if connection is not None:
         add_session_methods(table, services.sessions, connection)
-        add_turn_methods(table, services.turns, connection)
+        add_turn_methods(table, services.turns, services.typing, connection)
         add_publish_methods(table, services, connection)
     return table

@@ -92,7 +92,7 @@ async def publish_for_agent(services: HostServices, params: HostPublishParams) -
 async def _publish(services: HostServices, params: HostPublishParams, ref: ChannelRef, text: str) -> dict[str, Any]:
     shown = services.router.names.name_shown(ref)
     delivery = await publish_text(
-        services.links.get(ref.server_id),
+        services.links,
         ref,
         shown,
         text,

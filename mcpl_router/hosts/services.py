@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
-    from mcpl_router.turns import TurnManager
+    from mcpl_router.turns import TurnManager, TypingIndicators
 
 __all__ = ["ConnectionHooks", "HostServices"]
 
@@ -39,7 +39,8 @@ class HostServices:
         router: the registry and the one resolver (``channels/list``, ``channels/publish``).
         links: the server links by id (a host publish goes through its channel's own server).
         sessions: agents, ownership, wakes (``session/hello``, ``wake/ack``).
-        turns: ``turn/*`` and ``channels/typing``.
+        turns: ``turn/*``.
+        typing: ``channels/typing`` (hosts' own typing, with its lease).
         hooks: told of each connection's open and close.
         status: the ``status`` answer.
         servers_list: the ``servers/list`` rows.
@@ -52,6 +53,7 @@ class HostServices:
     links: Mapping[str, ServerLink]
     sessions: SessionManager
     turns: TurnManager
+    typing: TypingIndicators
     hooks: ConnectionHooks
     status: Callable[[], dict[str, Any]]
     servers_list: Callable[[], list[dict[str, Any]]]

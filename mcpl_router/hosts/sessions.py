@@ -389,7 +389,7 @@ class SessionManager:
             )
             self._remember(wake)
             if self._diversion.divert(wake):
-                continue  # its channel is tuned out: held for the summary wake (mcpl_router.tune_out)
+                continue  # its channel is tuned out: held for the summary wake (mcpl_router.tools.tune_out)
             owner = self._owners.get(wake.agent)
             outbox = None if owner is None else self._outboxes.get(owner)
             if outbox is None or not outbox.offer(wake):

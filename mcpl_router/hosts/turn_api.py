@@ -16,7 +16,7 @@ from mcpl_router.jsonrpc import Inbound, MethodTable
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
-    from mcpl_router.turns import TurnManager
+    from mcpl_router.turns import TurnManager, TypingIndicators
 
 __all__ = ["add_turn_methods"]
 
@@ -74,7 +74,7 @@ class TypingParams(msgspec.Struct, rename="camel"):
     op: Literal["start", "stop"] = "start"
 
 
-def add_turn_methods(table: MethodTable, turns: TurnManager, connection: HostConnection) -> None:
+def add_turn_methods(table: MethodTable, turns: TurnManager, typing: TypingIndicators, connection: HostConnection) -> None:
     """Add ``turn/open|context|text|round|tool|close`` and ``channels/typing`` to ``table``."""
     async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> Any:
         return await turns.open(
@@ -106,7 +106,7 @@ def add_turn_methods(table: MethodTable, turns: TurnManager, connection: HostCon
         return await turns.close(connection, params.turn_id, params.outcome, params.usage)
 
     async def channels_typing(params: TypingParams, _inbound: Inbound) -> Any:
-        return await turns.typing.host_typing(params.channel, params.op, connection)
+        return await typing.host_typing(params.channel, params.op, connection)
 
     table.add("turn/open", turn_open, TurnOpenParams)
     # Up to the hook timeout per call: its own task, so the host's other calls don't queue

@@ -15,7 +15,7 @@ they use the turn machinery, which uses this package's seam and table.
 
 from __future__ import annotations
 
-from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolProvider, ToolSpec, agent_may_call, tool_result
+from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolProvider, ToolSpec, agent_may_call, record_explicit_send, tool_result
 from mcpl_router.tools.table import NameClash, ToolEntry, ToolTable
 
 __all__ = [
@@ -28,5 +28,6 @@ __all__ = [
     "ToolSpec",
     "ToolTable",
     "agent_may_call",
+    "record_explicit_send",
     "tool_result",
 ]

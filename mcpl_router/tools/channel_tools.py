@@ -25,7 +25,7 @@ shows for, nor is forgotten by, another.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
@@ -36,7 +36,7 @@ from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
-from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import InboundEvent, Journal
     from mcpl_router.tools.tune_out import TuneOuts
-    from mcpl_router.turns import TurnManager, TurnRun
+    from mcpl_router.turns import TurnRun, TurnTimings
 
 __all__ = ["CHANNEL_TOOLS", "LIFECYCLE_TIMEOUT", "ChannelTools"]
 
@@ -115,7 +115,8 @@ class ChannelTools:
         router: the registry (what is registered and open) and the one resolver.
         links: the daemon's links by server id (its own dict: a reload changes it in place).
         journal: declines, durable per agent.
-        turns: typing to stop, explicit sends to record, the publish deadline.
+        stop_typing_in: stops the typing of every turn typing in one channel (a close).
+        timings: the publish deadline.
         tune_outs: whose tuned-out channels open/close/decline refuse.
     """
 
@@ -126,13 +127,15 @@ class ChannelTools:
         router: Router,
         links: Mapping[str, ServerLink],
         journal: Journal,
-        turns: TurnManager,
+        stop_typing_in: Callable[[ChannelRef], Awaitable[None]],
+        timings: TurnTimings,
         tune_outs: TuneOuts,
     ) -> None:
         self._router = router
         self._links = links
         self._journal = journal
-        self._turns = turns
+        self._stop_typing_in = stop_typing_in
+        self._timings = timings
         self._tune_outs = tune_outs
         self.defaults = DefaultChannels()
         #: What each agent last decided for each channel: "open", "closed" or "declined".
@@ -405,7 +408,7 @@ class ChannelTools:
         self._router.registry.set_open(ref, False)
         self._desired[(call.run.turn.agent, ref)] = "closed"
         # Typing stops in exactly this channel; another server's with the id keeps its own.
-        await self._turns.typing.stop_in(ref, self._turns.runs())
+        await self._stop_typing_in(ref)
         self._log_call(call, "channel_close.closed", ref)
         return tool_result(texts.closed(shown, ref.server_id), data=self._data(ref, open=False))
 
@@ -478,16 +481,15 @@ class ChannelTools:
             ref = target.ref
             thread_id = thread_id or target.thread_id
         shown = self._shown(ref)
-        turns = self._turns
         delivery = await publish_text(
-            self._links.get(ref.server_id),
+            self._links,
             ref,
             shown,
             content,
             conversation_id=call.run.turn.conversation_id,
             round_=call.run.turn.round,
             registered=self._router.registry.is_registered(ref),
-            timeout=turns.publish_timeout,
+            timeout=self._timings.publish_timeout,
             thread_id=thread_id,
         )
         self._log_call(call, "channel_publish.outcome", ref, outcome=delivery.outcome, reason=delivery.reason,
@@ -497,7 +499,7 @@ class ChannelTools:
             data["messageId"] = delivery.message_id
         if delivery.outcome != "failed":
             # The words (may have) gone out: an explicit send, for the calling turn only.
-            turns.record_explicit_send(call, ref)
+            record_explicit_send(call, ref)
         if delivery.outcome == "delivered":
             return tool_result(texts.published(shown, ref.server_id, delivery.message_id), data=data)
         if delivery.outcome == "unknown":

@@ -28,7 +28,7 @@ daemon holds, so the daemon lists them (``tools/list``, capability ``tools``) an
   that id, else the one of its channels the name picks; a name several of them answer to is
   refused with the candidates, and nothing is sent), as ``ChannelRef(serverId, channelId)``,
   engaged for the calling turn through
-  :meth:`~mcpl_router.turns.TurnManager.record_explicit_send`, and opened in the registry
+  :func:`~mcpl_router.tools.seam.record_explicit_send`, and opened in the registry
   if it was closed, with a notice in the result.
 """
 
@@ -49,14 +49,14 @@ from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailab
 from mcpl_router.routing import texts
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, tool_result
+from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.tools.table import ToolTable
-    from mcpl_router.turns import TurnManager, TurnRun
+    from mcpl_router.turns import TurnRun
 
 __all__ = [
     "CALL_TIMEOUT",
@@ -171,7 +171,6 @@ class ConnectorTools:
         links: the daemon's links by server id, in config order (its own dict: a reload changes
             it in place).
         router: the registry (a send's channel, opened if closed) and the one resolver.
-        turns: where a send is recorded as the calling turn's explicit send.
         names: the one name table, rebuilt here whenever a catalog changes (and read by
             :meth:`handles` and :meth:`tool_named`).
     """
@@ -179,10 +178,9 @@ class ConnectorTools:
     call_timeout: float = CALL_TIMEOUT
     list_timeout: float = LIST_TIMEOUT
 
-    def __init__(self, links: Mapping[str, ServerLink], router: Router, turns: TurnManager, names: ToolTable) -> None:
+    def __init__(self, links: Mapping[str, ServerLink], router: Router, names: ToolTable) -> None:
         self._links = links
         self._router = router
-        self._turns = turns
         self._names = names
         self._catalogs: dict[str, _ServerCatalog] = {}
         self._refreshes: dict[str, _Refresh] = {}
@@ -448,7 +446,7 @@ class ConnectorTools:
         if entry is None:
             log.info("connector.send.unregistered_channel", channel=channel.channel_id)
             return []
-        self._turns.record_explicit_send(call, channel)
+        record_explicit_send(call, channel)
         if not entry.open and registry.set_open(channel, True):
             shown = self._router.names.name_shown(channel)
             log.info("connector.send.opened", channel=channel.channel_id)

@@ -23,6 +23,7 @@ import attrs
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.refs import ChannelRef
     from mcpl_router.routing.turns import CallScope
     from mcpl_router.turns import TurnRun
 
@@ -120,3 +121,15 @@ def agent_may_call(agent: AgentSpec | None, name: str) -> bool:
     if agent is None or agent.allowed_tools is None:
         return True
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in agent.allowed_tools)
+
+
+def record_explicit_send(call: ToolCall, ref: ChannelRef) -> None:
+    """A send tool delivered to ``ref``: engage it for the calling turn, note the round.
+
+    Only a call made inside the turn engages anything (``callingTurnOf``). The round is
+    noted so prose routing can hold that round's plain text (send-silencing).
+    """
+    if not call.scope.may_move_routing or call.scope.turn is None:
+        return
+    call.scope.turn.routing.engage(ref)
+    call.run.explicit_send_rounds.add(call.run.turn.round)

@@ -16,11 +16,11 @@ from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.drafts import Draft, page
 from mcpl_router.routing.modes import ProseMode
-from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
-    from mcpl_router.turns import TurnManager, TurnRun
+    from mcpl_router.turns import DraftBook, Speech, TurnRun
 
 __all__ = ["SPEECH_TOOLS", "SpeechTools"]
 
@@ -80,11 +80,13 @@ class SpeechTools:
     """The speech tools, for every agent (its allowed tools still decide what it may call).
 
     Args:
-        turns: the drafts (read, saved, resent), speech targets, publishing and explicit sends.
+        speech: speech targets as the turn resolves them, publishing, draft resends.
+        drafts: the agents' drafts (read, saved).
     """
 
-    def __init__(self, turns: TurnManager) -> None:
-        self._turns = turns
+    def __init__(self, *, speech: Speech, drafts: DraftBook) -> None:
+        self._speech = speech
+        self._drafts = drafts
         self._log = get_logger()
 
     def tool_names(self) -> Iterable[ToolName]:
@@ -133,8 +135,7 @@ class SpeechTools:
         if where is None:
             log.info("sleep.not_announced", why="no-destination")
             return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
-        turns = self._turns
-        delivery = await turns.speech.publish(run, where, announce)
+        delivery = await self._speech.publish(run, where, announce)
         turn.routing.record(delivery)
         log.info("sleep.announced", server=where.server_id, channel=where.channel_id, outcome=delivery.outcome)
         if delivery.outcome == "failed":
@@ -171,7 +172,7 @@ class SpeechTools:
 
     def _list(self, call: ToolCall) -> dict[str, Any]:
         number = call.arguments.get("page", 1)
-        drafts = page(self._turns.drafts.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
+        drafts = page(self._drafts.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
         now = time.time()
         rows = [draft.to_wire(now) for draft in drafts]
         if not rows:
@@ -181,7 +182,7 @@ class SpeechTools:
 
     def _read(self, call: ToolCall) -> dict[str, Any]:
         [draft_id, *_] = self._ids(call) or [""]
-        draft = self._turns.drafts.draft(call.run.turn.agent, draft_id)
+        draft = self._drafts.draft(call.run.turn.agent, draft_id)
         if draft is None:
             return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         attempts = [f"- {a.shown}: {a.outcome}" + (f" ({a.reason})" if a.reason else "") for a in draft.attempts]
@@ -189,10 +190,9 @@ class SpeechTools:
         return tool_result(text, data={**draft.to_wire(), "text": draft.text, "attempts": [a.to_wire() for a in draft.attempts]})
 
     def _dismiss(self, call: ToolCall) -> dict[str, Any]:
-        turns = self._turns
         drafts: list[Draft] = []
         for draft_id in self._ids(call):
-            draft = turns.drafts.draft(call.run.turn.agent, draft_id)
+            draft = self._drafts.draft(call.run.turn.agent, draft_id)
             if draft is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
             if draft.sending:
@@ -200,18 +200,17 @@ class SpeechTools:
             drafts.append(draft)
         for draft in drafts:
             draft.state = "dismissed"
-            turns.drafts.save(draft)
+            self._drafts.save(draft)
         return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
 
     async def _resend(self, call: ToolCall) -> dict[str, Any]:
-        turns = self._turns
         run = call.run
         agent = run.turn.agent
         named = run.mode.sends_only_where_named
         # Each id once, in the order given: the same draft named twice is sent once.
         ids = list(dict.fromkeys(self._ids(call)))
         for draft_id in ids:
-            if turns.drafts.draft(agent, draft_id) is None:
+            if self._drafts.draft(agent, draft_id) is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         if not ids:
             return tool_result(texts.draft_unknown(""), error=True, reason=REASON_UNKNOWN_DRAFT)
@@ -222,7 +221,7 @@ class SpeechTools:
             if ref is None:
                 return tool_result(texts.draft_no_destination(named), error=True, reason=REASON_NO_DESTINATION)
         else:
-            target = turns.speech.resolve_target(channel, routing)
+            target = self._speech.resolve_target(channel, routing)
             if target.ref is None:
                 why = target.text if not target.skip else texts.bounce_why_unknown(channel)
                 lines = "".join(f"\n- {c}" for c in (c[2:] for c in target.candidates))
@@ -240,7 +239,7 @@ class SpeechTools:
             # Read fresh right before sending: an earlier send (this call's, a concurrent
             # resend's or an {{unsent}}'s) may have moved it. The checks below and the
             # "sending" mark resend_draft journals happen with no await between them.
-            draft = turns.drafts.draft(agent, draft_id)
+            draft = self._drafts.draft(agent, draft_id)
             refusal = None
             if draft is None:
                 refusal = (texts.draft_unknown(draft_id), REASON_UNKNOWN_DRAFT)
@@ -256,13 +255,13 @@ class SpeechTools:
                 rows.append(refusal[0])
                 break
             assert draft is not None  # a missing one is refused above
-            delivery = await turns.speech.resend_draft(run, draft, ref)
+            delivery = await self._speech.resend_draft(run, draft, ref)
             sent.append({"id": draft.draft_id, **delivery.to_wire()})
             rows.append(f"{draft.draft_id} → {delivery.shown}: {delivery.outcome}")
             self._log.info("drafts.resent", agent=agent, draft=draft.draft_id, server=ref.server_id,
                            channel=ref.channel_id, outcome=delivery.outcome)
             if delivery.outcome != "failed":
-                turns.record_explicit_send(call, ref)
+                record_explicit_send(call, ref)
             if delivery.outcome != "delivered":
                 break  # stop at the first not confirmed
         return tool_result(texts.draft_resent(rows), error=not any(s["outcome"] == "delivered" for s in sent), data={"sent": sent})

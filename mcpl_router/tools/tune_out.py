@@ -37,14 +37,14 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tuneout import Summary, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.routing.wakes import Wake
-from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, tool_result
+from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.turns import publish_text
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
-    from mcpl_router.turns import TurnManager, TurnRun
+    from mcpl_router.turns import TurnRun, TurnTimings
 
 #: Queue a notification to the connection owning an agent: ``(agent, method, params)``; False
 #: when no connection owns it (``SessionManager.notify_agent``).
@@ -119,17 +119,17 @@ class TuneOuts:
     Args:
         router: the registry (a tuned-out channel is marked open) and the one resolver.
         links: the daemon's links by server id (its own dict: a reload changes it in place).
-        turns: ``speak_in_channel``'s publish deadline and explicit send.
+        timings: ``speak_in_channel``'s publish deadline.
         notify_agent: how a summary wake reaches the agent's host (the sessions', wired by the
             daemon; the sessions in turn ask :meth:`divert` and :meth:`holds` of every wake).
     """
 
     def __init__(
-        self, router: Router, links: Mapping[str, ServerLink], turns: TurnManager, notify_agent: NotifyAgent
+        self, router: Router, links: Mapping[str, ServerLink], timings: TurnTimings, notify_agent: NotifyAgent
     ) -> None:
         self._router = router
         self._links = links
-        self._turns = turns
+        self._timings = timings
         self._notify_agent = notify_agent
         self.table = TuneOutTable()
         self._changed = trio.Event()
@@ -313,13 +313,13 @@ class TuneOuts:
             return ref
         shown = self._shown(ref)
         delivery = await publish_text(
-            self._links.get(ref.server_id), ref, shown, text,
+            self._links, ref, shown, text,
             conversation_id=call.run.turn.conversation_id, round_=call.run.turn.round,
             registered=self._router.registry.is_registered(ref),
-            timeout=self._turns.publish_timeout,
+            timeout=self._timings.publish_timeout,
         )
         if delivery.outcome != "failed":
-            self._turns.record_explicit_send(call, ref)
+            record_explicit_send(call, ref)
         self._log.info("tuneout.spoke", agent=call.agent.name, server=ref.server_id, channel=ref.channel_id, outcome=delivery.outcome)
         data = delivery.to_wire()
         if delivery.outcome == "delivered":

@@ -61,7 +61,9 @@ class _Timing:
     def __set_name__(self, owner: type, name: str) -> None:
         self._field = name
 
-    def __get__(self, manager: TurnManager, owner: type | None = None) -> Any:
+    def __get__(self, manager: TurnManager | None, owner: type | None = None) -> Any:
+        if manager is None:
+            return self
         return getattr(manager.timings, self._field)
 
     def __set__(self, manager: TurnManager, value: Any) -> None:
@@ -395,17 +397,6 @@ class TurnManager:
                 return True
         return False
 
-    def record_explicit_send(self, call: ToolCall, ref: ChannelRef) -> None:
-        """A send tool delivered to ``ref``: engage it for the calling turn, note the round.
-
-        Only a call made inside the turn engages anything (``callingTurnOf``). The round is
-        noted so prose routing can hold that round's plain text (send-silencing).
-        """
-        if not call.scope.may_move_routing or call.scope.turn is None:
-            return
-        call.scope.turn.routing.engage(ref)
-        call.run.explicit_send_rounds.add(call.run.turn.round)
-
     async def tool(
         self,
         connection: HostConnection,
@@ -424,7 +415,7 @@ class TurnManager:
         dispatch, whatever the listing said.
         """
         run = self.run_for(connection, turn_id)
-        agent = self._sessions.agent(run.turn.agent)
+        agent = self._sessions.require_owner(connection, run.turn.agent)
         scope = call_scope(self.table, run.turn.agent, caller_turn_id or turn_id)
         log = self._log.bind(
             agent=run.turn.agent, turn=turn_id, call=call_id, tool=name,
@@ -553,6 +544,14 @@ class TurnManager:
         for run in list(self._runs.values()):
             if run.connection is connection:
                 run.lease_deadline = min(run.lease_deadline, trio.current_time())
+
+    async def stop_typing_in(self, ref: ChannelRef) -> None:
+        """``channel_close`` of ``ref``: stop the typing of the turns typing in exactly that channel."""
+        await self.typing.stop_in(ref, self._runs.values())
+
+    def typing_statistics(self) -> dict[str, int]:
+        """Typing indicators the daemon holds now: for turns, and started by hosts."""
+        return self.typing.statistics(self._runs.values())
 
     def channels_removed(self, refs: Sequence[ChannelRef]) -> None:
         """Channels withdrawn (or their server gone): only those channels' typing is forgotten."""

@@ -14,7 +14,7 @@ import trio
 
 from mcpl_router.mcpl.context import BEFORE_INFERENCE_TIMEOUT
 from mcpl_router.routing import prose
-from mcpl_router.routing.modes import ProseMode
+from mcpl_router.routing.modes import ProseMode, SilentAction
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import Turn
 
@@ -106,7 +106,7 @@ class TurnRun:
         peer = None if self.connection is None else self.connection.peer
         return peer is not None and peer.closed
 
-    def count_silent(self, action: str) -> None:
+    def count_silent(self, action: SilentAction) -> None:
         """Count words a mode never posts (``suppressed`` or ``kept``)."""
         if action == "kept":
             self.kept += 1

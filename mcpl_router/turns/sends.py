@@ -1,15 +1,15 @@
 """The sends a turn makes to one channel, each on the channel's own server.
 
-:func:`publish_text` is where a publish gets its server: the caller hands it the link of the
-ref's own ``serverId`` (``links.get(ref.server_id)``) and nothing else is ever tried.
+:func:`publish_text` is where a publish gets its server: it is handed the links by server id
+and takes the link of the ref's own ``serverId`` (``links.get(ref.server_id)``); nothing else is
+ever tried.
 :func:`acknowledge_message` marks one message (a decline, a refused turn's reaction). Both
 return an outcome and never raise: a turn reports what happened, it does not fail for it.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
@@ -29,22 +29,8 @@ ACK_INTENT_DECLINED: Final = "seen-not-opening"
 ACK_INTENT_REFUSED: Final = "refused"
 
 
-def _counted(publish: Callable[..., Awaitable[Delivery]]) -> Callable[..., Awaitable[Delivery]]:
-    """Count each publish's outcome on its link (``/metrics`` reads ``link.publishes``)."""
-
-    @functools.wraps(publish)
-    async def counting(link: ServerLink | None, *args: Any, **kwargs: Any) -> Delivery:
-        delivery = await publish(link, *args, **kwargs)
-        if link is not None:
-            link.publishes[(delivery.outcome, delivery.reason or "")] += 1
-        return delivery
-
-    return counting
-
-
-@_counted
 async def publish_text(
-    link: ServerLink | None,
+    links: Mapping[str, ServerLink],
     ref: ChannelRef,
     shown: str,
     text: str,
@@ -57,6 +43,9 @@ async def publish_text(
 ) -> Delivery:
     """Publish ``text`` to ``ref`` through its own server's link; the outcome, never raised.
 
+    The link is ``links[ref.server_id]`` and no other; each outcome is counted on it
+    (``/metrics`` reads ``link.publishes``).
+
     ``thread_id`` (channel_publish's ``threadId``) posts into that thread of the channel.
     ``timeout`` defaults to the server's own ``requestTimeout`` (as docs/config.md says of
     every request sent to a server).
@@ -67,6 +56,26 @@ async def publish_text(
     A server that takes publishes only as Notifications (-32601 to the Request) gets one.
     """
 
+    link = links.get(ref.server_id)
+    delivery = await _publish_on(link, ref, shown, text, conversation_id=conversation_id, round_=round_,
+                                 registered=registered, timeout=timeout, thread_id=thread_id)
+    if link is not None:
+        link.publishes[(delivery.outcome, delivery.reason or "")] += 1
+    return delivery
+
+
+async def _publish_on(
+    link: ServerLink | None,
+    ref: ChannelRef,
+    shown: str,
+    text: str,
+    *,
+    conversation_id: str,
+    round_: int,
+    registered: bool,
+    timeout: float | None,
+    thread_id: str | None,
+) -> Delivery:
     def outcome(kind: Any, reason: str | None = None, message_id: str | None = None) -> Delivery:
         return Delivery(ref, shown, kind, round_, message_id=message_id, reason=reason)
 

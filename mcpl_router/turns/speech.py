@@ -186,7 +186,7 @@ class Speech:
         action = segment.action
         if segment.again:
             run.again = True
-        if action in ("suppressed", "kept"):
+        if action == "suppressed" or action == "kept":
             # A mode that never posts plain words: counted as it counts them.
             run.count_silent(action)
             log.info("speech.not_routed", why=run.mode.name, chars=len(segment.text))
@@ -297,13 +297,12 @@ class Speech:
         log.info("speech.unsent.failed", draft=draft.draft_id, server=delivery.ref.server_id,
                  channel=delivery.ref.channel_id, reason=delivery.reason, streak=streak)
 
-
     # -- publishing --------------------------------------------------------------------------
 
     async def publish(self, run: TurnRun, ref: ChannelRef, text: str, round_: int | None = None) -> Delivery:
         """Publish ``text`` for ``run``'s turn to ``ref``, through ``ref``'s own server's link."""
         return await publish_text(
-            self._links.get(ref.server_id),
+            self._links,
             ref,
             self._shown(ref),
             text,

@@ -260,7 +260,7 @@ class PublishLink:
 
 
 async def publish(link: PublishLink | None, *, registered: bool = True) -> Delivery:
-    return await publish_text(link, B_GENERAL, "b:general", "hi", conversation_id="ann", round_=1, registered=registered)  # type: ignore[arg-type]
+    return await publish_text({"b": link}, B_GENERAL, "b:general", "hi", conversation_id="ann", round_=1, registered=registered)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
