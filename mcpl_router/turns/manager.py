@@ -17,12 +17,13 @@ and logged, and ends its turn.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -30,7 +31,6 @@ from mcpl_router.jsonrpc import INVALID_PARAMS, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import HookFacts, before_inference
 from mcpl_router.routing import prose, texts
-from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, WakeFact, call_scope, requested_channel, trigger_of
 from mcpl_router.tools import ToolCall, ToolTable, agent_may_call, tool_result
@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from mcpl_router.store.journal import Journal
 
 __all__ = ["TurnManager"]
+
+#: Ended turns whose tool calls are still taken (newest kept): a script a turn started may run on.
+ENDED_TURNS_KEPT: Final = 1024
 
 
 class _Timing:
@@ -111,6 +114,8 @@ class TurnManager:
         self.timings = TurnTimings()
         self.table = TurnTable()
         self._runs: dict[str, TurnRun] = {}
+        #: Recently ended turns, newest last (a script left running may still call tools in one).
+        self._ended: collections.OrderedDict[str, TurnRun] = collections.OrderedDict()
         self._ids = itertools.count(1)
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None
@@ -246,7 +251,7 @@ class TurnManager:
         )
         mode = spec.mode
         state = prose.ProseState()
-        competing = self._place_speech(mode, turn.routing, state, facts)
+        competing = self.speech.place_at_open(mode, turn.routing, state, facts)
         run = TurnRun(
             turn=turn,
             connection=connection,
@@ -294,28 +299,6 @@ class TurnManager:
                 "routing": routing_line,
             },
         }
-
-    def _place_speech(self, mode: ProseMode, routing: TurnRouting, state: prose.ProseState, facts: Sequence[WakeFact]) -> list[str]:
-        """Where a new turn's plain speech lands and where its typing shows, per its mode;
-        the competing channels' shown names when the wakes hold several conversations."""
-        if not mode.speaks:
-            # Nothing plain is ever posted, so there is no place to show typing.
-            routing.locus = routing.typing_channel = None
-            return []
-        if not mode.infers_locus:
-            # No locus: typing shows on the trigger, on its server.
-            routing.locus = None
-            return []
-        if not facts:
-            return []
-        choice = prose.locus_of(facts)
-        if choice.held:
-            routing.locus = routing.typing_channel = None
-            state.held_reason = prose.REASON_AMBIGUOUS
-            return [self._shown(ref) for ref in choice.competing]
-        if choice.ref is None:
-            routing.locus = routing.typing_channel = None
-        return []
 
     # ------------------------------------------------------------------ turn/context
 
@@ -411,10 +394,12 @@ class TurnManager:
 
         The call's scope (:func:`~mcpl_router.routing.turns.call_scope`) decides what it may
         touch: a call carrying another turn than the agent's open one reads none of its
-        channels and moves none of its routing. The agent's allowed tools are checked here, at
-        dispatch, whatever the listing said.
+        channels and moves none of its routing. A call in a turn that has ended (a script left
+        running) is taken too, with that scope: it reads no turn's channels. The agent's
+        allowed tools are checked here, at dispatch, whatever the listing said.
         """
-        run = self.run_for(connection, turn_id)
+        ended = self._ended.get(turn_id)
+        run = self.run_for(connection, turn_id) if ended is None else ended
         agent = self._sessions.require_owner(connection, run.turn.agent)
         scope = call_scope(self.table, run.turn.agent, caller_turn_id or turn_id)
         log = self._log.bind(
@@ -504,6 +489,9 @@ class TurnManager:
         turn.outcome = outcome
         self.table.remove(turn)
         self._runs.pop(turn.turn_id, None)
+        self._ended[turn.turn_id] = run
+        while len(self._ended) > ENDED_TURNS_KEPT:
+            self._ended.popitem(last=False)
         run.cancel.cancel()
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
         acquired = False

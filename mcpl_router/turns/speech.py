@@ -16,7 +16,8 @@ from mcpl_router.logs import get_logger
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.drafts import Draft
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.routing.turns import Delivery, TurnRouting
+from mcpl_router.routing.modes import ProseMode
+from mcpl_router.routing.turns import Delivery, TurnRouting, WakeFact
 from mcpl_router.turns.drafts import DraftBook
 from mcpl_router.turns.run import PUBLISH_TIMEOUT, TurnRun, TurnTimings
 from mcpl_router.turns.sends import publish_text
@@ -72,6 +73,30 @@ class Speech:
         """A target token as speech resolves it: the turn's own channels first, then the one
         resolver; a channel that takes no posts is refused."""
         return prose.resolve_target(token, self._router.names, routing, prefix=prefix, takes_posts=self._takes_posts)
+
+    # -- a turn's opening ------------------------------------------------------------------
+
+    def place_at_open(self, mode: ProseMode, routing: TurnRouting, state: prose.ProseState, facts: Sequence[WakeFact]) -> list[str]:
+        """Where a new turn's plain speech lands and where its typing shows, per its mode;
+        the competing channels' shown names when the wakes hold several conversations."""
+        if not mode.speaks:
+            # Nothing plain is ever posted, so there is no place to show typing.
+            routing.locus = routing.typing_channel = None
+            return []
+        if not mode.infers_locus:
+            # No locus: typing shows on the trigger, on its server.
+            routing.locus = None
+            return []
+        if not facts:
+            return []
+        choice = prose.locus_of(facts)
+        if choice.held:
+            routing.locus = routing.typing_channel = None
+            state.held_reason = prose.REASON_AMBIGUOUS
+            return [self._shown(ref) for ref in choice.competing]
+        if choice.ref is None:
+            routing.locus = routing.typing_channel = None
+        return []
 
     # -- a round ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import trio
 from mcpl_router.tools.channel_tools import ChannelTools
 from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
+from mcpl_router.jsonrpc import RpcError
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
@@ -416,3 +417,30 @@ async def test_open_close_and_decline_refuse_a_tuned_out_channel_saying_how_it_e
             assert await servers["b"].recorded("channels/open") == []
             assert await servers["b"].recorded("channels/close") == []
             assert daemon.journal.declines() == []
+
+
+# ---------------------------------------------------------------------- a call after its turn
+
+
+@ORDERS
+async def test_a_call_after_its_turn_ended_is_taken_and_reads_no_turns_channels(tmp_path: Path, first: str) -> None:
+    """A script its turn left running still calls tools: the call is taken, with no turn's
+    channels, so the turn's own ``general`` (b's) no longer settles the shared name."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers):
+            async with host(daemon) as client:
+                turn = await woken_turn(client, servers["b"])
+                inside = await tool(client, turn["turnId"], "channel_publish", {"channelId": "general", "content": "in turn"})
+                assert not inside["isError"] and inside["structuredContent"]["serverId"] == "b"
+                await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+                assert daemon.turns.run_of(turn["turnId"]) is None
+                shared = await tool(client, turn["turnId"], "channel_publish", {"channelId": "general", "content": "after"})
+                assert shared["isError"] and shared["reason"] == "ambiguous"
+                named = await tool(client, turn["turnId"], "channel_publish", {"channelId": "b:general", "content": "after, by ref"})
+                assert not named["isError"] and named["structuredContent"]["serverId"] == "b"
+                # A turn the daemon never had is still refused.
+                with pytest.raises(RpcError) as unknown:
+                    await tool(client, "t-0-never", "channel_publish", {"channelId": "b:general", "content": "x"})
+                assert unknown.value.code == -32050
+            assert await published(servers["b"]) == [("general", "in turn"), ("general", "after, by ref")]
+            assert await published(servers["a"]) == []
