@@ -86,7 +86,7 @@ class SpeechTools:
 
     def __init__(self, *, speech: Speech, drafts: DraftBook) -> None:
         self._speech = speech
-        self._drafts = drafts
+        self._draft_book = drafts
         self._log = get_logger()
 
     def tool_names(self) -> Iterable[ToolName]:
@@ -172,7 +172,7 @@ class SpeechTools:
 
     def _list(self, call: ToolCall) -> dict[str, Any]:
         number = call.arguments.get("page", 1)
-        drafts = page(self._drafts.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
+        drafts = page(self._draft_book.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
         now = time.time()
         rows = [draft.to_wire(now) for draft in drafts]
         if not rows:
@@ -182,7 +182,7 @@ class SpeechTools:
 
     def _read(self, call: ToolCall) -> dict[str, Any]:
         [draft_id, *_] = self._ids(call) or [""]
-        draft = self._drafts.draft(call.run.turn.agent, draft_id)
+        draft = self._draft_book.draft(call.run.turn.agent, draft_id)
         if draft is None:
             return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         attempts = [f"- {a.shown}: {a.outcome}" + (f" ({a.reason})" if a.reason else "") for a in draft.attempts]
@@ -192,7 +192,7 @@ class SpeechTools:
     def _dismiss(self, call: ToolCall) -> dict[str, Any]:
         drafts: list[Draft] = []
         for draft_id in self._ids(call):
-            draft = self._drafts.draft(call.run.turn.agent, draft_id)
+            draft = self._draft_book.draft(call.run.turn.agent, draft_id)
             if draft is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
             if draft.sending:
@@ -200,7 +200,7 @@ class SpeechTools:
             drafts.append(draft)
         for draft in drafts:
             draft.state = "dismissed"
-            self._drafts.save(draft)
+            self._draft_book.save(draft)
         return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
 
     async def _resend(self, call: ToolCall) -> dict[str, Any]:
@@ -210,7 +210,7 @@ class SpeechTools:
         # Each id once, in the order given: the same draft named twice is sent once.
         ids = list(dict.fromkeys(self._ids(call)))
         for draft_id in ids:
-            if self._drafts.draft(agent, draft_id) is None:
+            if self._draft_book.draft(agent, draft_id) is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         if not ids:
             return tool_result(texts.draft_unknown(""), error=True, reason=REASON_UNKNOWN_DRAFT)
@@ -239,7 +239,7 @@ class SpeechTools:
             # Read fresh right before sending: an earlier send (this call's, a concurrent
             # resend's or an {{unsent}}'s) may have moved it. The checks below and the
             # "sending" mark resend_draft journals happen with no await between them.
-            draft = self._drafts.draft(agent, draft_id)
+            draft = self._draft_book.draft(agent, draft_id)
             refusal = None
             if draft is None:
                 refusal = (texts.draft_unknown(draft_id), REASON_UNKNOWN_DRAFT)
