@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -41,6 +41,7 @@ from mcpl_router.store.journal import JournalFailure
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.hosts.sessions import WakeDiversion
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.registry import ChannelRegistry
     from mcpl_router.routing.router import Router
@@ -50,12 +51,6 @@ REASON_BATCH: Final = "batch"
 #: What each wake kind came by (the grant's feature), checked again at delivery.
 _FEATURE: Final = {REASON_MESSAGE: "channels.incoming"}
 _PUSH_FEATURE: Final = "pushEvents"
-
-
-class WakeDiversion(Protocol):
-    def divert(self, wake: Wake) -> bool: ...
-
-    def holds(self, wake: Wake) -> bool: ...
 
 
 class Diversions:
@@ -162,7 +157,8 @@ class WakeGates:
         return self._take(wake)
 
     def statistics(self) -> dict[str, Any]:
-        return {"held": {agent: gate.held_count for agent, gate in self._gates.items() if gate.held_count}, **self.counters}
+        """What each agent's gate holds now, and the counters (held, batches, dropped, unowned)."""
+        return {"held": {agent: gate.held_count for agent, gate in self._gates.items() if gate.held_count}, "counters": dict(self.counters)}
 
     # -- the timers ----------------------------------------------------------------------------
 
@@ -186,12 +182,12 @@ class WakeGates:
 
     def _take(self, wake: Wake) -> bool:
         spec = self._agent_of(wake.agent)
-        if spec is None or not spec.wake_gate.active:
-            return False
         gate = self._gates.get(wake.agent)
-        if gate is None or gate.max_held != spec.wake_gate.max_held:
-            gate = self._gates[wake.agent] = self._gates.get(wake.agent) or AgentGate(wake.agent, spec.wake_gate.max_held)
-            gate.max_held = max(1, spec.wake_gate.max_held)
+        if spec is None or (not spec.wake_gate.active and (gate is None or not gate.held_count)):
+            return False  # ungated (a gate turned off by a reload still lets what it holds go)
+        if gate is None:
+            gate = self._gates[wake.agent] = AgentGate(wake.agent, spec.wake_gate.max_held)
+        gate.max_held = max(1, spec.wake_gate.max_held)
         server_id = _server_of(wake)
         decision = self._decide(wake, spec.wake_gate, server_id)
         offer = gate.offer(wake, decision, trio.current_time(), server_id=server_id)
@@ -241,7 +237,7 @@ class WakeGates:
             return
         params = batch_params(batch, kept, self._router.names.name_shown)
         seqs = tuple(wake.seq for wake in kept)
-        if self._deliver(batch.agent, seqs, params):
+        if self._deliver(self._target_of(batch, kept), seqs, params):
             self._bump(batch.agent, "batches")
             self._log.info("gate.batch.sent", agent=batch.agent, cause=batch.cause, seqs=len(seqs), route_seq=params["seq"],
                            route_server=params["routeServerId"], dropped=len(dropped))
@@ -250,6 +246,12 @@ class WakeGates:
             gate.forget(seqs)
             self._bump(batch.agent, "unowned")
             self._log.info("gate.batch.unowned", agent=batch.agent, seqs=len(seqs))
+
+    def _target_of(self, batch: Batch, kept: list[Wake]) -> str:
+        """Who a batch wakes: its agent. The hook for a conversation fork as a wake target: a
+        batch's route (``batch.route(kept)``, a ref with its server) would go to a fork only
+        where that ref is the fork's home (seed 000); forks don't exist yet."""
+        return batch.agent
 
     def _bump(self, agent: str, outcome: str) -> None:
         self.counters[outcome] = self.counters.get(outcome, 0) + 1
