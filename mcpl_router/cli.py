@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from mcpl_router import __version__
+
+if TYPE_CHECKING:
+    from mcpl_router.daemon import Daemon
 
 
 #: Exit codes (docs/operations.md): the same for every command.
@@ -108,7 +112,7 @@ def _fail(message: str, code: int) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from mcpl_router.config import ConfigError, load_config
-    from mcpl_router.daemon import Daemon, run_until_signalled
+    from mcpl_router.daemon import Daemon
     from mcpl_router.logs import configure_logging
 
     try:
@@ -436,3 +440,25 @@ def _print_explain(answer: Any) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+async def run_until_signalled(daemon: Daemon, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``daemon``; SIGINT or SIGTERM starts a graceful shutdown (a second one too);
+    SIGHUP reloads the config file."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    from mcpl_router.logs import get_logger
+
+                    get_logger().info("daemon.signal", signal=name)
+                    if signum == signal.SIGHUP:
+                        daemon.request_reload()
+                    else:
+                        daemon.request_shutdown(f"signal {name}")
+
+            nursery.start_soon(watch)
+            await daemon.run(task_status=task_status)
+            nursery.cancel_scope.cancel()

@@ -9,7 +9,6 @@ the config file and applies what can change live (docs/operations.md).
 from __future__ import annotations
 
 import collections
-import signal
 import time
 from collections.abc import Callable
 from functools import partial
@@ -23,6 +22,7 @@ from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
 from mcpl_router.hosts.connection import HostConnection
+from mcpl_router.hosts.gate import Diversions, JournalSettle, StillAdmitted, WakeGates
 from mcpl_router.hosts.services import HostServices
 from mcpl_router.hosts.sessions import SessionManager
 from mcpl_router.jsonrpc import Inbound
@@ -84,11 +84,8 @@ class Daemon:
         self.health_url: str | None = None
         self._serving: trio.Nursery | None = None
         self._reload_lock = trio.Lock()
-        self.links: dict[str, ServerLink] = {
-            server_id: ServerLink(server, self)
-            for server_id, server in config.servers.items()
-            if not server.disabled
-        }
+        enabled = {server_id: server for server_id, server in config.servers.items() if not server.disabled}
+        self.links: dict[str, ServerLink] = {server_id: ServerLink(server, self) for server_id, server in enabled.items()}
         self.observers: list[Observer] = list(observers or [])
         self._shutdown = trio.Event()
         self._log = get_logger()
@@ -126,7 +123,11 @@ class Daemon:
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
         # and the subconscious agent's tools; its summary wakes go out through the sessions.
         self.tune_outs = TuneOuts(self.router, self.links, self.turns.timings, notify_agent=self.sessions.notify_agent)
-        self.sessions.divert_wakes_with(self.tune_outs)
+        # Wake gates: each agent's rules delay or batch its admitted wakes (never admit one); the
+        # sessions ask the tune-outs, then the gates, of every wake.
+        self.gates = WakeGates(router=self.router, agent_of=self.sessions.agent, admitted=StillAdmitted(self.router.registry, self.links),
+                               deliver=self.sessions.offer_batch, settle=JournalSettle(self.journal), count=self.metrics.wake_gated)
+        self.sessions.divert_wakes_with(Diversions(self.tune_outs, self.gates))
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
             self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs
@@ -367,6 +368,7 @@ class Daemon:
                 await root.start(self.turns.run)
                 await root.start(self.connector_tools.run)
                 await root.start(self.tune_outs.run)
+                await root.start(self.gates.run)
                 async with trio.open_nursery() as serving:
                     self._serving = serving
                     if self.config.host.unix_socket:
@@ -577,23 +579,3 @@ class Daemon:
             fields = {key: value for key, value in result.items() if key not in ("outcome", "at") and value}
             self._log.info("config.reloaded", **fields)
         return result
-
-
-async def run_until_signalled(daemon: Daemon, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run ``daemon``; SIGINT or SIGTERM starts a graceful shutdown (a second one too);
-    SIGHUP reloads the config file."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    get_logger().info("daemon.signal", signal=name)
-                    if signum == signal.SIGHUP:
-                        daemon.request_reload()
-                    else:
-                        daemon.request_shutdown(f"signal {name}")
-
-            nursery.start_soon(watch)
-            await daemon.run(task_status=task_status)
-            nursery.cancel_scope.cancel()

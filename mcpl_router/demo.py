@@ -20,7 +20,8 @@ from typing import Any, TextIO
 import trio
 
 from mcpl_router.config import RouterConfig, parse_config
-from mcpl_router.daemon import Daemon, run_until_signalled
+from mcpl_router.daemon import Daemon
+from mcpl_router.cli import run_until_signalled
 from mcpl_router.client import RouterClient
 from mcpl_router.jsonrpc import RpcError
 from mcpl_router.testing.control import FixtureControl, fixture_command

@@ -88,6 +88,12 @@ class DaemonMetrics:
         )
         self.wakes_sent = Counter("mcpl_router_wakes_sent", "Wake notifications sent to hosts (re-sends included).", ["agent"], registry=registry)
         self.wakes_acked = Counter("mcpl_router_wakes_acked", "Wakes hosts acknowledged (wake/ack).", ["agent"], registry=registry)
+        self.wake_gate = Counter(
+            "mcpl_router_wake_gate",
+            "Wake gate outcomes (held, batches, dropped at delivery, unowned) by agent.",
+            ["agent", "outcome"],
+            registry=registry,
+        )
         self.context_seconds = Histogram(
             "mcpl_router_before_inference_seconds",
             "How long each server took to answer context/beforeInference.",
@@ -167,6 +173,10 @@ class DaemonMetrics:
     def tool_name_clash(self, clash: NameClash) -> None:
         """A server tool's offered name clashed (the name table refused it)."""
         self.tool_name_clashes.labels(clash.kind).inc()
+
+    def wake_gated(self, agent: str, outcome: str) -> None:
+        """A wake gate held a wake, sent a batch, dropped a held wake or found no owner."""
+        self.wake_gate.labels(self.agent_label(agent), outcome).inc()
 
     def wake_sent(self, agent: str) -> None:
         self.wakes_sent.labels(self.agent_label(agent)).inc()

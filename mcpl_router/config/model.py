@@ -18,6 +18,7 @@ from typing import Any, Final
 import attrs
 
 from mcpl_router.config.addresses import host_port, is_loopback, without_password
+from mcpl_router.routing.gating import WakeGateSpec
 from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES
 from mcpl_router.routing.refs import ChannelRef
 
@@ -107,6 +108,7 @@ AGENT_KEYS: Final = (
     "wakeChannels",
     "wakeServers",
     "wakeTags",
+    "wakeGate",
     "subconsciousFor",
 )
 CHANNEL_REF_KEYS: Final = ("serverId", "channelId")
@@ -451,6 +453,8 @@ class AgentConfig:
     wake_tags: tuple[str, ...] = ()
     #: The primary agent this one is the subconscious of (tune-out summaries, speak_in_channel).
     subconscious_for: str | None = None
+    #: When admitted wakes go out (routing/gating.py; docs/wake-policy.md).
+    wake_gate: WakeGateSpec = WakeGateSpec()
 
 
 # --- shown in summaries and status -----------------------------------------------------------

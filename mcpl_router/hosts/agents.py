@@ -13,6 +13,10 @@ import attrs
 import msgspec
 
 from mcpl_router.config import AgentConfig
+from mcpl_router.config.errors import Problems
+from mcpl_router.config.read_gate import parse_wake_gate
+from mcpl_router.config.section_reader import Section
+from mcpl_router.routing.gating import WakeGateSpec
 from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES, ProseMode, mode_named
 from mcpl_router.routing.refs import ChannelRef
 
@@ -44,6 +48,12 @@ class AgentSpecParams(msgspec.Struct, rename="camel"):
     home_channel: ChannelRefParams | None = None
     #: Makes this agent the subconscious of the named (primary) agent (see mcpl_router.tools.tune_out).
     subconscious_for: str | None = None
+    #: The wake gate, as in the config's ``agents.<name>.wakeGate`` (docs/wake-policy.md).
+    wake_gate: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # Read now, so a bad gate is refused (-32602) with the config's words, key and fix.
+        gate_of_params(self)
 
 
 class HelloParams(msgspec.Struct, rename="camel"):
@@ -80,6 +90,8 @@ class AgentSpec:
     configured: bool = False
     #: The primary agent this one is the subconscious of (its tune-out tools act on the primary's).
     subconscious_for: str | None = None
+    #: When its admitted wakes go out (routing/gating.py; hosts/gate.py runs it).
+    wake_gate: WakeGateSpec = WakeGateSpec()
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> AgentSpec:
@@ -93,6 +105,7 @@ class AgentSpec:
             # The config can't tell "no tags" from "not given": empty means the default.
             wake_tags=config.wake_tags or None,
             subconscious_for=config.subconscious_for,
+            wake_gate=config.wake_gate,
             configured=True,
         )
 
@@ -109,6 +122,7 @@ class AgentSpec:
             wake_servers=tuple(wake.servers or ()),
             wake_tags=None if wake.tags is None else tuple(wake.tags),
             subconscious_for=params.subconscious_for or None,
+            wake_gate=gate_of_params(params),
         )
 
     @property
@@ -128,6 +142,7 @@ class AgentSpec:
             "homeChannel": None if self.home_channel is None else self.home_channel.to_wire(),
             "configured": self.configured,
             "subconsciousFor": self.subconscious_for,
+            "wakeGate": self.wake_gate.to_wire(),
         }
 
 
@@ -146,4 +161,20 @@ def params_of(spec: AgentSpec) -> AgentSpecParams:
         if spec.home_channel is None
         else ChannelRefParams(spec.home_channel.server_id, spec.home_channel.channel_id),
         subconscious_for=spec.subconscious_for,
+        wake_gate=spec.wake_gate.to_wire() if spec.wake_gate != WakeGateSpec() else None,
     )
+
+
+def gate_of_params(params: AgentSpecParams) -> WakeGateSpec:
+    """A hello's ``wakeGate``, read as the config's is.
+
+    Raises:
+        ValueError: every problem, each with its key and fix (msgspec makes it -32602).
+    """
+    if params.wake_gate is None:
+        return WakeGateSpec()
+    problems = Problems("session/hello")
+    spec = parse_wake_gate(Section(problems, f"agents.{params.name}", {"wakeGate": params.wake_gate}), None)
+    if problems.errors:
+        raise ValueError(" ".join(str(error) for error in problems.errors))
+    return spec

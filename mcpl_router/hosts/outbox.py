@@ -50,6 +50,8 @@ class _Cursor:
     #: Counts wakes offered while replaying, so a page read meanwhile can't miss one.
     offers: int = 0
     sent: int = 0
+    #: Seqs a gate's batched wake carries (hosts/gate.py): the replay skips them.
+    batched: set[int] = attrs.field(factory=set)
 
 
 @attrs.frozen
@@ -71,7 +73,8 @@ class HostOutbox:
         journal: where unsent wakes are read back from.
         render: a wake's notification params (shown names and invitations as of sending).
         wake_of: a stored delivery as a wake.
-        held: whether a wake is held back (a tuned-out channel's; it stays unacked).
+        held: whether a wake read back from the journal is held back (a tuned-out channel's, or
+            one a wake gate holds or batches; it stays unacked).
     """
 
     def __init__(
@@ -94,6 +97,8 @@ class HostOutbox:
         self._in_flight: set[tuple[int, str]] = set()
         self._fresh: deque[Wake] = deque()
         self._notices: deque[tuple[str, Any]] = deque()
+        # A gate's batched wakes: (agent, seqs, params), sent in order as the window allows.
+        self._batches: deque[tuple[str, tuple[int, ...], dict[str, Any]]] = deque()
         self._changed = trio.Event()
         self.closed = False
         self._counts = {"wakes_sent": 0, "wakes_replayed": 0}
@@ -111,6 +116,18 @@ class HostOutbox:
         self._cursors.pop(agent, None)
         self._in_flight = {key for key in self._in_flight if key[1] != agent}
         self._fresh = deque(wake for wake in self._fresh if wake.agent != agent)
+        self._batches = deque(batch for batch in self._batches if batch[0] != agent)
+
+    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
+        """A gate's batched wake of ``agent`` carrying ``seqs`` (one ``wake`` notification, each
+        seq outstanding until acked); False if this connection doesn't own the agent."""
+        cursor = self._cursors.get(agent)
+        if cursor is None or self.closed:
+            return False
+        cursor.batched.update(seqs)  # the replay must not send them again one by one
+        self._batches.append((agent, seqs, params))
+        self._poke()
+        return True
 
     def offer(self, wake: Wake) -> bool:
         """A wake just committed for one of our agents; False if this connection doesn't own it."""
@@ -141,8 +158,11 @@ class HostOutbox:
         return True
 
     def acked(self, agent: str, seqs: list[int]) -> None:
+        cursor = self._cursors.get(agent)
         for seq in seqs:
             self._in_flight.discard((seq, agent))
+            if cursor is not None:
+                cursor.batched.discard(seq)
         self._poke()
 
     def close(self) -> None:
@@ -180,6 +200,15 @@ class HostOutbox:
             if not await self._send(method, params):
                 return False
             progressed = True
+        while self._batches and len(self._in_flight) < self.window:
+            agent, seqs, params = self._batches.popleft()
+            if self._cursors.get(agent) is None:
+                continue
+            self._in_flight.update((seq, agent) for seq in seqs)
+            self._counts["wakes_sent"] += 1
+            if not await self._send("wake", params):
+                return False
+            progressed = True
         while self._fresh and len(self._in_flight) < self.window:
             wake = self._fresh.popleft()
             cursor = self._cursors.get(wake.agent)
@@ -204,6 +233,9 @@ class HostOutbox:
                     break  # taken by another connection while this page was being sent
                 wake = self._wake_of(stored)
                 if (wake.seq, agent) in self._in_flight or wake.seq <= cursor.sent_through:
+                    continue
+                if wake.seq in cursor.batched:
+                    cursor.sent_through = wake.seq  # it went out (or will) in a gate's batch
                     continue
                 if self._held(wake):
                     cursor.sent_through = wake.seq  # held for a tune-out's summary; stays unacked

@@ -54,7 +54,6 @@ AGENT_OWNED: Final = -32010
 UNKNOWN_AGENT: Final = -32011
 
 
-
 class WakeDiversion(Protocol):
     """What holds some wakes back instead of sending them (the tune-outs)."""
 
@@ -273,6 +272,12 @@ class SessionManager:
         if not self._spawn(outbox.run):
             self._log.error("host.sessions.not_running", connection=connection.id)
 
+    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
+        """A wake gate's batched wake (hosts/gate.py), paced by the owner's outbox; False if unowned."""
+        owner = self._owners.get(agent)
+        outbox = None if owner is None else self._outboxes.get(owner)
+        return outbox is not None and outbox.offer_batch(agent, seqs, params)
+
     def host_statistics(self) -> dict[str, Any]:
         """Host connections now and in total: what a slow or hostile host has cost (``status``)."""
         totals = dict(self._closed_totals)
@@ -386,10 +391,11 @@ class SessionManager:
                 payload=event.payload,
                 tags=delivery.tags,
                 addressed=delivery.addressed,
+                server_id=event.server_id,
             )
             self._remember(wake)
             if self._diversion.divert(wake):
-                continue  # its channel is tuned out: held for the summary wake (mcpl_router.tools.tune_out)
+                continue  # held: a tuned-out channel's (tools/tune_out.py) or a wake gate's (hosts/gate.py)
             owner = self._owners.get(wake.agent)
             outbox = None if owner is None else self._outboxes.get(owner)
             if outbox is None or not outbox.offer(wake):
@@ -589,4 +595,5 @@ def _wake_of(stored: StoredDelivery) -> Wake:
         payload=event.payload,
         tags=stored.delivery.tags,
         addressed=stored.delivery.addressed,
+        server_id=event.server_id,
     )

@@ -50,6 +50,13 @@ class Wake:
     payload: Any
     tags: tuple[str, ...]
     addressed: bool
+    #: The server the event came from (a push may name no channel); "" where not known.
+    server_id: str = ""
+
+    @property
+    def source_server(self) -> str:
+        """The event's server: its channel's, else :attr:`server_id`."""
+        return self.channel.server_id if self.channel is not None else self.server_id
 
 
 @attrs.frozen

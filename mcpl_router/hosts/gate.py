@@ -1,0 +1,298 @@
+"""Wake gates, run: each agent's held wakes, their timers, and the batched wakes they become.
+
+The rules and decisions are pure (:mod:`mcpl_router.routing.gating`, what matches;
+:mod:`mcpl_router.routing.gate_batches`, what is held and when it goes). This module runs them:
+
+- **Where.** The sessions ask their diversion of every wake (:class:`Diversions`: the tune-outs
+  first, then the gate). A wake the gate holds is not sent; one it lets through goes out as
+  before. The wake policy admitted the wake before the gate saw it: a gate never wakes anyone.
+- **Batches.** Held wakes go out as one ``wake`` with ``reason: "batch"`` through the owner's
+  outbox (paced by acks like any wake): see :func:`batch_params` and docs/host-api.md.
+- **Admission at delivery.** A held wake goes into its batch only while its server is still
+  configured, still grants what it came by (``channels.incoming``, ``pushEvents``) and, for a
+  message, still registers its channel. One that fails is dropped from the batch: it wakes no
+  one (and so sets no turn's channel or default), is logged (``gate.held.dropped``), counted,
+  and acked in the journal so it never comes back.
+- **Durable or bounded.** Every held wake is an unacked delivery in the journal; only the timers
+  and batches are in memory, at most ``maxHeld`` per agent (the wake that reaches it flushes its
+  bucket at once, cause ``full``). A batch whose agent has no owner when it falls due is
+  forgotten here; its wakes stay unacked. A replay (``session/hello``, a restart) reads unacked
+  wakes back in seq order and asks :meth:`WakeGates.holds` of each: held ones stay held, the
+  rest are gated again as if they had just arrived (timers start at the replay).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+import trio
+
+from mcpl_router.logs import get_logger
+from mcpl_router.routing.gate_batches import AgentGate, Batch
+from mcpl_router.routing.gating import Decision, GateFacts, ResolvedRule, WakeGateSpec, decide, resolve_rules
+from mcpl_router.routing.names import Resolved
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.wakes import REASON_MESSAGE, Wake
+
+from mcpl_router.store.journal import JournalFailure
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.hosts.sessions import WakeDiversion
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.routing.registry import ChannelRegistry
+    from mcpl_router.routing.router import Router
+    from mcpl_router.store.journal import Journal
+
+REASON_BATCH: Final = "batch"
+#: What each wake kind came by (the grant's feature), checked again at delivery.
+_FEATURE: Final = {REASON_MESSAGE: "channels.incoming"}
+_PUSH_FEATURE: Final = "pushEvents"
+
+
+class Diversions:
+    """Several diversions asked in order (the sessions' one): the first that holds a wake keeps it."""
+
+    def __init__(self, *diversions: WakeDiversion) -> None:
+        self._diversions = diversions
+
+    def divert(self, wake: Wake) -> bool:
+        return any(diversion.divert(wake) for diversion in self._diversions)
+
+    def holds(self, wake: Wake) -> bool:
+        return any(diversion.holds(wake) for diversion in self._diversions)
+
+
+class StillAdmitted:
+    """Whether a held wake may still be delivered: None if so, else why not."""
+
+    def __init__(self, registry: ChannelRegistry, links: Mapping[str, ServerLink]) -> None:
+        self._registry = registry
+        self._links = links  # the daemon's own dict: a reload changes it in place
+
+    def __call__(self, wake: Wake, server_id: str) -> str | None:
+        link = self._links.get(server_id)
+        if link is None:
+            return "server gone"
+        if not link.grant.allows(_FEATURE.get(wake.reason, _PUSH_FEATURE)):
+            return "grant withdrawn"
+        if wake.reason == REASON_MESSAGE and (wake.channel is None or not self._registry.is_registered(wake.channel)):
+            return "channel withdrawn"
+        return None
+
+
+class JournalSettle:
+    """Acks held wakes dropped at delivery, so they never come back (``settle``)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+
+    async def __call__(self, agent: str, seqs: list[int]) -> None:
+        try:
+            await self._journal.submit_ack([agent], seqs)
+        except JournalFailure as exc:
+            # Not acked: they stay owed, and a replay gates them again (and drops them again).
+            get_logger(agent=agent).warning("gate.settle.failed", seqs=len(seqs), error=str(exc))
+
+
+@attrs.define
+class _Resolved:
+    generation: int
+    spec: WakeGateSpec
+    rules: tuple[ResolvedRule, ...]
+
+
+class WakeGates:
+    """Every agent's wake gate. Run :meth:`run` in the daemon's nursery.
+
+    Args:
+        router: the registry's generation and the one resolver (rules' qualified names), and
+            the names batched wakes show.
+        agent_of: an agent's spec (its ``wake_gate``), or None for an unknown agent.
+        admitted: whether a held wake may still be delivered (:class:`StillAdmitted`).
+        deliver: hand a batched wake ``(agent, seqs, params)`` to its owner's outbox; False when
+            no connection owns the agent (``SessionManager.offer_batch``).
+        settle: ack ``(agent, seqs)`` in the journal (held wakes dropped at delivery).
+        count: a counter ``(agent, outcome)`` for ``/metrics``.
+    """
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        agent_of: Callable[[str], AgentSpec | None],
+        admitted: Callable[[Wake, str], str | None],
+        deliver: Callable[[str, tuple[int, ...], dict[str, Any]], bool],
+        settle: Callable[[str, list[int]], Awaitable[None]],
+        count: Callable[[str, str], None],
+    ) -> None:
+        self._router = router
+        self._agent_of = agent_of
+        self._admitted = admitted
+        self._deliver = deliver
+        self._settle = settle
+        self._count = count
+        self._gates: dict[str, AgentGate] = {}
+        self._resolved: dict[str, _Resolved] = {}
+        self._to_settle: list[tuple[str, list[int]]] = []
+        self._changed = trio.Event()
+        self.counters: dict[str, int] = {}
+        self._log = get_logger()
+
+    # -- the diversion (asked by the sessions) -------------------------------------------------
+
+    def divert(self, wake: Wake) -> bool:
+        """A new wake: whether the gate holds it (or sends it in a batch) instead of alone."""
+        return self._take(wake)
+
+    def holds(self, wake: Wake) -> bool:
+        """A wake read back from the journal (a replay): held ones stay held; others are gated
+        as if new (those decided before and sent alone are not decided again)."""
+        gate = self._gates.get(wake.agent)
+        if gate is not None and (gate.holds(wake.seq) or gate.passed(wake.seq)):
+            return gate.holds(wake.seq)
+        return self._take(wake)
+
+    def statistics(self) -> dict[str, Any]:
+        """What each agent's gate holds now, and the counters (held, batches, dropped, unowned)."""
+        return {"held": {agent: gate.held_count for agent, gate in self._gates.items() if gate.held_count}, "counters": dict(self.counters)}
+
+    # -- the timers ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Send batches as they fall due, and ack dropped wakes, until cancelled."""
+        task_status.started()
+        while True:
+            deadlines = [d for gate in self._gates.values() if (d := gate.next_deadline()) is not None]
+            with trio.move_on_at(min(deadlines, default=math.inf)):
+                await self._changed.wait()
+            self._changed = trio.Event()
+            now = trio.current_time()
+            for gate in list(self._gates.values()):
+                for batch in gate.due(now):
+                    self._send(batch, gate)
+            settle, self._to_settle = self._to_settle, []
+            for agent, seqs in settle:
+                await self._settle(agent, seqs)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _take(self, wake: Wake) -> bool:
+        spec = self._agent_of(wake.agent)
+        gate = self._gates.get(wake.agent)
+        if spec is None or (not spec.wake_gate.active and (gate is None or not gate.held_count)):
+            return False  # ungated (a gate turned off by a reload still lets what it holds go)
+        if gate is None:
+            gate = self._gates[wake.agent] = AgentGate(wake.agent, spec.wake_gate.max_held)
+        gate.max_held = max(1, spec.wake_gate.max_held)
+        server_id = _server_of(wake)
+        decision = self._decide(wake, spec.wake_gate, server_id)
+        offer = gate.offer(wake, decision, trio.current_time(), server_id=server_id)
+        if not offer.alone:
+            self._bump(wake.agent, "held")
+            self._log.debug("gate.held", agent=wake.agent, seq=wake.seq, behaviour=decision.behaviour.kind, rule=decision.rule)
+        for batch in offer.batches:
+            self._send(batch, gate)
+        self._changed.set()
+        return not offer.alone
+
+    def _decide(self, wake: Wake, spec: WakeGateSpec, server_id: str) -> Decision:
+        generation = self._router.registry.generation
+        cached = self._resolved.get(wake.agent)
+        if cached is None or cached.generation != generation or cached.spec is not spec:
+            cached = _Resolved(generation, spec, resolve_rules(spec, self._channel_named))
+            self._resolved[wake.agent] = cached
+        facts = GateFacts(wake.reason, server_id, wake.channel, wake.tags)
+        return decide(cached.rules, spec.default, facts)
+
+    def _channel_named(self, name: str) -> ChannelRef | None:
+        resolved = self._router.names.channel_named(name, not_done="The gate rule's entry matches nothing.")
+        if isinstance(resolved, Resolved):
+            return resolved.ref
+        self._log.info("gate.channel.unresolved", name=name, kind=resolved.kind,
+                       candidates=[ref.qualified_name for ref in resolved.candidates])
+        return None
+
+    def _send(self, batch: Batch, gate: AgentGate) -> None:
+        kept: list[Wake] = []
+        dropped: list[int] = []
+        for wake in batch.wakes:
+            server_id = _server_of(wake)
+            why = self._admitted(wake, server_id)
+            if why is None:
+                kept.append(wake)
+                continue
+            dropped.append(wake.seq)
+            self._bump(wake.agent, "dropped")
+            channel = None if wake.channel is None else wake.channel.channel_id
+            self._log.warning("gate.held.dropped", agent=wake.agent, seq=wake.seq, server=server_id, channel=channel, reason=why)
+        if dropped:
+            self._to_settle.append((batch.agent, dropped))
+            self._changed.set()
+        if not kept:
+            self._log.info("gate.batch.empty", agent=batch.agent, cause=batch.cause, dropped=len(dropped))
+            return
+        params = batch_params(batch, kept, self._router.names.name_shown)
+        seqs = tuple(wake.seq for wake in kept)
+        if self._deliver(self._target_of(batch, kept), seqs, params):
+            self._bump(batch.agent, "batches")
+            self._log.info("gate.batch.sent", agent=batch.agent, cause=batch.cause, seqs=len(seqs), route_seq=params["seq"],
+                           route_server=params["routeServerId"], dropped=len(dropped))
+        else:
+            # Nobody owns the agent: the wakes stay unacked and come back through the gate at its claim.
+            gate.forget(seqs)
+            self._bump(batch.agent, "unowned")
+            self._log.info("gate.batch.unowned", agent=batch.agent, seqs=len(seqs))
+
+    def _target_of(self, batch: Batch, kept: list[Wake]) -> str:
+        """Who a batch wakes: its agent. The hook for a conversation fork as a wake target: a
+        batch's route (``batch.route(kept)``, a ref with its server) would go to a fork only
+        where that ref is the fork's home (seed 000); forks don't exist yet."""
+        return batch.agent
+
+    def _bump(self, agent: str, outcome: str) -> None:
+        self.counters[outcome] = self.counters.get(outcome, 0) + 1
+        self._count(agent, outcome)
+
+
+def _server_of(wake: Wake) -> str:
+    return wake.source_server
+
+
+def batch_params(batch: Batch, kept: list[Wake], shown: Callable[[ChannelRef], str]) -> dict[str, Any]:
+    """A batched wake's params (docs/host-api.md): the route's wake, and every conversation held."""
+    route = batch.route(kept)
+    conversations: dict[tuple[str, str | None], dict[str, Any]] = {}
+    for wake in kept:
+        server_id = _server_of(wake)
+        channel_id = None if wake.channel is None else wake.channel.channel_id
+        row = conversations.get((server_id, channel_id))
+        if row is None:
+            row = conversations[(server_id, channel_id)] = {
+                "serverId": server_id,
+                "channelId": channel_id,
+                "shown": None if wake.channel is None else shown(wake.channel),
+                "seqs": [],
+            }
+        row["seqs"].append(wake.seq)
+    route_channel = None if route.channel is None else {**route.channel.to_wire(), "shown": shown(route.channel)}
+    tags = list(dict.fromkeys(tag for wake in kept for tag in wake.tags))
+    return {
+        "seq": route.seq,
+        "agent": batch.agent,
+        "reason": REASON_BATCH,
+        "channel": route_channel,
+        "routeServerId": _server_of(route),
+        "routeChannel": route_channel,
+        "routeReason": route.reason,
+        "seqs": [wake.seq for wake in kept],
+        "conversations": list(conversations.values()),
+        "messages": [wake.payload for wake in kept if wake.reason == REASON_MESSAGE],
+        "events": [wake.payload for wake in kept if wake.reason != REASON_MESSAGE],
+        "tags": tags,
+        "addressed": any(wake.addressed for wake in kept),
+        "gate": {"cause": batch.cause, "behaviour": batch.behaviour.to_wire()},
+    }
