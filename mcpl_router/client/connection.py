@@ -164,6 +164,20 @@ class RouterClient:
 
     @classmethod
     @contextlib.asynccontextmanager
+    async def connect_stream(
+        cls,
+        stream: MessageStream,
+        *,
+        timeout: float = 30.0,
+        max_wakes: int = DEFAULT_MAX_WAKES,
+        max_notifications: int = DEFAULT_MAX_NOTIFICATIONS,
+    ) -> AsyncIterator[RouterClient]:
+        """Run the client over a framed stream you opened (a test's memory stream, a tunnel)."""
+        async with cls._running(stream, timeout, max_wakes, max_notifications) as client:
+            yield client
+
+    @classmethod
+    @contextlib.asynccontextmanager
     async def _running(cls, stream: MessageStream, timeout: float, max_wakes: int, max_notifications: int) -> AsyncIterator[RouterClient]:
         buffer = NotificationBuffer(max_wakes=max_wakes, max_notifications=max_notifications)
         holder: list[RouterClient] = []

@@ -79,9 +79,13 @@ async def open_websocket_stream(
             stream = tls
             try:
                 await tls.do_handshake()
-            except BaseException:
+            except BaseException as exc:
                 with trio.CancelScope(shield=True):
                     await trio.aclose_forcefully(tls)
+                # trio reports a failed handshake as a broken stream; the TLS reason (a
+                # certificate that didn't verify) is what the caller needs to see.
+                if isinstance(exc, trio.BrokenResourceError) and isinstance(exc.__cause__, ssl.SSLError):
+                    raise exc.__cause__ from None
                 raise
         else:
             stream = await trio.open_tcp_stream(parts.hostname, port)
