@@ -35,6 +35,7 @@ from mcpl_router.client.buffer import (
     NotificationBuffer,
 )
 from mcpl_router.client.results import (
+    AckResult,
     ChannelRef,
     ChannelRow,
     ChannelsPage,
@@ -266,8 +267,8 @@ class RouterClient:
         params: dict[str, Any] = {"seqs": list(seqs)}
         if agent is not None:
             params["agent"] = agent
-        result = await self.call("wake/ack", params)
-        return int(result["acked"])
+        result = await self.request("wake/ack", params, AckResult)
+        return result.acked
 
     async def next_notification(self, method: str | None = None) -> Notification:
         """The next notification (of ``method``, when given); others stay held, in order.
@@ -367,7 +368,7 @@ class RouterClient:
         try:
             yield turn
         except BaseException:
-            await turn._abort_quietly()
+            await turn.abort_quietly()
             raise
         if not turn.is_closed:
             await turn.close("completed")

@@ -165,7 +165,7 @@ class Turn:
 
     # -- the block -------------------------------------------------------------------------------
 
-    async def _abort_quietly(self) -> None:
+    async def abort_quietly(self) -> None:
         """Close ``aborted`` on the way out of a failing block, never masking its exception.
 
         Shielded (the block may be failing because it was cancelled) and bounded. If the turn
