@@ -48,7 +48,6 @@ from mcpl_router.client.results import (
     TypingResult,
 )
 from mcpl_router.client.serving import (
-    INFERENCE_CHUNK,
     SERVED_METHODS,
     HostRequests,
     InferenceHandler,
@@ -97,7 +96,6 @@ class RouterClient:
         #: Every notification not read yet, bounded per kind (see the buffer's policy).
         self.notifications = notifications
         self._requests = requests
-        self._chunks_sent = 0
 
     # -- connecting ------------------------------------------------------------------------------
 
@@ -181,12 +179,8 @@ class RouterClient:
     @contextlib.asynccontextmanager
     async def _running(cls, stream: MessageStream, timeout: float, max_wakes: int, max_notifications: int) -> AsyncIterator[RouterClient]:
         buffer = NotificationBuffer(max_wakes=max_wakes, max_notifications=max_notifications)
-        holder: list[RouterClient] = []
-
-        async def send_chunk(request_id: str, chunk: Any) -> None:
-            await holder[0].send_chunk(request_id, chunk)
-
-        requests = HostRequests(send_chunk)
+        # ``peer`` is made below; a chunk is only ever sent once it runs.
+        requests = HostRequests(lambda method, params: peer.notify(method, params))
 
         async def on_message(inbound: Inbound) -> Any:
             if not inbound.is_notification:
@@ -208,10 +202,8 @@ class RouterClient:
         failure: Exception | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(run_peer)
-            client = cls(peer, buffer, requests)
-            holder.append(client)
             try:
-                yield client
+                yield cls(peer, buffer, requests)
             except Exception as exc:
                 failure = exc  # re-raised below, as raised: not inside an exception group
             finally:
@@ -386,8 +378,7 @@ class RouterClient:
 
     async def send_chunk(self, request_id: str, chunk: Any) -> None:
         """``inference/chunk {requestId, chunk}``: part of a streamed inference's answer."""
-        await self.notify(INFERENCE_CHUNK, {"requestId": request_id, "chunk": chunk})
-        self._chunks_sent += 1
+        await self._requests.send_chunk(request_id, chunk)
 
     # -- counters --------------------------------------------------------------------------------
 
@@ -399,5 +390,5 @@ class RouterClient:
             requests_served=dict(requests.served),
             requests_failed=dict(requests.failed),
             requests_unhandled=dict(requests.unhandled),
-            chunks_sent=self._chunks_sent,
+            chunks_sent=requests.chunks_sent,
         )

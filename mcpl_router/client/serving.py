@@ -49,6 +49,8 @@ INFERENCE_CHUNK: Final = "inference/chunk"
 SERVED_METHODS: Final = frozenset({INFERENCE_REQUEST, MODEL_INFO})
 
 ChunkSender = Callable[[str, Any], Awaitable[None]]
+#: Sends a notification on the connection (``Peer.notify``).
+Notify = Callable[[str, Any], Awaitable[None]]
 
 
 class _InferenceParams(msgspec.Struct, rename="camel"):
@@ -99,13 +101,19 @@ ModelInfoHandler = Callable[[ModelInfoRequest], Any]
 class HostRequests:
     """The handlers a client registered, and what answering with them has counted."""
 
-    def __init__(self, send_chunk: ChunkSender) -> None:
-        self._send_chunk = send_chunk
+    def __init__(self, notify: Notify) -> None:
+        self._notify = notify
         self._inference: InferenceHandler | None = None
         self._model_info: ModelInfoHandler | None = None
         self.served: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
         self.unhandled: Counter[str] = Counter()
+        self.chunks_sent = 0
+
+    async def send_chunk(self, request_id: str, chunk: Any) -> None:
+        """``inference/chunk {requestId, chunk}``: part of a streamed inference's answer."""
+        await self._notify(INFERENCE_CHUNK, {"requestId": request_id, "chunk": chunk})
+        self.chunks_sent += 1
 
     def serve_inference(self, handler: InferenceHandler | None) -> None:
         self._inference = handler
@@ -130,7 +138,7 @@ class HostRequests:
             if method == INFERENCE_REQUEST and self._inference is not None:
                 params = inbound.decode_params(_InferenceParams)
                 request = InferenceRequest(
-                    params.request_id, params.agent, params.server_id, params.stream, params.request, send=self._send_chunk
+                    params.request_id, params.agent, params.server_id, params.stream, params.request, send=self.send_chunk
                 )
                 result = await self._inference(request)
             elif method == MODEL_INFO and self._model_info is not None:

@@ -317,3 +317,36 @@ async def test_unread_notifications_are_dropped_oldest_first_and_calls_keep_thei
         assert stats.wakes_buffered == 10
         assert [(await client.next_wake()).seq for _ in range(10)] == list(range(1, 11))
         assert (await client.next_notification("server/state")).params["n"] == 400
+
+
+# ------------------------------------------------------------------ the default socket
+
+
+async def test_connect_default_finds_the_daemons_default_socket() -> None:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="mr-", dir="/tmp") as runtime:
+        environ = {"XDG_RUNTIME_DIR": runtime}
+        path = RouterClient.default_socket_path(environ)
+        assert path == Path(runtime) / f"mcpl-router-{os.getuid()}" / "host.sock"
+        path.parent.mkdir(mode=0o700)
+        table = MethodTable()
+
+        async def status(_params: Any, _inbound: Inbound) -> Any:
+            return {"version": "default-socket"}
+
+        table.add("status", status)
+
+        async def serve(stream: trio.SocketStream) -> None:
+            await Peer(NdjsonStream(stream, stream, skip_log_lines=False), table).run()
+
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        await sock.bind(str(path))
+        sock.listen()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, serve, [trio.SocketListener(sock)])
+            async with RouterClient.connect_default(environ=environ, timeout=5) as client:
+                assert (await client.status()).version == "default-socket"
+            nursery.cancel_scope.cancel()
