@@ -20,10 +20,9 @@ from typing import Any, TextIO
 import trio
 
 from mcpl_router.config import RouterConfig, parse_config
-from mcpl_router.daemon import Daemon
 from mcpl_router.cli import run_until_signalled
-from mcpl_router.client import RouterClient
-from mcpl_router.jsonrpc import RpcError
+from mcpl_router.client import RouterClient, RpcError
+from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, fixture_command
 
 READY_TIMEOUT = 30.0
@@ -154,12 +153,12 @@ async def run_scripted_host(daemon: Daemon, workdir: Path, out: TextIO) -> None:
         wake = await host.next_wake()
         where = f"{wake.channel.shown} (server {wake.channel.server_id})" if wake.channel else "no channel"
         print(f"host: woken (seq {wake.seq}) by a message on {where}", file=out, flush=True)
-        turn = await host.call("turn/open", {"agent": DEMO_AGENT, "wakes": [wake.seq]})
-        await host.call("turn/context", {"turnId": turn["turnId"], "model": "demo-model"})
-        await host.notify("turn/text", {"turnId": turn["turnId"], "round": 0, "delta": REPLY})
-        closed = await host.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+        # The block closes the turn "completed" as it ends (an exception would abort it).
+        async with host.turn(DEMO_AGENT, wakes=[wake.seq]) as turn:
+            await turn.context(model="demo-model")
+            await turn.text(REPLY)
         await host.ack([wake.seq])
-        print(f"host: turn closed: {closed['receipt']['text']}", file=out, flush=True)
+        print(f"host: turn closed: {turn.receipt.text if turn.receipt else None}", file=out, flush=True)
         for server_id, control in (("b", server_b), ("a", server_a)):
             received = (await control.recorded())[marks[server_id]:]
             print(f"server {server_id} received: {_describe(received)}", file=out, flush=True)

@@ -213,13 +213,13 @@ async def wait_daemon_ready(socket: str, *, servers: int = 1) -> None:
     async def ready() -> bool:
         try:
             async with RouterClient.connect_unix(socket, timeout=5) as probe:
-                status = await probe.call("status")
-                channels = await probe.call("channels/list")
+                status = await probe.status()
+                channels = await probe.all_channels()
         except OSError:
             return False
         if servers == 0:
             return True
-        return status["ready"] == servers and any(row["channelId"] == "general" for row in channels["channels"])
+        return status.ready == servers and any(row.channel_id == "general" for row in channels)
 
     await wait_until(ready, timeout=20, interval=0.05)
 

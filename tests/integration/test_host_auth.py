@@ -53,7 +53,7 @@ async def test_wrong_and_missing_token_are_refused_and_never_logged(short_tmp: P
                 status = await client.call("status")
                 assert status["version"]
                 hello = await client.hello("ws-host", ["kai"])
-                assert hello["agents"][0]["name"] == "kai"
+                assert hello.agents[0].name == "kai"
     refusals = [entry for entry in logs if entry["event"] == "host.websocket.rejected"]
     assert len(refusals) == 2 and all(entry["status"] == 401 for entry in refusals)
     text = repr(logs)

@@ -66,13 +66,13 @@ async def test_hello_ownership_second_claim_and_release_after_grace(short_tmp: P
             assert socket is not None
             async with RouterClient.connect_unix(socket) as first:
                 hello = await first.hello("host-1", ["kai", {"name": "ora", "proseRouting": "named", "allowedTools": ["think"]}])
-                assert hello["daemonVersion"]
-                assert {s["serverId"] for s in hello["servers"]} == {"a", "b"}
-                agents = {agent["name"]: agent for agent in hello["agents"]}
+                assert hello.daemon_version
+                assert {s.server_id for s in hello.servers} == {"a", "b"}
+                agents = {agent.name: agent for agent in hello.agents}
                 # A configured agent keeps its configured spec; a host's agent takes the host's.
-                assert agents["kai"]["proseRouting"] == "hybrid" and agents["kai"]["configured"] is True
-                assert agents["ora"]["proseRouting"] == "named" and agents["ora"]["allowedTools"] == ["think"]
-                assert isinstance(hello["wakeSeq"], int)
+                assert agents["kai"].prose_routing == "hybrid" and agents["kai"].configured is True
+                assert agents["ora"].prose_routing == "named" and agents["ora"].allowed_tools == ["think"]
+                assert isinstance(hello.wake_seq, int)
                 spec = daemon.sessions.agent("ora")
                 assert spec is not None and spec.allowed_tools == ("think",)
                 owner = daemon.sessions.owner_of("kai")
