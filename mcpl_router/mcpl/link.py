@@ -288,6 +288,18 @@ class ServerLink(LinkHandshake, LinkRegrant):
                         # other server) down with it: log it whole and retry like any failure.
                         self._log.exception("link.crashed", epoch=self.epoch)
                         self.last_error = f"internal error: {type(exc).__name__}: {exc}"
+                except BaseExceptionGroup as group:
+                    # trio-websocket's reader raises a refused dial (ConnectionRejected) beside a
+                    # Cancelled of the epoch's own nursery. That is a connection failure like any
+                    # other: taken as one, the Cancelled dropped. Were this link really being
+                    # cancelled, the next checkpoint (the backoff sleep) raises it again.
+                    failures, rest = group.split(lambda leaf: _expected_failure(leaf) is not None)
+                    if failures is None or (rest is not None and rest.split(trio.Cancelled)[1] is not None):
+                        raise
+                    expected = _expected_failure(failures)
+                    assert expected is not None
+                    self.last_error = _describe_failure(expected)
+                    self._maybe_token_in_query(expected)
                 if self._ready_since is not None and trio.current_time() - self._ready_since >= STABLE_AFTER:
                     self.attempts = 1
                 if reconnect.max_attempts and self.attempts >= reconnect.max_attempts:
