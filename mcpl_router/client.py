@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,7 +27,11 @@ import msgspec
 import trio
 import trio_websocket
 
-from mcpl_router.jsonrpc import Inbound, MessageStream, NdjsonStream, Peer, WebSocketMessageStream
+from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, MessageStream, NdjsonStream, Peer, RpcError, WebSocketMessageStream
+from mcpl_router.jsonrpc.peer import Deferred
+
+#: Answers one of the daemon's requests (``inference/request``, ``model/info``): params → result.
+RequestHandler = Callable[[Any], Awaitable[Any]]
 
 # Above the daemon's wake window (1024 outstanding per connection) plus room for notices, so a
 # host awaiting an answer while its wakes wait unread never stops its own read loop.
@@ -82,9 +86,15 @@ class WakeNotice:
 class RouterClient:
     """One connection to the daemon. Use :meth:`connect_unix` or :meth:`connect_websocket`."""
 
-    def __init__(self, peer: Peer, notifications: trio.MemoryReceiveChannel[Notification]) -> None:
+    def __init__(
+        self,
+        peer: Peer,
+        notifications: trio.MemoryReceiveChannel[Notification],
+        request_handlers: dict[str, RequestHandler] | None = None,
+    ) -> None:
         self._peer = peer
         self.notifications = notifications
+        self._request_handlers = request_handlers if request_handlers is not None else {}
         # Notifications read past while looking for another kind, kept in arrival order.
         self._held: deque[Notification] = deque()
 
@@ -146,10 +156,18 @@ class RouterClient:
     @contextlib.asynccontextmanager
     async def _running(cls, stream: MessageStream, timeout: float) -> AsyncIterator[RouterClient]:
         send, receive = trio.open_memory_channel[Notification](_NOTIFICATION_BUFFER)
+        handlers: dict[str, RequestHandler] = {}
 
-        async def on_message(inbound: Inbound) -> None:
+        async def on_message(inbound: Inbound) -> Any:
             params = msgspec.json.decode(inbound.params) if inbound.params is not None else None
+            if not inbound.is_notification:
+                handler = handlers.get(inbound.method)
+                if handler is None:
+                    raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")
+                # Answered in a task of its own: notifications keep flowing while it runs.
+                return Deferred(lambda: handler(params))
             await send.send(Notification(inbound.method, params))
+            return None
 
         peer = Peer(stream, on_message, request_timeout=timeout)
 
@@ -162,7 +180,7 @@ class RouterClient:
         async with trio.open_nursery() as nursery:
             await nursery.start(run_peer)
             try:
-                yield cls(peer, receive)
+                yield cls(peer, receive, handlers)
             except Exception as exc:
                 failure = exc  # re-raised below, as raised: not inside an exception group
             finally:
@@ -170,6 +188,16 @@ class RouterClient:
                 nursery.cancel_scope.cancel()
         if failure is not None:
             raise failure
+
+    def answer_requests(self, method: str, handler: RequestHandler) -> None:
+        """Answer the daemon's ``method`` requests with ``handler(params)`` (its result, or the
+        ``RpcError`` it raises). Without one, such a request is answered -32601.
+
+        For server-initiated inference: ``inference/request`` (stream with
+        ``notify("inference/chunk", {"requestId": ..., "chunk": {...}})`` before returning) and
+        ``model/info`` (docs/host-api.md).
+        """
+        self._request_handlers[method] = handler
 
     async def notify(self, method: str, params: Any = None) -> None:
         """Send a notification (no answer): ``turn/text`` deltas go this way."""
