@@ -36,7 +36,7 @@ def parse_inference(s: Section, enabled_capabilities: tuple[str, ...] | None) ->
     if not isinstance(s.raw("inference"), dict):
         s.error("inference", f"expected a table, got {show_value(s.raw('inference'))}.", f"Write {_EXAMPLE}.")
         return None
-    table = s.table("inference", INFERENCE_KEYS, "inference")
+    table = s.table("inference", INFERENCE_KEYS, "server's inference")
     agent = table.string("agent", fix=f"Name the agent whose model answers this server: {_EXAMPLE}.")
     if agent is None:
         if not table.has("agent"):
