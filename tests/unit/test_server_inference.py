@@ -134,3 +134,44 @@ def test_serving_check_names_the_agent_not_claimable() -> None:
         Serving.check({"inference": ["kai"], "modelInfo": ["zed"]}, {"kai"})
     assert refused.value.code == -32602
     assert refused.value.data == {"field": "serves.modelInfo", "agent": "zed"}
+
+
+# --- chunks before the answer: a lane drains -----------------------------------------------------
+
+
+async def test_wait_lane_drained_returns_once_the_lane_s_earlier_messages_are_handled() -> None:
+    import trio
+    import trio.testing
+
+    from mcpl_router.jsonrpc import Inbound, NdjsonStream, Peer
+
+    left, right = trio.testing.memory_stream_pair()
+    gate = trio.Event()
+    handled: list[str] = []
+
+    async def handler(inbound: Inbound) -> None:
+        await gate.wait()
+        handled.append(inbound.method)
+
+    peer = Peer(NdjsonStream(left, left), handler, lane_of=lambda inbound: ("chunks", 1))
+    drained = trio.Event()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(peer.run)
+            await right.send_all(b'{"jsonrpc":"2.0","method":"one"}\n{"jsonrpc":"2.0","method":"two"}\n')
+            await trio.testing.wait_all_tasks_blocked()
+
+            async def wait() -> None:
+                await peer.wait_lane_drained(("chunks", 1))
+                drained.set()
+
+            nursery.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not drained.is_set()
+            gate.set()
+            await drained.wait()
+            assert handled == ["one", "two"]
+            await peer.wait_lane_drained(("chunks", 1))  # no such lane now: returns at once
+            with pytest.raises(ValueError):
+                await peer.wait_lane_drained(None)
+            nursery.cancel_scope.cancel()
