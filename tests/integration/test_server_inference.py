@@ -306,3 +306,24 @@ async def test_hello_refuses_serving_an_agent_the_connection_does_not_own(tmp_pa
                 # A later hello may declare an agent the connection already owns.
                 hello = await client.call("session/hello", {"host": "h", "serves": {"modelInfo": [AGENT]}})
                 assert hello["serves"] == {"inference": [], "modelInfo": [AGENT]}
+
+
+async def test_a_reload_that_adds_the_inference_table_grants_it_live(tmp_path: Path) -> None:
+    from .conftest import daemon_config
+
+    with trio.fail_after(60):
+        async with FixtureProcess.start(transport="tcp", personality="strict", control_dir=tmp_path, server_name="a", inference=True) as a:
+            async with running_daemon(tmp_path, {"a": dialled_server(a)}, unix_socket=True) as daemon:
+                await wait_ready(daemon, "a")
+                assert (await a.host_call("inference/request", REQUEST))["error"]["code"] == -32002
+
+                async def answer(params: Any) -> Any:
+                    return RESULT
+
+                async with serving_host(daemon, {"inference/request": answer}):
+                    applied = await daemon.reload(
+                        daemon_config(tmp_path, {"a": dialled_server(a, inference={"agent": AGENT})}, unix_socket=True)
+                    )
+                    assert applied["regranted"] == ["a"] and applied["reconnected"] == []
+                    await wait_until(lambda: daemon.links["a"].grant.allows("inferenceRequest"))
+                    assert await a.host_call("inference/request", {**REQUEST, "stream": False}) == {"result": RESULT}
