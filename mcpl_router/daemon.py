@@ -25,6 +25,7 @@ from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.gate import Diversions, JournalSettle, StillAdmitted, WakeGates
 from mcpl_router.hosts.services import HostServices
 from mcpl_router.hosts.sessions import SessionManager
+from mcpl_router.inference import InferenceBroker
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
@@ -136,13 +137,14 @@ class Daemon:
         self.connector_tools = ConnectorTools(self.links, self.router, self.tools)
         # Listed in this order; a name means one tool whatever the order.
         self.tools.install([self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(speech=self.turns.speech, drafts=self.turns.drafts)])
+        self.inference = InferenceBroker(owner_of=self.sessions.owner_of, metrics=self.metrics)
         self.inbound = ServerInbound(
-            self.router.registry,
-            self.journal,
+            self.router.registry, self.journal,
             on_channels_changed=self._channels_changed,
             deliveries_for=self.sessions.deliveries_for,
             on_accepted=self._accepted,
             on_tools_changed=self.connector_tools.list_changed,
+            inference=self.inference,
         )
         self.host_services = HostServices(
             router=self.router,
@@ -156,6 +158,7 @@ class Daemon:
             explain=self.explain,
             reload=self.reload,
             stall_timeout=self.config.host.stall_timeout,
+            inference=self.inference,
         )
         self.metrics.read_state_from(
             ScrapedParts(
@@ -235,6 +238,7 @@ class Daemon:
         # not at their lease; then its agents are released after the session grace.
         self.turns.connection_closed(connection)
         self.sessions.closed(connection)
+        self.inference.connection_closed(connection)
 
     # -- events ------------------------------------------------------------------------------
 

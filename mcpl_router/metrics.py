@@ -114,6 +114,18 @@ class DaemonMetrics:
             ["kind"],
             registry=registry,
         )
+        self.inference_requests = Counter(
+            "mcpl_router_inference_requests",
+            "Servers' inference/request and model/info forwarded to hosts, by outcome: answered, or the refusal's reason.",
+            ["server", "method", "outcome"],
+            registry=registry,
+        )
+        self.inference_chunks = Counter(
+            "mcpl_router_inference_chunks",
+            "Hosts' inference/chunk notifications: forwarded to the asking server, or dropped (by reason).",
+            ["outcome"],
+            registry=registry,
+        )
         self._configured_agents = configured_agents
         self._labelled_agents: set[str] = set()
 
@@ -126,6 +138,14 @@ class DaemonMetrics:
         return generate_latest(self.registry)
 
     # -- recording (called by the shell) ----------------------------------------------------
+
+    def inference_outcome(self, server_id: str, method: str, outcome: str) -> None:
+        """One server inference request's end: ``answered`` or a refusal reason (docs/errors.md)."""
+        self.inference_requests.labels(server_id, method, outcome).inc()
+
+    def inference_chunk(self, outcome: str) -> None:
+        """One host chunk: ``forwarded``, or the reason it was dropped."""
+        self.inference_chunks.labels(outcome).inc()
 
     def inbound_answered(self, server_id: str, method: str, result: Any) -> None:
         """Count what a server's ``channels/incoming``/``register``/``changed``/push got back."""

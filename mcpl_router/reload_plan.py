@@ -17,7 +17,10 @@ __all__ = ["ReloadPlan", "plan_reload"]
 #: Server keys a live link can take without reconnecting: its tool filters and readiness.
 _LIVE_KEYS = frozenset({"enabled_tools", "disabled_tools", "required"})
 #: Server keys applied to the live connection by sending it a new grant.
-_GRANT_KEYS = frozenset({"enabled_capabilities", "disabled_capabilities", "enabled_feature_sets", "disabled_feature_sets"})
+#: (``inference`` grants or withdraws the inference leaves; its limits are read per request.)
+_GRANT_KEYS = frozenset(
+    {"enabled_capabilities", "disabled_capabilities", "enabled_feature_sets", "disabled_feature_sets", "inference"}
+)
 
 
 @attrs.frozen

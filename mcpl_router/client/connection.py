@@ -241,15 +241,14 @@ class RouterClient:
         """``session/hello``: claim ``agents`` (AgentSpec objects, or just names).
 
         With handlers registered (:meth:`serve_inference`, :meth:`serve_model_info`) the hello
-        says ``serves: [method]``, so the daemon knows this host answers them.
+        declares ``serves: {inference: [...], modelInfo: [...]}`` for these agents, so the daemon
+        forwards their servers' requests here (docs/host-api.md).
         """
-        params: dict[str, Any] = {
-            "host": host,
-            "agents": [{"name": agent} if isinstance(agent, str) else dict(agent) for agent in agents],
-        }
+        specs = [{"name": agent} if isinstance(agent, str) else dict(agent) for agent in agents]
+        params: dict[str, Any] = {"host": host, "agents": specs}
         if resume_from is not None:
             params["resumeFrom"] = resume_from
-        serves = self._requests.serves
+        serves = self._requests.serves_for([str(spec["name"]) for spec in specs])
         if serves:
             params["serves"] = serves
         return await self.request("session/hello", params, HelloResult)

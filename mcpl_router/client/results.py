@@ -208,11 +208,19 @@ class HelloAgent(_Result):
     subconscious_for: str | None = None
 
 
+class Serves(_Result):
+    """The agents whose model this connection serves, per kind (``session/hello``'s ``serves``)."""
+
+    inference: list[str] = []
+    model_info: list[str] = []
+
+
 class HelloResult(_Result):
     daemon_version: str
     servers: list[ServerStatus] = []
     agents: list[HelloAgent] = []
     wake_seq: int = 0
+    serves: Serves = msgspec.field(default_factory=Serves)
 
 
 class AckResult(_Result):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 import attrs
@@ -123,13 +123,23 @@ class HostRequests:
 
     @property
     def serves(self) -> list[str]:
-        """The methods served now, as ``session/hello``'s ``serves`` lists them."""
+        """The methods served now."""
         served = []
         if self._inference is not None:
             served.append(INFERENCE_REQUEST)
         if self._model_info is not None:
             served.append(MODEL_INFO)
         return served
+
+    def serves_for(self, agents: Sequence[str]) -> dict[str, list[str]]:
+        """``session/hello``'s ``serves`` for ``agents``: the agents whose model this host
+        serves, per kind (``inference``, ``modelInfo``); empty when it serves nothing."""
+        declared: dict[str, list[str]] = {}
+        if self._inference is not None:
+            declared["inference"] = list(agents)
+        if self._model_info is not None:
+            declared["modelInfo"] = list(agents)
+        return declared
 
     async def __call__(self, inbound: Inbound) -> Any:
         """Answer one daemon→host request (the peer sends what this returns, or the error)."""

@@ -81,7 +81,11 @@ SERVER_KEYS: Final = (
     "toolPrefix",
     "disabled",
     "required",
+    "inference",
 )
+#: ``mcplServers.<id>.inference``: this server may ask for inference (``inference/request``,
+#: ``model/info``), served by the host that serves ``agent``'s model.
+INFERENCE_KEYS: Final = ("agent", "maxConcurrent", "maxRequestBytes", "perMinute", "timeout")
 # Spellings that connectome-host's mcpl-servers.json uses for the same settings, so its files
 # load unchanged. Not listed in "valid keys" messages: new files should use the names above.
 SERVER_COMPAT_KEYS: Final = ("requestTimeoutMs", "reconnectIntervalMs", "reconnectMaxIntervalMs")
@@ -216,6 +220,31 @@ class ReconnectPolicy:
 
 
 @attrs.frozen
+class InferencePolicy:
+    """What a server may ask of inference (``mcplServers.<id>.inference``); absent: nothing.
+
+    ``agent`` names the agent whose model answers: the host that owns it and declared it in
+    ``session/hello``'s ``serves`` is asked. The limits bound what one server may spend.
+    """
+
+    agent: str
+    max_concurrent: int = 4
+    max_request_bytes: int = 1_048_576
+    per_minute: int = 60
+    timeout: float = 120.0
+
+    def to_wire(self) -> dict[str, Any]:
+        """The policy with its on-disk (camelCase) names, for status output."""
+        return {
+            "agent": self.agent,
+            "maxConcurrent": self.max_concurrent,
+            "maxRequestBytes": self.max_request_bytes,
+            "perMinute": self.per_minute,
+            "timeout": self.timeout,
+        }
+
+
+@attrs.frozen
 class ServerConfig:
     """One configured MCPL server: how to reach it and what it may be granted.
 
@@ -258,6 +287,8 @@ class ServerConfig:
     disabled: bool = False
     #: ``/readyz`` (and ``mcpl-router health``) fail while this server is not ready.
     required: bool = False
+    #: Server-initiated inference: None = this server may not ask (the grant leaves it out).
+    inference: InferencePolicy | None = None
 
     @property
     def endpoint(self) -> str:
@@ -339,6 +370,7 @@ class ServerConfig:
                 "toolPrefix": self.tool_prefix,
                 "disabled": self.disabled,
                 "required": self.required,
+                "inference": None if self.inference is None else self.inference.to_wire(),
             }
         )
         return out

@@ -35,6 +35,7 @@ from mcpl_router.config.model import (
     ServerConfig,
 )
 from mcpl_router.config.paths import resolve_path
+from mcpl_router.config.read_inference import parse_inference
 from mcpl_router.config.section_reader import Section
 
 # What the link's grant policy accepts as one segment of a capability path or feature-set name
@@ -121,6 +122,7 @@ def _parse_server(
         "tool_prefix": s.string("toolPrefix", f"mcpl--{server_id}--") or "",
         "disabled": disabled,
         "required": s.boolean("required", False),
+        "inference": parse_inference(s, enabled_capabilities),
     }
     if transport_and_endpoint is None:
         return None

@@ -20,7 +20,7 @@ from mcpl_router.routing.gating import WakeGateSpec
 from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES, ProseMode, mode_named
 from mcpl_router.routing.refs import ChannelRef
 
-__all__ = ["AckParams", "AgentSpec", "AgentSpecParams", "ChannelRefParams", "HelloParams", "WakeParams", "params_of"]
+__all__ = ["AckParams", "AgentSpec", "AgentSpecParams", "ChannelRefParams", "HelloParams", "ServesParams", "WakeParams", "params_of"]
 
 #: The wire's names of the prose-routing modes (``routing/modes/`` holds what each does).
 ProseRouting = Literal[MODE_NAMES]  # type: ignore[valid-type]
@@ -56,10 +56,21 @@ class AgentSpecParams(msgspec.Struct, rename="camel"):
         gate_of_params(self)
 
 
+class ServesParams(msgspec.Struct, rename="camel"):
+    """The agents (owned on this connection) whose model the host serves to servers that ask."""
+
+    inference: list[str] = []
+    model_info: list[str] = []
+
+    def by_kind(self) -> dict[str, list[str]]:
+        return {"inference": self.inference, "modelInfo": self.model_info}
+
+
 class HelloParams(msgspec.Struct, rename="camel"):
     host: str
     agents: list[AgentSpecParams] = []
     resume_from: int | None = None
+    serves: ServesParams | None = None
 
 
 class AckParams(msgspec.Struct, rename="camel"):

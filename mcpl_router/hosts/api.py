@@ -6,7 +6,8 @@ One method table per host connection, composed from the areas that own the metho
 - sessions, agents and wakes (:mod:`mcpl_router.hosts.sessions`): ``session/hello``,
   ``wake/ack``, …;
 - turns, typing and context (:mod:`mcpl_router.hosts.turn_api`): ``turn/*``,
-  ``channels/typing``, ….
+  ``channels/typing``, …;
+- server-initiated inference (:mod:`mcpl_router.hosts.inference_api`): ``inference/chunk``.
 Documented in ``docs/host-api.md``; every method here has an entry there.
 """
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
+from mcpl_router.hosts.inference_api import add_inference_methods
 from mcpl_router.hosts.publish_api import add_publish_methods
 from mcpl_router.hosts.session_api import add_session_methods
 from mcpl_router.hosts.turn_api import add_turn_methods
@@ -106,7 +108,8 @@ def host_methods(services: HostServices, connection: HostConnection | None = Non
     table = MethodTable()
     add_query_methods(table, services)
     if connection is not None:
-        add_session_methods(table, services.sessions, connection)
+        add_session_methods(table, services.sessions, connection, services.inference.serving)
         add_turn_methods(table, services.turns, services.typing, connection)
         add_publish_methods(table, services, connection)
+        add_inference_methods(table, services.inference, connection)
     return table

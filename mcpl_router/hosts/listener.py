@@ -20,6 +20,7 @@ import trio
 
 from mcpl_router.hosts.api import host_methods
 from mcpl_router.hosts.connection import HostConnection
+from mcpl_router.inference import chunk_lane
 from mcpl_router.jsonrpc import Inbound, MessageStream, NdjsonStream, Peer, PeerLimits
 from mcpl_router.logs import get_logger
 
@@ -106,6 +107,8 @@ def host_lane(inbound: Inbound) -> Hashable:
     agent's slow ``turn/round`` doesn't hold another agent's text on the same connection (until
     the connection's inbound bound is reached: docs/host-api.md, *Delivery and flow control*).
     """
+    if inbound.method == "inference/chunk":
+        return chunk_lane(inbound)  # one lane per forwarded request: its chunks in order
     if inbound.params is None or not inbound.method.startswith("turn/"):
         return None
     try:

@@ -16,6 +16,7 @@ import attrs
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.hosts.sessions import SessionManager
+    from mcpl_router.inference import InferenceBroker
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.turns import TurnManager, TypingIndicators
@@ -47,6 +48,7 @@ class HostServices:
         explain: ``explain``'s answer for a name (and an optional server id).
         reload: ``daemon/reload``.
         stall_timeout: ``host.stallTimeout``: a connection taking nothing this long is closed.
+        inference: servers' inference requests (hello's ``serves``, ``inference/chunk``).
     """
 
     router: Router
@@ -60,3 +62,4 @@ class HostServices:
     explain: Callable[[str, str | None], dict[str, Any]]
     reload: Callable[[], Awaitable[dict[str, Any]]]
     stall_timeout: float
+    inference: InferenceBroker

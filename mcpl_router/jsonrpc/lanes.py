@@ -53,6 +53,8 @@ class _Lane:
     key: Hashable
     send: trio.MemorySendChannel[tuple[Inbound, int]]
     receive: trio.MemoryReceiveChannel[tuple[Inbound, int]]
+    #: Set when the lane's task ends: everything put into it has been handled.
+    ended: trio.Event = attrs.field(factory=trio.Event)
 
 
 class PeerLanes:
@@ -98,6 +100,21 @@ class PeerLanes:
             await self._enqueue(data)
         except PeerClosed:
             self._log.info("jsonrpc.reply.undeliverable", id=reply.id)
+
+    async def wait_lane_drained(self, key: Hashable) -> None:
+        """Wait until every message that arrived so far in lane ``key`` has been handled.
+
+        For a request of ours whose answer must not overtake the notifications the other side
+        sent before it (the read loop resolves answers at once, lanes handle in their tasks).
+        Not for the connection's own lane (key ``None``), which never ends.
+        """
+        if key is None:
+            raise ValueError("the connection's own lane never drains")
+        lane = self._lanes.get(key)
+        if lane is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await lane.ended.wait()
 
     # -- incoming ----------------------------------------------------------------------------
 
@@ -219,6 +236,7 @@ class PeerLanes:
                 self._inbound_room.set()
                 await self._handle(inbound)
         finally:
+            lane.ended.set()
             self._lane_slots.release()
 
     async def _handle_concurrent(self, inbound: Inbound) -> None:

@@ -9,7 +9,7 @@ journals the accepted ones (one transaction per batch) and only then answers ``a
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -34,6 +34,16 @@ from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFa
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
+
+#: Server-initiated inference, answered by :class:`mcpl_router.inference.InferenceBroker`.
+INFERENCE_METHODS = ("inference/request", "model/info")
+
+
+class InferenceHandler(Protocol):
+    """Answers a server's admitted ``inference/request`` or ``model/info``."""
+
+    async def handle(self, link: ServerLink, inbound: Inbound) -> Any: ...
+
 
 INVALID_ITEM = -32602
 #: MCP's notice that a server's tool list changed (the connector tools re-list).
@@ -92,6 +102,7 @@ class ServerInbound:
             after its commit, in seq order, to wake hosts.
         on_tools_changed: told of a server's ``notifications/tools/list_changed`` (the
             connector tools fetch its list again).
+        inference: answers ``inference/request`` and ``model/info`` (-32601 without it).
     """
 
     def __init__(
@@ -103,6 +114,7 @@ class ServerInbound:
         deliveries_for: Callable[[InboundEvent], list[Delivery]] | None = None,
         on_accepted: Callable[[int, InboundEvent, list[Delivery]], None] | None = None,
         on_tools_changed: Callable[[ServerLink], None] | None = None,
+        inference: InferenceHandler | None = None,
     ) -> None:
         self.registry = registry
         self.journal = journal
@@ -118,6 +130,9 @@ class ServerInbound:
             "channels/list": self._list,
             "push/event": self._push,
         }
+        if inference is not None:
+            for method in INFERENCE_METHODS:
+                self._handlers[method] = inference.handle
 
     def _log_of(self, server_id: str) -> Any:
         # One bound logger per server, not one per message.

@@ -23,7 +23,15 @@ import trio
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.envelope import Envelope
 from mcpl_router.mcpl.digest import DigestError, manifest_revision
-from mcpl_router.mcpl.grants import Grant, GrantPolicy, compute_grant, narrow_on_manifest_change
+from mcpl_router.config.read_inference import SERVER_INFERENCE_LEAVES
+from mcpl_router.mcpl.grants import (
+    DEFAULT_ENABLED_CAPABILITIES,
+    Grant,
+    GrantPolicy,
+    compute_grant,
+    narrow_on_manifest_change,
+    path_matches,
+)
 from mcpl_router.mcpl.handshake import _POLICY_METHOD
 from mcpl_router.mcpl.link_state import LinkState
 from mcpl_router.mcpl.manifest import Manifest, ManifestError, diff_manifests, parse_manifest
@@ -42,10 +50,25 @@ def policy_for(config: ServerConfig) -> GrantPolicy:
 
     ``from_config`` drops an exact denial from the *default* allowlist rather than reading it
     as a malformed allow+deny pair: the operator only wrote the deny.
+
+    Server-initiated inference (``inferenceRequest``, ``inferenceRequest.streaming``,
+    ``modelInfo``) is the operator's ``inference`` table's to grant: without it those leaves are
+    denied whatever the patterns say (``*`` included); with it they join the allowlist, except
+    the ones ``disabledCapabilities`` names.
     """
+    enabled = config.enabled_capabilities
+    disabled = tuple(config.disabled_capabilities)
+    if config.inference is None:
+        enabled = None if enabled is None else tuple(p for p in enabled if p not in SERVER_INFERENCE_LEAVES)
+        disabled += tuple(leaf for leaf in SERVER_INFERENCE_LEAVES if leaf not in disabled)
+    else:
+        base = DEFAULT_ENABLED_CAPABILITIES if enabled is None else enabled
+        base = tuple(p for p in base if p not in disabled)
+        added = tuple(leaf for leaf in SERVER_INFERENCE_LEAVES if leaf not in base and not any(path_matches(p, leaf) for p in disabled))
+        enabled = base + added
     return GrantPolicy.from_config(
-        enabled_capabilities=config.enabled_capabilities,
-        disabled_capabilities=config.disabled_capabilities,
+        enabled_capabilities=enabled,
+        disabled_capabilities=disabled,
         enabled_feature_sets=config.enabled_feature_sets,
         disabled_feature_sets=config.disabled_feature_sets,
     )

@@ -111,6 +111,7 @@ _GATED_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "channels/close": ("channels.lifecycle", ("channels.lifecycle",)),
     "channels/list": ("channels.register", ("channels.register",)),
     "inference/lifecycle": ("inferenceLifecycle", ("inferenceLifecycle",)),
+    "inference/chunk": ("inferenceRequest.streaming", ("inferenceRequest.streaming",)),
     "context/beforeInference": (
         "contextHooks.beforeInference",
         (
@@ -453,6 +454,15 @@ class FixtureServer:
             transport=options.transport,
         )
         manifest = build_manifest(options.personality, name, has_channels=bool(channels))
+        if options.inference:
+            # Server-initiated inference (§11, §12): ask with the control's `call`
+            # (inference/request, model/info); the host's inference/chunk are recorded.
+            manifest.update({"inferenceRequest": True, "modelInfo": True})
+            inference_set = {"description": f"{name} asks the host's model.", "uses": ["inferenceRequest", "modelInfo"]}
+            if isinstance(manifest.get("featureSets"), dict):
+                manifest["featureSets"][f"{name}.inference"] = inference_set
+            else:
+                manifest.setdefault("featureSets", []).append({"name": f"{name}.inference", **inference_set})
         return cls(options=options, name=name, manifest=manifest, channels=channels, log=log)
 
     @property
@@ -761,6 +771,7 @@ class _HostSession:
             "channels/outgoing/chunk",
             "channels/outgoing/complete",
             "inference/lifecycle",
+            "inference/chunk",
             "channels/close",
             "ping",
         ):
@@ -1366,6 +1377,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--exit-with-parent", action="store_true", help="exit when the parent process is gone")
     parser.add_argument("--never-answer", action="append", default=[], metavar="METHOD",
                         help="never answer this host request (initialize, featureSets/update, …): a hung server")
+    parser.add_argument("--inference", action="store_true",
+                        help="advertise inferenceRequest (streaming too) and modelInfo, in a feature set <name>.inference")
     parser.add_argument("--log-level", default="info")
     options = parser.parse_args(argv)
     for spec in options.dm:

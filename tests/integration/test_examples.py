@@ -117,7 +117,7 @@ async def test_the_inference_host_declares_serves_and_streams_an_echo(short_tmp:
             async with example("inference_host.py", "--socket", str(socket), "--agent", "ada", log=short_tmp / "host.log"):
                 await wait_until(lambda: bool(hellos), timeout=20, interval=0.05)
                 assert hellos[0]["host"] == "inference-host" and hellos[0]["agents"] == [{"name": "ada"}]
-                assert hellos[0]["serves"] == ["inference/request", "model/info"]
+                assert hellos[0]["serves"] == {"inference": ["ada"], "modelInfo": ["ada"]}
                 request = {"messages": [{"role": "user", "content": "repeat after me"}], "preferences": {"maxTokens": 50}}
                 params = {"requestId": "r-1", "agent": "ada", "serverId": "s", "stream": True, "request": request}
                 answer = await peers[0].request("inference/request", params, timeout=10)
@@ -130,16 +130,18 @@ async def test_the_inference_host_declares_serves_and_streams_an_echo(short_tmp:
                 assert info["id"] == "echo-1"
 
 
-async def test_the_inference_host_connects_to_the_daemon_and_says_serves(short_tmp: Path) -> None:
-    """PENDING the daemon side of ``inference/request``: today this checks that the real daemon
-    accepts a hello with ``serves`` (the example owns its agent). Once the daemon routes a
-    server's ``inference/request`` to a serving host, extend it: a fixture server's request
-    reaches the example and its echo comes back to the server."""
+async def test_a_servers_inference_request_reaches_the_example_host_and_its_echo_comes_back(short_tmp: Path) -> None:
+    """End to end through real processes: a fixture server configured to ask for ``ada``'s
+    model sends ``inference/request`` (streamed); the example host serving ``ada`` answers; the
+    chunks and the answer reach that server."""
     with trio.fail_after(60):
-        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as server:
+        async with FixtureProcess.start(
+            transport="tcp", channels=["general"], control_dir=short_tmp, server_name="s", inference=True
+        ) as server:
             assert server.listen_url is not None
             socket = str(short_tmp / "run" / "host.sock")
-            async with daemon_process(write_config(short_tmp, server.listen_url), short_tmp / "daemon.log") as daemon:
+            servers = {"s": {"url": server.listen_url, "inference": {"agent": "ada"}}}
+            async with daemon_process(write_config(short_tmp, None, servers=servers), short_tmp / "daemon.log") as daemon:
                 await daemon.start()
                 await wait_daemon_ready(socket)
                 log = short_tmp / "host.log"
@@ -149,10 +151,13 @@ async def test_the_inference_host_connects_to_the_daemon_and_says_serves(short_t
                         return host.poll() is not None or "serving inference for ada" in log.read_text()
 
                     await wait_until(settled, timeout=20, interval=0.05)
-                    if host.poll() is not None:
-                        output = log.read_text()
-                        if "serves" in output and "-32602" in output:
-                            pytest.skip(f"the daemon refuses serves in session/hello: {output.strip().splitlines()[-1]}")
-                        pytest.fail(f"the inference host exited: {output}")
+                    assert host.poll() is None, f"the inference host exited: {log.read_text()}"
                     # Its hello (with serves) was answered: the daemon gave it the agent.
                     assert await owned_by(socket, "ada", "inference-host")
+                    request = {"featureSet": "s.inference", "stream": True, "messages": [{"role": "user", "content": "repeat after me"}]}
+                    answer = await server.host_call("inference/request", request)
+                    assert answer["result"]["content"] == "echo: repeat after me"
+                    chunks = [entry["params"] for entry in await server.recorded("inference/chunk")]
+                    assert "".join(chunk["delta"] for chunk in chunks) == "echo: repeat after me"
+                    info = await server.host_call("model/info", {})
+                    assert info["result"]["id"] == "echo-1"

@@ -262,7 +262,8 @@ async def test_inference_is_served_with_chunks_and_hello_says_what_is_served() -
             assert stats.requests_served == {"inference/request": 1, "model/info": 1} and stats.chunks_sent == 2
         await daemon.aclose("test done")
         nursery.cancel_scope.cancel()
-    assert stand_in.sent("session/hello")[0]["serves"] == ["inference/request", "model/info"]
+    hello = stand_in.sent("session/hello")[0]
+    assert hello["serves"] == {"inference": [spec["name"] for spec in hello["agents"]], "modelInfo": [spec["name"] for spec in hello["agents"]]}
     assert seen[0].request_id == "r-1" and seen[0].stream and seen[0].server_id == "s"
     # Chunks are notifications sent before the answer, so they arrived first, in order.
     assert chunks == [{"requestId": "r-1", "chunk": {"delta": "ec"}}, {"requestId": "r-1", "chunk": {"delta": "ho"}}]

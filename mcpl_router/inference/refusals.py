@@ -1,0 +1,81 @@
+"""What a server is told when its ``inference/request`` or ``model/info`` is not answered.
+
+Each refusal is a JSON-RPC error with a stable ``data.reason`` (docs/errors.md) and a message
+that says what was not done and what would work. A server not granted the capability never
+gets here: the link refuses it -32002 at admission (``mcpl_router.mcpl.link``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from mcpl_router.jsonrpc import RpcError
+
+__all__ = [
+    "HOST_ERROR",
+    "HOST_GONE",
+    "NO_HOST",
+    "RATE_LIMITED",
+    "TIMEOUT",
+    "TOO_LARGE",
+    "TOO_MANY_CONCURRENT",
+    "refusal",
+]
+
+#: No host connection serves the configured agent's model now.
+NO_HOST: Final = -32060
+#: The serving host's connection closed before it answered.
+HOST_GONE: Final = -32061
+#: The host did not answer within the server's ``inference.timeout``.
+TIMEOUT: Final = -32062
+#: The server already has ``inference.maxConcurrent`` requests in flight.
+TOO_MANY_CONCURRENT: Final = -32063
+#: The server asked more than ``inference.perMinute`` times in the last 60 s.
+RATE_LIMITED: Final = -32064
+#: The request's params are larger than ``inference.maxRequestBytes``.
+TOO_LARGE: Final = -32065
+#: The host answered with an error, or with something that is not a result object.
+HOST_ERROR: Final = -32066
+
+REASON_NO_HOST: Final = "no-host"
+REASON_HOST_GONE: Final = "host-gone"
+REASON_TIMEOUT: Final = "timeout"
+REASON_TOO_MANY_CONCURRENT: Final = "too-many-concurrent"
+REASON_RATE_LIMITED: Final = "rate-limited"
+REASON_TOO_LARGE: Final = "too-large"
+REASON_HOST_ERROR: Final = "host-error"
+
+_CODES: Final = {
+    REASON_NO_HOST: NO_HOST,
+    REASON_HOST_GONE: HOST_GONE,
+    REASON_TIMEOUT: TIMEOUT,
+    REASON_TOO_MANY_CONCURRENT: TOO_MANY_CONCURRENT,
+    REASON_RATE_LIMITED: RATE_LIMITED,
+    REASON_TOO_LARGE: TOO_LARGE,
+    REASON_HOST_ERROR: HOST_ERROR,
+}
+
+
+def refusal(reason: str, method: str, **facts: Any) -> RpcError:
+    """The error for refusing ``method`` for ``reason``, worded with ``facts``."""
+    what = "No inference was run" if method == "inference/request" else "No model information was given"
+    agent = facts.get("agent")
+    if reason == REASON_NO_HOST:
+        text = (f"{what}: no host serves agent {agent!r}'s model now (the host that owns it has not "
+                "declared it in session/hello's serves, or is not connected). Ask again once it is.")
+    elif reason == REASON_HOST_GONE:
+        text = f"{what}: the host serving agent {agent!r} disconnected before it answered. Ask again later."
+    elif reason == REASON_TIMEOUT:
+        text = f"{what}: the host serving agent {agent!r} did not answer within {facts['timeout']:g} s."
+    elif reason == REASON_TOO_MANY_CONCURRENT:
+        text = (f"{what}: this server already has {facts['limit']} requests in flight (its maxConcurrent). "
+                "Wait for one to finish.")
+    elif reason == REASON_RATE_LIMITED:
+        text = (f"{what}: this server asked {facts['limit']} times in the last minute (its perMinute). "
+                f"Ask again in {facts['retryAfter']:.1f} s.")
+    elif reason == REASON_TOO_LARGE:
+        text = (f"{what}: the request is {facts['size']} bytes, over this server's maxRequestBytes "
+                f"({facts['limit']}). Send less.")
+    else:
+        text = f"{what}: the host serving agent {agent!r} failed it ({facts.get('detail', 'no detail')})."
+    return RpcError(_CODES[reason], text, {"reason": reason, **facts})
