@@ -247,6 +247,7 @@ class SessionManager:
                     "inFlight": stats.in_flight,
                     "replaying": stats.replaying,
                     "noticesQueued": stats.notices_queued,
+                    "freshQueued": stats.fresh_queued,
                     "wakesSent": stats.wakes_sent,
                     "wakesReplayed": stats.wakes_replayed,
                 }
