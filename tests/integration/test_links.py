@@ -63,10 +63,14 @@ async def test_handshake_grant_and_registration(tmp_path: Path, transport: str, 
             await wait_ready(daemon, "s")
             await wait_channel(daemon, "s", "general")
             link = daemon.links["s"]
-            updates = await server.recorded("featureSets/update")
             # The grant goes out as a Request, once, in this epoch; only a server that answers it
-            # -32601 (heartbeat-like) is told again, as a Notification.
+            # -32601 (heartbeat-like) is told again, as a Notification (which the server records
+            # when it reads it: waited for, not assumed).
             expected = ["request", "notification"] if personality == "legacy" else ["request"]
+            with trio.move_on_after(5):
+                while len(await server.recorded("featureSets/update")) < len(expected):
+                    await trio.sleep(0.05)
+            updates = await server.recorded("featureSets/update")
             assert [u["kind"] for u in updates] == expected
             sent = updates[0]["params"]["effectiveCapabilities"]
             assert "channels.register" in sent and "channels.incoming" in sent
