@@ -25,6 +25,7 @@ from mcpl_router.client import RouterClient
 from mcpl_router.config import RouterConfig, parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, FixtureProcess, fixture_command, wait_until
+from mcpl_router.testing.descriptors import channel_descriptor
 
 FAST_RECONNECT = {"initialDelay": 0.05, "maxDelay": 0.5, "multiplier": 2, "jitter": 0.1}
 
@@ -231,3 +232,21 @@ async def host_session(daemon: Daemon, agent: Mapping[str, Any] | str = "ann") -
     async with RouterClient.connect_unix(daemon.host_socket_path) as client:
         await client.hello("test-host", [agent])
         yield client
+
+
+@asynccontextmanager
+async def two_servers_sharing_general(workdir: Path, first: str) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
+    """Servers a and b (tcp, strict), both registering an open ``general``, ``first`` first."""
+    async with AsyncExitStack() as stack:
+        servers: dict[str, FixtureProcess] = {}
+        for name in ("a", "b"):
+            servers[name] = await stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
+            )
+        config = {name: dialled_server(fixture) for name, fixture in servers.items()}
+        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
+        for name in (first, "b" if first == "a" else "a"):
+            await wait_ready(daemon, name)
+            await servers[name].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+            await wait_channel(daemon, name, "general")
+        yield daemon, servers

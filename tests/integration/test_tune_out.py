@@ -10,7 +10,7 @@ name. Servers ``a`` and ``b`` both register ``general``, in both registration or
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,33 +21,14 @@ from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
-from mcpl_router.testing.descriptors import channel_descriptor
 
-from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+from .conftest import two_servers_sharing_general
 
 pytestmark = pytest.mark.integration
 
 AGENT = "ann"
 SUB = {"name": "sub", "subconsciousFor": AGENT, "wake": {"tags": []}}
 A_GENERAL, B_GENERAL = ChannelRef("a", "general"), ChannelRef("b", "general")
-
-
-@asynccontextmanager
-async def two_servers(workdir: Path, first: str) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
-    """Servers a and b (tcp, strict), both registering an open ``general``, ``first`` first."""
-    async with AsyncExitStack() as stack:
-        servers: dict[str, FixtureProcess] = {}
-        for name in ("a", "b"):
-            servers[name] = await stack.enter_async_context(
-                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
-            )
-        config = {name: dialled_server(fixture) for name, fixture in servers.items()}
-        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
-        for name in (first, "b" if first == "a" else "a"):
-            await wait_ready(daemon, name)
-            await servers[name].register([{**channel_descriptor("general"), "initiallyOpen": True}])
-            await wait_channel(daemon, name, "general")
-        yield daemon, servers
 
 
 @asynccontextmanager
@@ -73,7 +54,7 @@ async def tool(client: RouterClient, turn_id: str, name: str, arguments: dict[st
 @pytest.mark.parametrize("first", ["a", "b"])
 async def test_tune_out_reads_the_turns_own_channel_holds_its_wakes_and_summarizes_them(tmp_path: Path, first: str) -> None:
     with trio.fail_after(60):
-        async with two_servers(tmp_path, first) as (daemon, servers), host(daemon) as client:
+        async with two_servers_sharing_general(tmp_path, first) as (daemon, servers), host(daemon) as client:
             await mention(servers["b"])
             wake = await next_wake(client)
             opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake["seq"]]})
@@ -123,7 +104,7 @@ async def test_tune_out_reads_the_turns_own_channel_holds_its_wakes_and_summariz
 
 async def test_tune_out_of_the_turns_own_channel_after_its_server_withdrew_it_is_refused(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with two_servers(tmp_path, "a") as (daemon, servers), host(daemon) as client:
+        async with two_servers_sharing_general(tmp_path, "a") as (daemon, servers), host(daemon) as client:
             await mention(servers["b"])
             wake = await next_wake(client)
             opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake["seq"]]})
@@ -141,7 +122,7 @@ async def test_tune_out_of_the_turns_own_channel_after_its_server_withdrew_it_is
 
 async def test_a_tune_out_ends_after_its_max_wakes(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with two_servers(tmp_path, "a") as (daemon, servers), host(daemon) as client:
+        async with two_servers_sharing_general(tmp_path, "a") as (daemon, servers), host(daemon) as client:
             opened = await client.call("turn/open", {"agent": AGENT, "channel": "a:general"})
             settings = {"channelId": "general", "maxWakes": 1, "backlogCap": 1}
             await tool(client, opened["turnId"], "tune_out", {**settings, "cadence": 600})
@@ -158,7 +139,7 @@ async def test_a_tune_out_ends_after_its_max_wakes(tmp_path: Path) -> None:
 
 async def test_the_subconscious_cancels_speaks_and_delivers_summaries_by_refs_only(tmp_path: Path) -> None:
     with trio.fail_after(60):
-        async with two_servers(tmp_path, "b") as (daemon, servers), host(daemon, AGENT, SUB) as client:
+        async with two_servers_sharing_general(tmp_path, "b") as (daemon, servers), host(daemon, AGENT, SUB) as client:
             primary = await client.call("turn/open", {"agent": AGENT, "channel": "b:general"})
             tool_names = {spec["name"] for spec in primary["tools"]}
             assert "tune_out" in tool_names and "cancel_tuneout" not in tool_names
@@ -200,7 +181,7 @@ async def test_turn_round_naming_the_tune_out_tools_holds_text_only_for_speak_in
     # turn/round names the round's tool calls before they run: speak_in_channel posts (its
     # round's plain text is held, as for channel_publish); tune_out does not.
     with trio.fail_after(60):
-        async with two_servers(tmp_path, "a") as (daemon, servers), host(daemon, AGENT, SUB) as client:
+        async with two_servers_sharing_general(tmp_path, "a") as (daemon, servers), host(daemon, AGENT, SUB) as client:
             primary = await client.call("turn/open", {"agent": AGENT, "channel": "b:general"})
             await client.call("turn/text", {"turnId": primary["turnId"], "round": 1, "delta": "stepping away"})
             tune = {"name": "tune_out", "arguments": {"channelId": "b:general", "cadence": 600}}

@@ -22,7 +22,7 @@ from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 
-from .conftest import dialled_server, running_daemon, wait_channel, wait_ready
+from .conftest import dialled_server, running_daemon, two_servers_sharing_general, wait_channel, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -31,24 +31,6 @@ AGENT = "kai"
 
 def gated(rules: list[dict[str, Any]], default: Any = "always") -> dict[str, Any]:
     return {"name": AGENT, "wakeGate": {"rules": rules, "default": default}}
-
-
-@asynccontextmanager
-async def two_servers(workdir: Path, first: str) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
-    """Servers a and b (tcp, strict), both registering an open ``general``, ``first`` first."""
-    async with AsyncExitStack() as stack:
-        servers: dict[str, FixtureProcess] = {}
-        for name in ("a", "b"):
-            servers[name] = await stack.enter_async_context(
-                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
-            )
-        config = {name: dialled_server(fixture) for name, fixture in servers.items()}
-        daemon = await stack.enter_async_context(running_daemon(workdir, config, unix_socket=True))
-        for name in (first, "b" if first == "a" else "a"):
-            await wait_ready(daemon, name)
-            await servers[name].register([{**channel_descriptor("general"), "initiallyOpen": True}])
-            await wait_channel(daemon, name, "general")
-        yield daemon, servers
 
 
 @asynccontextmanager
@@ -71,7 +53,7 @@ async def next_wake(client: RouterClient) -> dict[str, Any]:
 async def test_a_debounced_batch_routed_to_b_general_carries_route_server_b(tmp_path: Path, first: str) -> None:
     agent = gated([{"channels": ["b:general"], "behaviour": {"debounce": {"ms": 300}}}])
     with trio.fail_after(60):
-        async with two_servers(tmp_path, first) as (daemon, servers), host(daemon, agent) as client:
+        async with two_servers_sharing_general(tmp_path, first) as (daemon, servers), host(daemon, agent) as client:
             await mention(servers["b"], "one")
             await mention(servers["b"], "two")
             batch = await next_wake(client)
@@ -98,7 +80,7 @@ async def test_a_debounced_batch_routed_to_b_general_carries_route_server_b(tmp_
 async def test_a_batch_whose_server_withdrew_the_channel_wakes_no_one_and_is_logged(tmp_path: Path, first: str) -> None:
     agent = gated([{"channels": [{"serverId": "b", "channelId": "general"}], "behaviour": {"debounce": {"ms": 500}}}])
     with trio.fail_after(60), capture_logs() as logs:
-        async with two_servers(tmp_path, first) as (daemon, servers), host(daemon, agent) as client:
+        async with two_servers_sharing_general(tmp_path, first) as (daemon, servers), host(daemon, agent) as client:
             await mention(servers["b"], "held")
             await wait_until(lambda: daemon.gates.statistics()["held"].get(AGENT) == 1, timeout=10)
             held_seq = daemon.journal.last_seq()
