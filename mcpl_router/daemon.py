@@ -135,8 +135,8 @@ class Daemon:
                            agent_of=self.sessions.agent, owner_of=self.sessions.owner_of, notify_agent=self.sessions.notify_agent)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
-            self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs
-        )
+            self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,
+            fork_home=self.forks.home_of)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
         self.connector_tools = ConnectorTools(self.links, self.router, self.tools)
         # Listed in this order; a name means one tool whatever the order.

@@ -167,3 +167,78 @@ async def test_a_spawn_the_host_refuses_releases_the_binding_and_the_next_messag
                 await wait_until(lambda: daemon.forks.book.generation(AGENT, ChannelRef("b", "dm-1")) == 2, timeout=10)
     failed = [e for e in logs if e.get("event") == "fork.spawn.failed"]
     assert failed[0]["server"] == "b" and failed[0]["fork"] == "kai-b-dm-1-1"
+
+
+# -- the fence -------------------------------------------------------------------------------------
+
+
+async def tool(client: RouterClient, turn_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return await client.call("turn/tool", {"turnId": turn_id, "callId": f"c-{name}", "name": name, "arguments": arguments})
+
+
+async def fork_turn_on_b_general(daemon: Daemon, client: RouterClient, servers: dict[str, FixtureProcess]) -> tuple[str, str]:
+    """A mention on b's general spawns kai-b-general-1; the turn its host opens on that wake."""
+    await message(servers["b"], "general", "hey kai", "chat:mention")
+    fork = "kai-b-general-1"
+    wake = await wake_of(client, fork)
+    await wait_until(lambda: daemon.forks.book.fork(fork) is not None and daemon.forks.book.fork(fork).state == "bound", timeout=10)
+    turn = await client.call("turn/open", {"agent": fork, "wakes": [wake["seq"]]})
+    return fork, turn["turnId"]
+
+
+@ORDERS
+async def test_a_fork_homed_on_b_general_cannot_close_or_post_to_a_general_and_is_told_why(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), forking_host(daemon) as (client, _):
+            fork, tid = await fork_turn_on_b_general(daemon, client, servers)
+            # By the qualified name, or with a's serverId: refused, naming its own channel.
+            for arguments in ({"channelId": "a:general"}, {"channelId": "general", "serverId": "a"}):
+                for name in ("channel_close", "channel_publish"):
+                    refused = await tool(client, tid, name, {**arguments, "content": "leak"})
+                    assert refused["isError"] and refused["reason"] == "fork-not-home", (name, arguments, refused)
+                    assert "b:general" in refused["content"][0]["text"]
+                    assert refused["structuredContent"]["serverId"] == "b"
+            # A serverId alone must be the home's.
+            refused = await tool(client, tid, "channel_publish", {"serverId": "a", "content": "leak"})
+            assert refused["reason"] == "fork-not-home"
+            # The home's qualified name with the home's serverId: that pair names no channel.
+            alone = await tool(client, tid, "channel_publish", {"channelId": "b:general", "serverId": "b", "content": "x"})
+            assert alone["reason"] == "fork-name-works-alone"
+            # It opens nothing, and declines nothing but its home.
+            assert (await tool(client, tid, "channel_open", {"channelId": "general"}))["reason"] == "fork-cannot-open"
+            assert (await tool(client, tid, "channel_decline", {"channelId": "a:general"}))["reason"] == "fork-not-home"
+            # By its home's id, and by its qualified name: its home, on b.
+            posted = await tool(client, tid, "channel_publish", {"channelId": "general", "content": "home by id"})
+            assert not posted["isError"] and posted["structuredContent"]["serverId"] == "b"
+            posted = await tool(client, tid, "channel_publish", {"channelId": "b:general", "content": "home by name"})
+            assert not posted["isError"] and posted["structuredContent"]["serverId"] == "b"
+            posted = await tool(client, tid, "channel_publish", {"content": "home by default"})
+            assert not posted["isError"] and posted["structuredContent"]["serverId"] == "b"
+            closed = await tool(client, tid, "channel_close", {"channelId": "general"})
+            assert not closed["isError"] and closed["structuredContent"]["serverId"] == "b"
+            await client.call("turn/close", {"turnId": tid, "outcome": "completed"})
+            assert fork == "kai-b-general-1"
+            assert await published(servers["a"]) == []
+            assert await servers["a"].recorded("channels/close") == []
+            assert await servers["a"].recorded("channels/open") == []
+            assert [text for _, text in await published(servers["b"])] == ["home by id", "home by name", "home by default"]
+            assert [e["params"] for e in await servers["b"].recorded("channels/close")] == [{"channelId": "general"}]
+
+
+@ORDERS
+async def test_with_b_gone_a_forks_home_is_refused_as_gone_with_nothing_posted_or_closed(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), forking_host(daemon) as (client, _):
+            _, tid = await fork_turn_on_b_general(daemon, client, servers)
+            await servers["b"].withdraw(["general"])
+            await wait_until(lambda: not daemon.router.registry.is_registered(ChannelRef("b", "general")), timeout=10)
+            for name, arguments in (("channel_publish", {"channelId": "general", "content": "x"}),
+                                    ("channel_publish", {"content": "x"}), ("channel_close", {"channelId": "general"})):
+                gone = await tool(client, tid, name, arguments)
+                assert gone["isError"] and gone["reason"] == "fork-home-gone", (name, gone)
+                text = gone["content"][0]["text"]
+                assert 'no longer registered by server "b"' in text and "until its server registers it again" in text
+            await client.call("turn/close", {"turnId": tid, "outcome": "completed"})
+            # a's general, with the same id, took nothing; nor did b.
+            assert await published(servers["a"]) == [] and await servers["a"].recorded("channels/close") == []
+            assert await published(servers["b"]) == [] and await servers["b"].recorded("channels/close") == []

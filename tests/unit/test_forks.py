@@ -209,3 +209,52 @@ def test_a_version_1_journal_gains_the_fork_counters(tmp_path: Path) -> None:
         assert version == SCHEMA_VERSION == 2
     finally:
         journal.close()
+
+
+# -- the fence ---------------------------------------------------------------------------------
+
+from mcpl_router.routing.fork_fence import (  # noqa: E402
+    REASON_FORK_HOME_GONE,
+    REASON_FORK_NAME_ALONE,
+    REASON_FORK_NO_OPEN,
+    REASON_FORK_NOT_HOME,
+    FenceRefusal,
+    fenced,
+)
+
+HOME = ChannelRef("b", "general")
+
+
+def fence(verb: str, name: str | None, server_id: str | None, registered: set[ChannelRef] | None = None) -> Any:
+    known = {HOME, ChannelRef("a", "general")} if registered is None else registered
+    return fenced(verb, HOME, name, server_id, is_registered=known.__contains__, home_names=frozenset({"b:general"}),
+                  home_shown="b:general", not_done="Nothing was sent.")
+
+
+@pytest.mark.parametrize("verb", ["publish", "close", "decline"])
+def test_a_name_its_home_answers_to_means_its_home(verb: str) -> None:
+    for name, server_id in (("general", None), ("b:general", None), ("general", "b"), (None, "b"), ("", ""), (None, None)):
+        assert fence(verb, name, server_id) == HOME, (name, server_id)
+
+
+@pytest.mark.parametrize("verb", ["publish", "close", "decline"])
+def test_another_servers_channel_with_the_homes_id_is_refused_however_named(verb: str) -> None:
+    for name, server_id in (("a:general", None), ("general", "a"), (None, "a"), ("other", None), ("b:general", "a")):
+        refused = fence(verb, name, server_id)
+        assert isinstance(refused, FenceRefusal) and refused.reason == REASON_FORK_NOT_HOME, (name, server_id)
+        assert "b:general" in refused.text
+
+
+def test_the_homes_qualified_name_with_its_server_works_alone_unless_that_pair_is_a_channel() -> None:
+    refused = fence("publish", "b:general", "b")
+    assert refused.reason == REASON_FORK_NAME_ALONE and "alone" in refused.text
+    odd = ChannelRef("b", "b:general")
+    refused = fence("publish", "b:general", "b", {HOME, odd})
+    assert refused.reason == REASON_FORK_NOT_HOME
+
+
+def test_a_gone_home_is_refused_as_gone_and_a_fork_opens_nothing() -> None:
+    gone = fence("close", "general", None, registered={ChannelRef("a", "general")})
+    assert gone.reason == REASON_FORK_HOME_GONE
+    assert "Nothing was closed" in gone.text and "until its server registers it again" in gone.text
+    assert fence("open", "general", None).reason == REASON_FORK_NO_OPEN
