@@ -242,3 +242,25 @@ async def test_with_b_gone_a_forks_home_is_refused_as_gone_with_nothing_posted_o
             # a's general, with the same id, took nothing; nor did b.
             assert await published(servers["a"]) == [] and await servers["a"].recorded("channels/close") == []
             assert await published(servers["b"]) == [] and await servers["b"].recorded("channels/close") == []
+
+
+# -- idle ------------------------------------------------------------------------------------------
+
+
+async def test_an_idle_fork_gets_its_closure_prompt_and_is_released_and_traces_name_its_server(tmp_path: Path) -> None:
+    agent = {"name": AGENT, "conversations": {"forkPrefix": "kai-", "idleTtl": 1, "closurePrompt": "Wrap up."}}
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, "a") as (daemon, servers), forking_host(daemon, agent) as (client, spawned):
+            fork, first = await fork_for(daemon, client, spawned, servers["b"], "b", "hi")
+            await client.ack([first["seq"]])
+            closing = await wake_of(client, fork)
+            assert closing["reason"] == "fork/close" and closing["prompt"] == "Wrap up." and closing["seq"] == 0
+            assert closing["channel"] == {"serverId": "b", "channelId": "dm-1"}
+            assert closing["fork"] == {"agent": AGENT, "home": {"serverId": "b", "channelId": "dm-1"}, "generation": 1}
+            assert daemon.forks.home_of(fork) is None
+            # The next DM there spawns a newer generation.
+            await message(servers["b"], "dm-1", "back again")
+            await wait_until(lambda: any(r.fork == "kai-b-dm-1-2" for r in spawned), timeout=10)
+    traces = [(e["event"], e["server"], e["channel"]) for e in logs if e.get("fork") == "kai-b-dm-1-1"]
+    assert [event for event, _, _ in traces] == ["fork.spawning", "fork.bound", "fork.released"]
+    assert {(server, channel) for _, server, channel in traces} == {("b", "dm-1")}
