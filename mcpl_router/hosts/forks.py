@@ -30,7 +30,7 @@ import trio
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
-from mcpl_router.routing.forks import Binding, ConversationsSpec, Existing, ForkBook, Spawn, counters_of, kind_of
+from mcpl_router.routing.forks import Binding, ConversationsSpec, Existing, ForkBook, Spawn, counters_of, fork_name, kind_of
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.store.journal import Delivery, InboundEvent
 
@@ -83,7 +83,12 @@ class Forks:
         self._agent_of = agent_of
         self._owner_of = owner_of
         self._notify_agent = notify_agent
-        self.book = ForkBook(counters_of(journal.fork_generations()))
+        counters = counters_of(journal.fork_generations())
+        self.book = ForkBook(counters)
+        for (agent, home), generation in counters.items():
+            conversations = self._conversations_of(agent)
+            for n in range(1, generation + 1) if conversations is not None else ():
+                self.book.remember(fork_name(conversations.fork_prefix, home, n), home)
         self._to_ask: list[Binding] = []
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -92,9 +97,8 @@ class Forks:
     # -- what the channel tools and gates ask ----------------------------------------------------
 
     def home_of(self, agent: str) -> ChannelRef | None:
-        """The home of fork ``agent`` (a ref), or None for an agent that is no fork."""
-        binding = self.book.fork(agent)
-        return None if binding is None else binding.home
+        """The home of fork ``agent`` (a ref; released forks too), or None for no fork."""
+        return self.book.home_of(agent)
 
     # -- before the commit -----------------------------------------------------------------------
 
@@ -104,8 +108,8 @@ class Forks:
         out: list[Delivery] = []
         ref = None if event.channel_id is None or event.kind != "message" else ChannelRef(event.server_id, event.channel_id)
         for delivery in decided:
-            if self.book.fork(delivery.agent) is not None:
-                continue  # a fork hears its home alone, by the decision below
+            if self.book.home_of(delivery.agent) is not None:
+                continue  # a fork (released ones too) hears its home alone, by the decision below
             conversations = self._conversations_of(delivery.agent)
             if conversations is None or ref is None:
                 out.append(delivery)

@@ -167,6 +167,9 @@ class ForkBook:
         self._generations: dict[tuple[str, ChannelRef], int] = dict(generations or {})
         self._bindings: dict[tuple[str, ChannelRef], Binding] = {}
         self._forks: dict[str, Binding] = {}
+        #: Every fork name ever proposed, with its home: a released fork stays fenced to its
+        #: home, and is woken by nothing but the decision.
+        self._homes: dict[str, ChannelRef] = {}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -180,6 +183,14 @@ class ForkBook:
     def fork(self, name: str) -> Binding | None:
         """The binding whose fork is ``name`` (a fork agent's home), or None."""
         return self._forks.get(name)
+
+    def home_of(self, name: str) -> ChannelRef | None:
+        """The home of fork ``name`` (bound, pending or released), or None for no fork."""
+        return self._homes.get(name)
+
+    def remember(self, name: str, home: ChannelRef) -> None:
+        """A fork name used before (the journal's counters, at start-up): its home, for the fence."""
+        self._homes.setdefault(name, home)
 
     def bindings(self) -> list[Binding]:
         return list(self._bindings.values())
@@ -207,6 +218,7 @@ class ForkBook:
         binding = Binding(agent, spawn.home, spawn.fork, spawn.generation, PENDING, now)
         self._bindings[key] = binding
         self._forks[spawn.fork] = binding
+        self._homes[spawn.fork] = spawn.home
         return binding
 
     def bind(self, agent: str, home: ChannelRef, fork: str, generation: int) -> Binding | None:

@@ -122,6 +122,8 @@ async def test_two_servers_dms_on_one_id_each_spawn_their_own_fork_whose_replies
             await message(servers["b"], "dm-1", "again from b")
             again = await wake_of(client, b_fork)
             assert again["channel"] == b_wake["channel"] and len(spawned) == 2
+            # A fork hears only its home: b's DMs woke a's fork not at all (its own policy is not asked).
+            assert daemon.journal.unacked_count(a_fork) == 1 and daemon.journal.unacked_count(b_fork) == 2
             # Each fork's reply goes out through its own server only.
             turn = await reply(client, b_fork, b_wake["seq"], "b's fork answers")
             assert turn["channel"]["serverId"] == "b"
@@ -257,7 +259,8 @@ async def test_an_idle_fork_gets_its_closure_prompt_and_is_released_and_traces_n
             assert closing["reason"] == "fork/close" and closing["prompt"] == "Wrap up." and closing["seq"] == 0
             assert closing["channel"] == {"serverId": "b", "channelId": "dm-1"}
             assert closing["fork"] == {"agent": AGENT, "home": {"serverId": "b", "channelId": "dm-1"}, "generation": 1}
-            assert daemon.forks.home_of(fork) is None
+            assert daemon.forks.book.fork(fork) is None
+            assert daemon.forks.home_of(fork) == ChannelRef("b", "dm-1")  # still fenced to its home
             # The next DM there spawns a newer generation.
             await message(servers["b"], "dm-1", "back again")
             await wait_until(lambda: any(r.fork == "kai-b-dm-1-2" for r in spawned), timeout=10)

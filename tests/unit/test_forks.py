@@ -258,3 +258,27 @@ def test_a_gone_home_is_refused_as_gone_and_a_fork_opens_nothing() -> None:
     assert gone.reason == REASON_FORK_HOME_GONE
     assert "Nothing was closed" in gone.text and "until its server registers it again" in gone.text
     assert fence("open", "general", None).reason == REASON_FORK_NO_OPEN
+
+
+def test_a_released_fork_stays_fenced_and_a_restart_remembers_every_fork_name() -> None:
+    from mcpl_router.hosts.forks import Forks
+
+    book = ForkBook()
+    spawn = book.decide("kai", SPEC, B_DM, DM, addressed=True)
+    book.reserve("kai", spawn, 0.0)
+    book.release(spawn.fork, "idle")
+    assert book.fork(spawn.fork) is None and book.home_of(spawn.fork) == B_DM
+
+    class Counters:
+        def fork_generations(self) -> list[tuple[str, str, str, int]]:
+            return [("kai", "b", "dm-1", 2)]
+
+        def raise_fork_generation(self, agent: str, server_id: str, channel_id: str, generation: int) -> None:
+            raise AssertionError("not asked")
+
+    spec = AgentSpec(name="kai", conversations=SPEC)
+    forks = Forks(registry=None, journal=Counters(), policy_deliveries=lambda event: [],  # type: ignore[arg-type]
+                  agent_of={"kai": spec}.get, owner_of=lambda name: None, notify_agent=lambda *a: None)
+    assert forks.home_of("kai-b-dm-1-1") == B_DM and forks.home_of("kai-b-dm-1-2") == B_DM
+    assert forks.home_of("kai-b-dm-1-3") is None and forks.home_of("kai") is None
+    assert forks.book.generation("kai", B_DM) == 2
