@@ -22,6 +22,7 @@ from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
 from mcpl_router.hosts.connection import HostConnection
+from mcpl_router.hosts.forks import Forks
 from mcpl_router.hosts.gate import Diversions, JournalSettle, StillAdmitted, WakeGates
 from mcpl_router.hosts.services import HostServices
 from mcpl_router.hosts.sessions import SessionManager
@@ -129,10 +130,13 @@ class Daemon:
         self.gates = WakeGates(router=self.router, agent_of=self.sessions.agent, admitted=StillAdmitted(self.router.registry, self.links),
                                deliver=self.sessions.offer_batch, settle=JournalSettle(self.journal), count=self.metrics.wake_gated)
         self.sessions.divert_wakes_with(Diversions(self.tune_outs, self.gates))
+        # Conversation forks: a forking agent's message goes to its conversation's fork (docs/forks.md).
+        self.forks = Forks(registry=self.router.registry, journal=self.journal, policy_deliveries=self.sessions.deliveries_for,
+                           agent_of=self.sessions.agent, owner_of=self.sessions.owner_of, notify_agent=self.sessions.notify_agent)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
-            self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs
-        )
+            self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,
+            fork_home=self.forks.home_of)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
         self.connector_tools = ConnectorTools(self.links, self.router, self.tools)
         # Listed in this order; a name means one tool whatever the order.
@@ -141,7 +145,7 @@ class Daemon:
         self.inbound = ServerInbound(
             self.router.registry, self.journal,
             on_channels_changed=self._channels_changed,
-            deliveries_for=self.sessions.deliveries_for,
+            deliveries_for=self.forks.deliveries_for,
             on_accepted=self._accepted,
             on_tools_changed=self.connector_tools.list_changed,
             inference=self.inference,
@@ -258,6 +262,7 @@ class Daemon:
     def _accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
         self.channel_tools.message_admitted(seq, event, [delivery.agent for delivery in deliveries])
         self.sessions.accepted(seq, event, deliveries)
+        self.forks.accepted(seq, event, deliveries)
         self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
@@ -373,6 +378,7 @@ class Daemon:
                 await root.start(self.connector_tools.run)
                 await root.start(self.tune_outs.run)
                 await root.start(self.gates.run)
+                await root.start(self.forks.run)
                 async with trio.open_nursery() as serving:
                     self._serving = serving
                     if self.config.host.unix_socket:

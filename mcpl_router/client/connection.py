@@ -49,6 +49,7 @@ from mcpl_router.client.results import (
 )
 from mcpl_router.client.serving import (
     SERVED_METHODS,
+    ForkSpawnHandler,
     HostRequests,
     InferenceHandler,
     ModelInfoHandler,
@@ -374,6 +375,11 @@ class RouterClient:
     def serve_model_info(self, handler: ModelInfoHandler | None) -> None:
         """Answer ``model/info`` with ``handler`` (plain or async; None: stop)."""
         self._requests.serve_model_info(handler)
+
+    def serve_fork_spawn(self, handler: ForkSpawnHandler | None) -> None:
+        """Answer ``fork/spawn`` with ``handler``: it declares the fork agent (``hello``) and
+        returns (None answers ``{fork}``); see docs/forks.md."""
+        self._requests.serve_fork_spawn(handler)
 
     async def send_chunk(self, request_id: str, chunk: Any) -> None:
         """``inference/chunk {requestId, chunk}``: part of a streamed inference's answer."""

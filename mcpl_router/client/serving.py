@@ -31,6 +31,9 @@ import msgspec
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, RpcError
 
 __all__ = [
+    "FORK_SPAWN",
+    "ForkSpawnHandler",
+    "ForkSpawnRequest",
     "INFERENCE_CHUNK",
     "INFERENCE_REQUEST",
     "MODEL_INFO",
@@ -45,8 +48,10 @@ __all__ = [
 INFERENCE_REQUEST: Final = "inference/request"
 MODEL_INFO: Final = "model/info"
 INFERENCE_CHUNK: Final = "inference/chunk"
+#: A conversation fork to make (docs/forks.md): answer once the fork agent is declared.
+FORK_SPAWN: Final = "fork/spawn"
 #: The daemon→host requests a client can serve (run in their own tasks by the peer).
-SERVED_METHODS: Final = frozenset({INFERENCE_REQUEST, MODEL_INFO})
+SERVED_METHODS: Final = frozenset({INFERENCE_REQUEST, MODEL_INFO, FORK_SPAWN})
 
 ChunkSender = Callable[[str, Any], Awaitable[None]]
 #: Sends a notification on the connection (``Peer.notify``).
@@ -93,7 +98,29 @@ class ModelInfoRequest:
     server_id: str | None
 
 
+class _ForkSpawnParams(msgspec.Struct, rename="camel"):
+    agent: str
+    fork: str
+    home: dict[str, str]
+    template: str
+    generation: int = 0
+
+
+@attrs.frozen
+class ForkSpawnRequest:
+    """A ``fork/spawn`` from the daemon: make agent ``fork`` from ``template`` for ``agent``'s
+    conversation in ``home`` (``{serverId, channelId}``), declare it in ``session/hello`` on
+    this connection, then answer."""
+
+    agent: str
+    fork: str
+    home: dict[str, str]
+    template: str
+    generation: int
+
+
 InferenceHandler = Callable[[InferenceRequest], Awaitable[Any]]
+ForkSpawnHandler = Callable[[ForkSpawnRequest], Awaitable[Any]]
 #: A model-info handler may be a plain function or a coroutine function.
 ModelInfoHandler = Callable[[ModelInfoRequest], Any]
 
@@ -105,6 +132,7 @@ class HostRequests:
         self._notify = notify
         self._inference: InferenceHandler | None = None
         self._model_info: ModelInfoHandler | None = None
+        self._fork_spawn: ForkSpawnHandler | None = None
         self.served: Counter[str] = Counter()
         self.failed: Counter[str] = Counter()
         self.unhandled: Counter[str] = Counter()
@@ -121,6 +149,9 @@ class HostRequests:
     def serve_model_info(self, handler: ModelInfoHandler | None) -> None:
         self._model_info = handler
 
+    def serve_fork_spawn(self, handler: ForkSpawnHandler | None) -> None:
+        self._fork_spawn = handler
+
     @property
     def serves(self) -> list[str]:
         """The methods served now."""
@@ -129,6 +160,8 @@ class HostRequests:
             served.append(INFERENCE_REQUEST)
         if self._model_info is not None:
             served.append(MODEL_INFO)
+        if self._fork_spawn is not None:
+            served.append(FORK_SPAWN)
         return served
 
     def serves_for(self, agents: Sequence[str]) -> dict[str, list[str]]:
@@ -156,6 +189,10 @@ class HostRequests:
                 result = self._model_info(ModelInfoRequest(info.request_id, info.agent, info.server_id))
                 if inspect.isawaitable(result):
                     result = await result
+            elif method == FORK_SPAWN and self._fork_spawn is not None:
+                spawn = inbound.decode_params(_ForkSpawnParams)
+                result = await self._fork_spawn(ForkSpawnRequest(spawn.agent, spawn.fork, spawn.home, spawn.template, spawn.generation))
+                result = {"fork": spawn.fork} if result is None else result
             else:
                 self.unhandled[method] += 1
                 raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method} (this host serves {', '.join(self.serves) or 'nothing'})")

@@ -18,6 +18,7 @@ from typing import Any, Final
 import attrs
 
 from mcpl_router.config.addresses import host_port, is_loopback, without_password
+from mcpl_router.routing.forks import ConversationsSpec
 from mcpl_router.routing.gating import WakeGateSpec
 from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES
 from mcpl_router.routing.refs import ChannelRef
@@ -114,6 +115,7 @@ AGENT_KEYS: Final = (
     "wakeTags",
     "wakeGate",
     "subconsciousFor",
+    "conversations",
 )
 CHANNEL_REF_KEYS: Final = ("serverId", "channelId")
 
@@ -487,6 +489,8 @@ class AgentConfig:
     subconscious_for: str | None = None
     #: When admitted wakes go out (routing/gating.py; docs/wake-policy.md).
     wake_gate: WakeGateSpec = WakeGateSpec()
+    #: Conversation forks (routing/forks.py; docs/forks.md), or None: the agent doesn't fork.
+    conversations: ConversationsSpec | None = None
 
 
 # --- shown in summaries and status -----------------------------------------------------------

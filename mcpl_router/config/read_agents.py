@@ -12,6 +12,7 @@ from typing import Final
 
 from mcpl_router.config.errors import did_you_mean, show_value
 from mcpl_router.config.model import AGENT_KEYS, CHANNEL_REF_KEYS, PROSE_ROUTING_MODES, AgentConfig
+from mcpl_router.config.read_conversations import parse_conversations
 from mcpl_router.config.read_gate import parse_wake_gate
 from mcpl_router.config.section_reader import Section
 from mcpl_router.routing.modes import DEFAULT_MODE
@@ -58,6 +59,7 @@ def parse_agents(section: Section, server_ids: Sequence[str]) -> dict[str, Agent
             wake_tags=wake_tags,
             subconscious_for=a.string("subconsciousFor"),
             wake_gate=parse_wake_gate(a, server_ids),
+            conversations=parse_conversations(a, name),
         )
     return agents
 

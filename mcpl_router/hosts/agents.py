@@ -14,8 +14,10 @@ import msgspec
 
 from mcpl_router.config import AgentConfig
 from mcpl_router.config.errors import Problems
+from mcpl_router.config.read_conversations import parse_conversations
 from mcpl_router.config.read_gate import parse_wake_gate
 from mcpl_router.config.section_reader import Section
+from mcpl_router.routing.forks import ConversationsSpec
 from mcpl_router.routing.gating import WakeGateSpec
 from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES, ProseMode, mode_named
 from mcpl_router.routing.refs import ChannelRef
@@ -50,10 +52,13 @@ class AgentSpecParams(msgspec.Struct, rename="camel"):
     subconscious_for: str | None = None
     #: The wake gate, as in the config's ``agents.<name>.wakeGate`` (docs/wake-policy.md).
     wake_gate: dict[str, Any] | None = None
+    #: Conversation forks, as in the config's ``agents.<name>.conversations`` (docs/forks.md).
+    conversations: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # Read now, so a bad gate is refused (-32602) with the config's words, key and fix.
         gate_of_params(self)
+        conversations_of_params(self)
 
 
 class ServesParams(msgspec.Struct, rename="camel"):
@@ -103,6 +108,8 @@ class AgentSpec:
     subconscious_for: str | None = None
     #: When its admitted wakes go out (routing/gating.py; hosts/gate.py runs it).
     wake_gate: WakeGateSpec = WakeGateSpec()
+    #: Its conversation forks (routing/forks.py; hosts/forks.py runs them), or None.
+    conversations: ConversationsSpec | None = None
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> AgentSpec:
@@ -117,6 +124,7 @@ class AgentSpec:
             wake_tags=config.wake_tags or None,
             subconscious_for=config.subconscious_for,
             wake_gate=config.wake_gate,
+            conversations=config.conversations,
             configured=True,
         )
 
@@ -134,6 +142,7 @@ class AgentSpec:
             wake_tags=None if wake.tags is None else tuple(wake.tags),
             subconscious_for=params.subconscious_for or None,
             wake_gate=gate_of_params(params),
+            conversations=conversations_of_params(params),
         )
 
     @property
@@ -154,6 +163,7 @@ class AgentSpec:
             "configured": self.configured,
             "subconsciousFor": self.subconscious_for,
             "wakeGate": self.wake_gate.to_wire(),
+            "conversations": None if self.conversations is None else self.conversations.to_wire(),
         }
 
 
@@ -173,6 +183,7 @@ def params_of(spec: AgentSpec) -> AgentSpecParams:
         else ChannelRefParams(spec.home_channel.server_id, spec.home_channel.channel_id),
         subconscious_for=spec.subconscious_for,
         wake_gate=spec.wake_gate.to_wire() if spec.wake_gate != WakeGateSpec() else None,
+        conversations=None if spec.conversations is None else spec.conversations.to_wire(),
     )
 
 
@@ -186,6 +197,21 @@ def gate_of_params(params: AgentSpecParams) -> WakeGateSpec:
         return WakeGateSpec()
     problems = Problems("session/hello")
     spec = parse_wake_gate(Section(problems, f"agents.{params.name}", {"wakeGate": params.wake_gate}), None)
+    if problems.errors:
+        raise ValueError(" ".join(str(error) for error in problems.errors))
+    return spec
+
+
+def conversations_of_params(params: AgentSpecParams) -> ConversationsSpec | None:
+    """A hello's ``conversations``, read as the config's are.
+
+    Raises:
+        ValueError: every problem, each with its key and fix (msgspec makes it -32602).
+    """
+    if params.conversations is None:
+        return None
+    problems = Problems("session/hello")
+    spec = parse_conversations(Section(problems, f"agents.{params.name}", {"conversations": params.conversations}), params.name)
     if problems.errors:
         raise ValueError(" ".join(str(error) for error in problems.errors))
     return spec

@@ -248,9 +248,10 @@ class WakeGates:
             self._log.info("gate.batch.unowned", agent=batch.agent, seqs=len(seqs))
 
     def _target_of(self, batch: Batch, kept: list[Wake]) -> str:
-        """Who a batch wakes: its agent. The hook for a conversation fork as a wake target: a
-        batch's route (``batch.route(kept)``, a ref with its server) would go to a fork only
-        where that ref is the fork's home (seed 000); forks don't exist yet."""
+        """Who a batch wakes: its agent. A conversation fork's messages are the fork's own
+        deliveries from the start (hosts/forks.py decides before the commit), so a fork's batch
+        holds only its home's wakes and a trunk's batch none of a channel its fork takes: a
+        batch's route (a ref with its server) reaches a fork only where it is the fork's home."""
         return batch.agent
 
     def _bump(self, agent: str, outcome: str) -> None:

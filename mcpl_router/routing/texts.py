@@ -1034,3 +1034,42 @@ def untold_drafts(ids: Sequence[str]) -> str:
         f"{ROUTING} {len(ids)} draft(s) of yours were held and not yet mentioned: {', '.join(ids)}."
         " The drafts tool lists, sends or dismisses them."
     )
+
+
+# --- conversation forks: the channel fence (routing/fork_fence.py) ---
+
+_FORK_DONE: Final = {"publish": "posted", "close": "closed", "decline": "declined", "open": "opened"}
+
+
+def fork_cannot_open(home_shown: str, asked: str) -> str:
+    """A fork's channel_open: a fork acts only on its home, which is open already."""
+    return (
+        f"Nothing was opened: you asked for {asked}, but you are this conversation's fork, and a fork"
+        f" opens no channels. Your channel is {home_shown}; speak there, or let the main agent open others."
+    )
+
+
+def fork_not_home(verb: str, home_shown: str, asked: str, not_done: str) -> str:
+    """A fork's call naming a channel that isn't its home."""
+    return (
+        f"Can't {verb} {asked}: you are this conversation's fork, and you may {verb} only your own"
+        f" channel, {home_shown}. {not_done} Leave channelId out, or give {home_shown}."
+    )
+
+
+def fork_name_works_alone(verb: str, home_shown: str, server_id: str, not_done: str) -> str:
+    """A fork gave its home's qualified name with its home's serverId: that pair names no channel."""
+    return (
+        f"Can't {verb} that: {home_shown} with serverId {quoted(server_id)} names no channel (a serverId"
+        f" beside a channelId takes the channel's own id). {not_done} Give {home_shown} alone, or leave"
+        " channelId out: either means your channel."
+    )
+
+
+def fork_home_gone(verb: str, home_shown: str, server_id: str) -> str:
+    """A fork whose home its server no longer registers."""
+    done = _FORK_DONE.get(verb, verb)
+    return (
+        f"Nothing was {done}: your channel {home_shown} is no longer registered by server {quoted(server_id)},"
+        f" and nothing can be {done} there until its server registers it again."
+    )

@@ -51,6 +51,8 @@ from mcpl_router.store.records import (
     content_digest,
 )
 from mcpl_router.store.schema import (
+    SQL_ADD_FORK_GENERATION,
+    SQL_RAISE_FORK_GENERATION,
     SQL_SAVE_DRAFT,
     JournalLocked,  # raised here (at open), so importable from here
     lock,
@@ -198,6 +200,16 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
     def declines(self) -> list[tuple[str, str, str]]:
         """Every recorded decline as ``(agent, server, channel)``, oldest first."""
         return list(self._declines)
+
+    def fork_generations(self) -> list[tuple[str, str, str, int]]:
+        """Every conversation fork counter as ``(agent, server, channel, generation)`` (start-up)."""
+        rows = self._reader.execute("SELECT agent, server, channel, generation FROM fork_generations").fetchall()
+        return [(str(a), str(s), str(c), int(g)) for a, s, c, g in rows]
+
+    def raise_fork_generation(self, agent: str, server_id: str, channel_id: str, generation: int) -> None:
+        """Raise one binding key's fork counter to ``generation`` (never lower it), written behind."""
+        self._submit_nowait(_WriteOp(sql=SQL_RAISE_FORK_GENERATION, args=(generation, agent, server_id, channel_id, generation)))
+        self._submit_nowait(_WriteOp(sql=SQL_ADD_FORK_GENERATION, args=(agent, server_id, channel_id, generation)))
 
     def save_draft(self, row: dict[str, Any]) -> None:
         """Insert or replace one draft (its :meth:`~mcpl_router.routing.drafts.Draft.row`).

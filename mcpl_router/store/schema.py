@@ -18,7 +18,7 @@ class JournalLocked(Exception):
     """Another daemon holds this journal; the message names the file and its pid."""
 
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbound (
@@ -75,6 +75,16 @@ CREATE TABLE IF NOT EXISTS drafts (
 );
 CREATE INDEX IF NOT EXISTS drafts_by_agent ON drafts (agent, created_at);
 CREATE INDEX IF NOT EXISTS drafts_settled ON drafts (settled_at);
+-- Conversation forks (routing/forks.py): the highest generation each binding key (an agent and
+-- a channel, server + id) has used, so a fork name is never proposed twice, across restarts.
+-- Only ever raised (SQL_RAISE_FORK_GENERATION), never lowered.
+CREATE TABLE IF NOT EXISTS fork_generations (
+    agent TEXT NOT NULL,
+    server TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    PRIMARY KEY (agent, server, channel)
+) WITHOUT ROWID;
 """
 
 
@@ -105,6 +115,12 @@ SQL_FIRST_FROM: Final = "SELECT seq, received_at FROM inbound WHERE seq >= ? ORD
 SQL_PRUNE_DELIVERIES: Final = "DELETE FROM deliveries WHERE seq = ?"
 SQL_PRUNE_EVENT: Final = "DELETE FROM inbound WHERE seq = ?"
 SQL_PRUNE_DRAFTS: Final = "DELETE FROM drafts WHERE settled_at IS NOT NULL AND settled_at < ?"
+#: A fork's spawn: the binding key's counter raised to its generation (a lower one changes nothing),
+#: then the row made if it had none.
+SQL_RAISE_FORK_GENERATION: Final = (
+    "UPDATE fork_generations SET generation = ? WHERE agent = ? AND server = ? AND channel = ? AND generation < ?"
+)
+SQL_ADD_FORK_GENERATION: Final = "INSERT OR IGNORE INTO fork_generations (agent, server, channel, generation) VALUES (?, ?, ?, ?)"
 
 #: Every statement above that runs per message, per ack or per turn (for the query-plan test).
 HOT_STATEMENTS: Final = {
@@ -119,6 +135,7 @@ HOT_STATEMENTS: Final = {
     "prune deliveries": (SQL_PRUNE_DELIVERIES, (1,)),
     "prune event": (SQL_PRUNE_EVENT, (1,)),
     "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
+    "raise fork generation": (SQL_RAISE_FORK_GENERATION, (2, "kai", "b", "general", 2)),
 }
 
 
@@ -168,6 +185,9 @@ def migrate(db: sqlite3.Connection, log: Any) -> None:
             )
         db.execute("COMMIT")
         db.execute("PRAGMA legacy_alter_table = OFF")
+        log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
+    elif version == 1:
+        # Version 1 had no fork generations: the table alone is new (made by the script below).
         log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
     db.executescript(SCHEMA)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -33,6 +33,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
 from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
+from mcpl_router.routing.fork_fence import FenceRefusal, fenced
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
@@ -118,6 +119,8 @@ class ChannelTools:
         stop_typing_in: stops the typing of every turn typing in one channel (a close).
         timings: the publish deadline.
         tune_outs: whose tuned-out channels open/close/decline refuse.
+        fork_home: a conversation fork's home, by the agent's name (None: no fork). A fork's
+            calls are fenced to its home (routing/fork_fence.py).
     """
 
     lifecycle_timeout: float = LIFECYCLE_TIMEOUT
@@ -130,6 +133,7 @@ class ChannelTools:
         stop_typing_in: Callable[[ChannelRef], Awaitable[None]],
         timings: TurnTimings,
         tune_outs: TuneOuts,
+        fork_home: Callable[[str], ChannelRef | None] = lambda agent: None,
     ) -> None:
         self._router = router
         self._links = links
@@ -137,6 +141,7 @@ class ChannelTools:
         self._stop_typing_in = stop_typing_in
         self._timings = timings
         self._tune_outs = tune_outs
+        self._fork_home = fork_home
         self.defaults = DefaultChannels()
         #: What each agent last decided for each channel: "open", "closed" or "declined".
         self._desired: dict[tuple[str, ChannelRef], str] = {}
@@ -299,6 +304,21 @@ class ChannelTools:
             **fields,
         )
 
+    def _fork_target(self, call: ToolCall, verb: str, name: str | None, server_id: str | None,
+                     not_done: str) -> ChannelRef | dict[str, Any] | None:
+        """A fork's call: its home, or the fence's refusal; None for an agent that is no fork."""
+        home = self._fork_home(call.agent.name)
+        if home is None:
+            return None
+        entry = self._router.registry.get(home)
+        names = {self._shown(home)} | ({entry.descriptor.label} if entry is not None and entry.descriptor.is_dm and entry.descriptor.label else set())
+        target = fenced(verb, home, name, server_id, is_registered=self._router.registry.is_registered,
+                        home_names=frozenset(names), home_shown=self._shown(home), not_done=not_done)
+        if isinstance(target, FenceRefusal):
+            self._log_call(call, f"channel_{verb}.fenced", home, reason=target.reason, asked=target.asked)
+            return tool_result(target.text, error=True, reason=target.reason, data=self._data(home, asked=target.asked))
+        return target
+
     # ------------------------------------------------------------------ channel_list
 
     async def _list(self, call: ToolCall) -> dict[str, Any]:
@@ -317,6 +337,9 @@ class ChannelTools:
         """The channel an open/close/decline names, or the refusal to return (a name that
         picks no channel alone, or a tuned-out channel)."""
         args = call.arguments
+        fork = self._fork_target(call, verb, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done)
+        if fork is not None:
+            return fork if not isinstance(fork, ChannelRef) else self._tuned_out(call, fork, verb, not_done) or fork
         resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
         if isinstance(resolved, Refusal):
             self._log_call(call, f"channel_{verb}.refused", kind=resolved.kind)
@@ -462,7 +485,12 @@ class ChannelTools:
         server_id = _text_arg(args, "serverId")
         thread_id = _text_arg(args, "threadId")
         agent = call.run.turn.agent
-        if name is not None:
+        fork = self._fork_target(call, "publish", name, server_id, not_done)
+        if isinstance(fork, dict):
+            return fork
+        if isinstance(fork, ChannelRef):
+            ref = fork
+        elif name is not None:
             # The schema has no serverId; one given beside channelId is read as that exact pair.
             resolved = self.resolve(call, name, server_id, not_done=not_done, server_id_accepted=False)
             if isinstance(resolved, Refusal):

@@ -1,0 +1,227 @@
+"""Conversation forks, run: the decision's shell (routing/forks.py decides; docs/forks.md).
+
+- **Where a message goes.** The inbound handler asks :meth:`Forks.deliveries_for` (which asks
+  the sessions' wake policy first) whom an event wakes, before its commit. A delivery of a
+  forking agent's message becomes its fork's (an existing fork, or one it spawns), so the wake
+  is journaled under the fork's name in the event's own transaction: durable before the server
+  hears ``accepted``, and replayed to the fork agent when its host claims it. A fork agent hears
+  nothing by its own wake policy: only its home's messages, by the decision.
+- **Spawn.** After the commit (:meth:`Forks.accepted`) a spawn asks the connection owning the
+  trunk agent, with the daemon→host request ``fork/spawn {agent, fork, home, template,
+  generation}``. The host answers once its fork agent exists (declared in ``session/hello``
+  like any agent, so owned by that connection); the binding is bound on that answer. A refused,
+  failed or timed-out spawn releases the binding (``fork.spawn.failed``); the next message
+  spawns a newer generation. Each generation is journaled before the host is asked.
+- **Idle.** A bound fork with no message for its agent's ``idleTtl`` is sent its closure prompt
+  as a ``wake`` (``reason: "fork/close"``) and released (``fork.released``).
+
+Every trace (``fork.spawning``, ``fork.bound``, ``fork.spawn.failed``, ``fork.released``) names
+the fork's server and channel. State is changed only in trio tasks; the spawns waiting for
+their task are bounded by the inbound batches that made them (one per new binding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import trio
+
+from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
+from mcpl_router.logs import get_logger
+from mcpl_router.routing.forks import Binding, ConversationsSpec, Existing, ForkBook, Spawn, counters_of, fork_name, kind_of
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.store.journal import Delivery, InboundEvent
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.routing.registry import ChannelRegistry
+
+FORK_SPAWN: Final = "fork/spawn"
+REASON_FORK_CLOSE: Final = "fork/close"
+#: How long a host has to make a fork agent and answer ``fork/spawn``.
+SPAWN_TIMEOUT: Final = 30.0
+
+
+class ForkJournal(Protocol):
+    """What the forks keep durable: the generation counters."""
+
+    def fork_generations(self) -> list[tuple[str, str, str, int]]: ...
+
+    def raise_fork_generation(self, agent: str, server_id: str, channel_id: str, generation: int) -> None: ...
+
+
+class Forks:
+    """Every forking agent's conversation forks. Run :meth:`run` in the daemon's nursery.
+
+    Args:
+        registry: a channel's descriptor (its kind: DM, group DM, channel).
+        journal: the generation counters.
+        policy_deliveries: whom an event wakes by the wake policy (``SessionManager.deliveries_for``).
+        agent_of: an agent's spec (its ``conversations``), or None.
+        owner_of: the connection owning an agent now, or None.
+        notify_agent: a notification to an agent's owner (the closure prompt).
+    """
+
+    spawn_timeout: float = SPAWN_TIMEOUT
+
+    def __init__(
+        self,
+        *,
+        registry: ChannelRegistry,
+        journal: ForkJournal,
+        policy_deliveries: Callable[[InboundEvent], list[Delivery]],
+        agent_of: Callable[[str], AgentSpec | None],
+        owner_of: Callable[[str], HostConnection | None],
+        notify_agent: Callable[[str, str, Any], Any],
+    ) -> None:
+        self._registry = registry
+        self._journal = journal
+        self._policy = policy_deliveries
+        self._agent_of = agent_of
+        self._owner_of = owner_of
+        self._notify_agent = notify_agent
+        counters = counters_of(journal.fork_generations())
+        self.book = ForkBook(counters)
+        for (agent, home), generation in counters.items():
+            conversations = self._conversations_of(agent)
+            for n in range(1, generation + 1) if conversations is not None else ():
+                self.book.remember(fork_name(conversations.fork_prefix, home, n), home)
+        self._to_ask: list[Binding] = []
+        self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._log = get_logger()
+
+    # -- what the channel tools and gates ask ----------------------------------------------------
+
+    def home_of(self, agent: str) -> ChannelRef | None:
+        """The home of fork ``agent`` (a ref; released forks too), or None for no fork."""
+        return self.book.home_of(agent)
+
+    # -- before the commit -----------------------------------------------------------------------
+
+    def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
+        """Whom an event wakes: the policy's agents, each forking agent's message given to its fork."""
+        decided = self._policy(event)
+        out: list[Delivery] = []
+        ref = None if event.channel_id is None or event.kind != "message" else ChannelRef(event.server_id, event.channel_id)
+        for delivery in decided:
+            if self.book.home_of(delivery.agent) is not None:
+                continue  # a fork (released ones too) hears its home alone, by the decision below
+            conversations = self._conversations_of(delivery.agent)
+            if conversations is None or ref is None:
+                out.append(delivery)
+                continue
+            entry = self._registry.get(ref)
+            kind = kind_of(None if entry is None else entry.descriptor.type, entry is not None and entry.descriptor.is_dm)
+            decision = self.book.decide(delivery.agent, conversations, ref, kind, addressed=delivery.addressed)
+            now = trio.current_time()
+            if isinstance(decision, Spawn):
+                binding = self.book.reserve(delivery.agent, decision, now)
+                self._journal.raise_fork_generation(delivery.agent, ref.server_id, ref.channel_id, decision.generation)
+                self._to_ask.append(binding)
+                self._trace("fork.spawning", binding, template=conversations.template, kind=kind)
+            elif isinstance(decision, Existing):
+                self.book.touched(decision.fork, now)
+            else:
+                out.append(delivery)
+                continue
+            out.append(Delivery(decision.fork, delivery.reason, delivery.tags, delivery.addressed))
+        return out
+
+    def _conversations_of(self, agent: str) -> ConversationsSpec | None:
+        spec = self._agent_of(agent)
+        return None if spec is None else spec.conversations
+
+    # -- after the commit --------------------------------------------------------------------------
+
+    def accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
+        """An event committed: the spawns it decided ask their hosts now."""
+        if self._to_ask:
+            self._changed.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Ask hosts to spawn, and release idle forks, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            while True:
+                deadline = self.book.next_idle_deadline(self._ttls())
+                with trio.move_on_at(math.inf if deadline is None else deadline):
+                    await self._changed.wait()
+                self._changed = trio.Event()
+                asking, self._to_ask = self._to_ask, []
+                for binding in asking:
+                    nursery.start_soon(self._spawn, binding)
+                for binding in self.book.idle(self._ttls(), trio.current_time()):
+                    await self._close_idle(binding)
+
+    def _ttls(self) -> dict[str, float]:
+        ttls = {}
+        for binding in self.book.bindings():
+            conversations = self._conversations_of(binding.agent)
+            if conversations is not None:
+                ttls[binding.agent] = conversations.idle_ttl
+        return ttls
+
+    async def _spawn(self, binding: Binding) -> None:
+        conversations = self._conversations_of(binding.agent)
+        owner = self._owner_of(binding.agent)
+        if conversations is None or owner is None or owner.peer is None:
+            self._failed(binding, "no connection owns the agent" if conversations is not None else "the agent no longer forks")
+            return
+        params = {
+            "agent": binding.agent,
+            "fork": binding.fork,
+            "home": binding.home.to_wire(),
+            "template": conversations.template,
+            "generation": binding.generation,
+        }
+        try:
+            await owner.peer.request(FORK_SPAWN, params, timeout=self.spawn_timeout)
+        except RpcError as exc:
+            self._failed(binding, f"the host refused: {exc}")
+            return
+        except (PeerClosed, RequestTimeout) as exc:
+            self._failed(binding, f"the host did not answer: {type(exc).__name__}")
+            return
+        if self._owner_of(binding.fork) is not owner:
+            self._failed(binding, "the host answered, but its connection does not own the fork agent")
+            return
+        bound = self.book.bind(binding.agent, binding.home, binding.fork, binding.generation)
+        if bound is None:
+            self._trace("fork.bind.stale", binding)
+            return
+        bound.last_message = max(bound.last_message, trio.current_time())
+        self._trace("fork.bound", binding, connection=owner.id)
+        self._changed.set()
+
+    def _failed(self, binding: Binding, reason: str) -> None:
+        self.book.release(binding.fork, reason)
+        self._trace("fork.spawn.failed", binding, reason=reason, level="warning")
+
+    async def _close_idle(self, binding: Binding) -> None:
+        conversations = self._conversations_of(binding.agent)
+        prompt = "" if conversations is None else conversations.closure_prompt
+        released = self.book.release(binding.fork, "idle")
+        if released is None:
+            return
+        params = {
+            "seq": 0,  # nothing to ack: the closure prompt is no journaled event
+            "agent": binding.fork,
+            "reason": REASON_FORK_CLOSE,
+            "channel": binding.home.to_wire(),
+            "fork": {"agent": binding.agent, "home": binding.home.to_wire(), "generation": binding.generation},
+            "prompt": prompt,
+            "tags": [],
+            "addressed": False,
+        }
+        told = await self._notify_agent(binding.fork, "wake", params)
+        self._trace("fork.released", binding, reason="idle", told=bool(told))
+
+    def _trace(self, event: str, binding: Binding, *, level: str = "info", **fields: Any) -> None:
+        log = self._log.warning if level == "warning" else self._log.info
+        log(event, agent=binding.agent, fork=binding.fork, server=binding.home.server_id, channel=binding.home.channel_id,
+            generation=binding.generation, **fields)

@@ -1,0 +1,269 @@
+"""Conversation forks end to end: real fixture processes, the daemon in-process, a host on the
+socket that makes fork agents when asked (``fork/spawn``).
+
+Servers ``a`` and ``b`` both register a DM ``dm-1`` and a channel ``general``, in both
+registration orders, so "first registered" can't pass for the right answer; what each server
+received is read from its own recordings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from mcpl_router.client import RouterClient
+from mcpl_router.client.serving import ForkSpawnRequest
+from mcpl_router.daemon import Daemon
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.testing.control import FixtureProcess, wait_until
+from mcpl_router.testing.descriptors import channel_descriptor
+
+from .conftest import servers_and_daemon as shared_servers_and_daemon
+from .conftest import wait_channel
+
+pytestmark = pytest.mark.integration
+
+AGENT = "kai"
+ORDERS = pytest.mark.parametrize("first", ["a", "b"])
+FORKING = {"name": AGENT, "conversations": {"forkPrefix": "kai-", "channel": {"trigger": "mention"}}}
+
+
+def dm(channel_id: str) -> dict[str, Any]:
+    return {**channel_descriptor(channel_id, "Ann", channel_type="dm"), "initiallyOpen": True}
+
+
+def channel(channel_id: str) -> dict[str, Any]:
+    return {**channel_descriptor(channel_id), "initiallyOpen": True}
+
+
+@asynccontextmanager
+async def servers_and_daemon(workdir: Path, first: str) -> AsyncIterator[tuple[Daemon, dict[str, FixtureProcess]]]:
+    async with shared_servers_and_daemon(workdir, ("a", "b")) as (daemon, fixtures):
+        for name in (first, "b" if first == "a" else "a"):
+            await fixtures[name].register([dm("dm-1"), channel("general")])
+            await wait_channel(daemon, name, "dm-1")
+            await wait_channel(daemon, name, "general")
+        yield daemon, fixtures
+
+
+@asynccontextmanager
+async def forking_host(daemon: Daemon, agent: Mapping[str, Any] = FORKING) -> AsyncIterator[tuple[RouterClient, list[ForkSpawnRequest]]]:
+    """A host running ``kai``; asked to spawn, it declares the fork agent, then answers."""
+    assert daemon.host_socket_path is not None
+    spawned: list[ForkSpawnRequest] = []
+    async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+
+        async def spawn(request: ForkSpawnRequest) -> None:
+            await client.hello("test-host", [{"name": request.fork, "proseRouting": "locus"}])
+            spawned.append(request)
+
+        client.serve_fork_spawn(spawn)
+        await client.hello("test-host", [dict(agent)])
+        yield client, spawned
+
+
+async def message(server: FixtureProcess, channel_id: str, text: str, *tags: str) -> None:
+    await server.incoming([{"channelId": channel_id, "text": text, "tags": list(tags)}])
+
+
+async def wake_of(client: RouterClient, agent: str) -> dict[str, Any]:
+    while True:
+        params = dict((await client.next_notification("wake")).params)
+        if params["agent"] == agent:
+            return params
+
+
+async def published(server: FixtureProcess) -> list[tuple[str, str]]:
+    return [(e["params"]["channelId"], e["params"]["content"][0]["text"]) for e in await server.recorded("channels/publish")]
+
+
+async def reply(client: RouterClient, agent: str, seq: int, text: str) -> dict[str, Any]:
+    turn = await client.call("turn/open", {"agent": agent, "wakes": [seq]})
+    await client.call("turn/text", {"turnId": turn["turnId"], "round": 1, "delta": text})
+    await client.call("turn/round", {"turnId": turn["turnId"], "round": 1})
+    await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+    return turn
+
+
+async def fork_for(daemon: Daemon, client: RouterClient, spawned: list[ForkSpawnRequest], server: FixtureProcess,
+                   server_id: str, text: str) -> tuple[str, dict[str, Any]]:
+    """A DM on ``server``'s dm-1 spawns a fork: its name and its first wake."""
+    await message(server, "dm-1", text)
+    name = f"kai-{server_id}-dm-1-1"
+    await wait_until(lambda: any(r.fork == name for r in spawned), timeout=10)
+    await wait_until(lambda: daemon.forks.home_of(name) == ChannelRef(server_id, "dm-1")
+                     and daemon.forks.book.fork(name).state == "bound", timeout=10)
+    return name, await wake_of(client, name)
+
+
+@ORDERS
+async def test_two_servers_dms_on_one_id_each_spawn_their_own_fork_whose_replies_reach_only_its_server(
+    tmp_path: Path, first: str
+) -> None:
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), forking_host(daemon) as (client, spawned):
+            a_fork, a_wake = await fork_for(daemon, client, spawned, servers["a"], "a", "hi from a")
+            b_fork, b_wake = await fork_for(daemon, client, spawned, servers["b"], "b", "hi from b")
+            assert a_fork != b_fork
+            assert [(r.agent, r.fork, r.home, r.template) for r in spawned] == [
+                (AGENT, "kai-a-dm-1-1", {"serverId": "a", "channelId": "dm-1"}, AGENT),
+                (AGENT, "kai-b-dm-1-1", {"serverId": "b", "channelId": "dm-1"}, AGENT),
+            ]
+            assert a_wake["channel"]["serverId"] == "a" and b_wake["channel"]["serverId"] == "b"
+            # The trunk heard neither: each DM went to its own fork.
+            assert daemon.journal.unacked_count(AGENT) == 0
+            # A second DM on b joins b's fork, not a new one, and not a's.
+            await message(servers["b"], "dm-1", "again from b")
+            again = await wake_of(client, b_fork)
+            assert again["channel"] == b_wake["channel"] and len(spawned) == 2
+            # A fork hears only its home: b's DMs woke a's fork not at all (its own policy is not asked).
+            assert daemon.journal.unacked_count(a_fork) == 1 and daemon.journal.unacked_count(b_fork) == 2
+            # Each fork's reply goes out through its own server only.
+            turn = await reply(client, b_fork, b_wake["seq"], "b's fork answers")
+            assert turn["channel"]["serverId"] == "b"
+            await reply(client, a_fork, a_wake["seq"], "a's fork answers")
+            assert await published(servers["b"]) == [("dm-1", "b's fork answers")]
+            assert await published(servers["a"]) == [("dm-1", "a's fork answers")]
+            # The counters are journaled: both bindings at generation 1.
+            await daemon.journal.flush()
+            assert sorted(daemon.journal.fork_generations()) == [(AGENT, "a", "dm-1", 1), (AGENT, "b", "dm-1", 1)]
+    traces = [(e["event"], e["fork"], e["server"]) for e in logs if str(e.get("event", "")).startswith("fork.")]
+    assert ("fork.spawning", "kai-b-dm-1-1", "b") in traces and ("fork.bound", "kai-b-dm-1-1", "b") in traces
+    assert ("fork.spawning", "kai-a-dm-1-1", "a") in traces and ("fork.bound", "kai-a-dm-1-1", "a") in traces
+
+
+@ORDERS
+async def test_a_channel_message_forks_only_on_a_mention_and_unaddressed_ones_wake_the_trunk(tmp_path: Path, first: str) -> None:
+    agent = {**FORKING, "wake": {"channels": ["general"]}}
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), forking_host(daemon, agent) as (client, spawned):
+            await message(servers["b"], "general", "ambient")
+            trunk = await wake_of(client, AGENT)
+            assert trunk["channel"]["serverId"] == "b" and spawned == []
+            await message(servers["b"], "general", "hey kai", "chat:mention")
+            fork = await wake_of(client, "kai-b-general-1")
+            assert fork["channel"] == {"serverId": "b", "channelId": "general", "shown": "b:general"}
+            assert [r.home for r in spawned] == [{"serverId": "b", "channelId": "general"}]
+            # a's general (same id) is another binding: unaddressed there wakes the trunk.
+            await message(servers["a"], "general", "ambient on a")
+            trunk = await wake_of(client, AGENT)
+            assert trunk["channel"]["serverId"] == "a"
+
+
+async def test_a_spawn_the_host_refuses_releases_the_binding_and_the_next_message_tries_a_newer_generation(tmp_path: Path) -> None:
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, "a") as (daemon, servers):
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                await client.hello("test-host", [FORKING])  # serves no fork/spawn: -32601
+                await message(servers["b"], "dm-1", "one")
+                await wait_until(lambda: any(e.get("event") == "fork.spawn.failed" for e in logs), timeout=10)
+                assert daemon.forks.book.binding(AGENT, ChannelRef("b", "dm-1")) is None
+                await message(servers["b"], "dm-1", "two")
+                await wait_until(lambda: daemon.forks.book.generation(AGENT, ChannelRef("b", "dm-1")) == 2, timeout=10)
+    failed = [e for e in logs if e.get("event") == "fork.spawn.failed"]
+    assert failed[0]["server"] == "b" and failed[0]["fork"] == "kai-b-dm-1-1"
+
+
+# -- the fence -------------------------------------------------------------------------------------
+
+
+async def tool(client: RouterClient, turn_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return await client.call("turn/tool", {"turnId": turn_id, "callId": f"c-{name}", "name": name, "arguments": arguments})
+
+
+async def fork_turn_on_b_general(daemon: Daemon, client: RouterClient, servers: dict[str, FixtureProcess]) -> tuple[str, str]:
+    """A mention on b's general spawns kai-b-general-1; the turn its host opens on that wake."""
+    await message(servers["b"], "general", "hey kai", "chat:mention")
+    fork = "kai-b-general-1"
+    wake = await wake_of(client, fork)
+    await wait_until(lambda: daemon.forks.book.fork(fork) is not None and daemon.forks.book.fork(fork).state == "bound", timeout=10)
+    turn = await client.call("turn/open", {"agent": fork, "wakes": [wake["seq"]]})
+    return fork, turn["turnId"]
+
+
+@ORDERS
+async def test_a_fork_homed_on_b_general_cannot_close_or_post_to_a_general_and_is_told_why(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), forking_host(daemon) as (client, _):
+            fork, tid = await fork_turn_on_b_general(daemon, client, servers)
+            # By the qualified name, or with a's serverId: refused, naming its own channel.
+            for arguments in ({"channelId": "a:general"}, {"channelId": "general", "serverId": "a"}):
+                for name in ("channel_close", "channel_publish"):
+                    refused = await tool(client, tid, name, {**arguments, "content": "leak"})
+                    assert refused["isError"] and refused["reason"] == "fork-not-home", (name, arguments, refused)
+                    assert "b:general" in refused["content"][0]["text"]
+                    assert refused["structuredContent"]["serverId"] == "b"
+            # A serverId alone must be the home's.
+            refused = await tool(client, tid, "channel_publish", {"serverId": "a", "content": "leak"})
+            assert refused["reason"] == "fork-not-home"
+            # The home's qualified name with the home's serverId: that pair names no channel.
+            alone = await tool(client, tid, "channel_publish", {"channelId": "b:general", "serverId": "b", "content": "x"})
+            assert alone["reason"] == "fork-name-works-alone"
+            # It opens nothing, and declines nothing but its home.
+            assert (await tool(client, tid, "channel_open", {"channelId": "general"}))["reason"] == "fork-cannot-open"
+            assert (await tool(client, tid, "channel_decline", {"channelId": "a:general"}))["reason"] == "fork-not-home"
+            # By its home's id, and by its qualified name: its home, on b.
+            posted = await tool(client, tid, "channel_publish", {"channelId": "general", "content": "home by id"})
+            assert not posted["isError"] and posted["structuredContent"]["serverId"] == "b"
+            posted = await tool(client, tid, "channel_publish", {"channelId": "b:general", "content": "home by name"})
+            assert not posted["isError"] and posted["structuredContent"]["serverId"] == "b"
+            posted = await tool(client, tid, "channel_publish", {"content": "home by default"})
+            assert not posted["isError"] and posted["structuredContent"]["serverId"] == "b"
+            closed = await tool(client, tid, "channel_close", {"channelId": "general"})
+            assert not closed["isError"] and closed["structuredContent"]["serverId"] == "b"
+            await client.call("turn/close", {"turnId": tid, "outcome": "completed"})
+            assert fork == "kai-b-general-1"
+            assert await published(servers["a"]) == []
+            assert await servers["a"].recorded("channels/close") == []
+            assert await servers["a"].recorded("channels/open") == []
+            assert [text for _, text in await published(servers["b"])] == ["home by id", "home by name", "home by default"]
+            assert [e["params"] for e in await servers["b"].recorded("channels/close")] == [{"channelId": "general"}]
+
+
+@ORDERS
+async def test_with_b_gone_a_forks_home_is_refused_as_gone_with_nothing_posted_or_closed(tmp_path: Path, first: str) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), forking_host(daemon) as (client, _):
+            _, tid = await fork_turn_on_b_general(daemon, client, servers)
+            await servers["b"].withdraw(["general"])
+            await wait_until(lambda: not daemon.router.registry.is_registered(ChannelRef("b", "general")), timeout=10)
+            for name, arguments in (("channel_publish", {"channelId": "general", "content": "x"}),
+                                    ("channel_publish", {"content": "x"}), ("channel_close", {"channelId": "general"})):
+                gone = await tool(client, tid, name, arguments)
+                assert gone["isError"] and gone["reason"] == "fork-home-gone", (name, gone)
+                text = gone["content"][0]["text"]
+                assert 'no longer registered by server "b"' in text and "until its server registers it again" in text
+            await client.call("turn/close", {"turnId": tid, "outcome": "completed"})
+            # a's general, with the same id, took nothing; nor did b.
+            assert await published(servers["a"]) == [] and await servers["a"].recorded("channels/close") == []
+            assert await published(servers["b"]) == [] and await servers["b"].recorded("channels/close") == []
+
+
+# -- idle ------------------------------------------------------------------------------------------
+
+
+async def test_an_idle_fork_gets_its_closure_prompt_and_is_released_and_traces_name_its_server(tmp_path: Path) -> None:
+    agent = {"name": AGENT, "conversations": {"forkPrefix": "kai-", "idleTtl": 1, "closurePrompt": "Wrap up."}}
+    with trio.fail_after(60), capture_logs() as logs:
+        async with servers_and_daemon(tmp_path, "a") as (daemon, servers), forking_host(daemon, agent) as (client, spawned):
+            fork, first = await fork_for(daemon, client, spawned, servers["b"], "b", "hi")
+            await client.ack([first["seq"]])
+            closing = await wake_of(client, fork)
+            assert closing["reason"] == "fork/close" and closing["prompt"] == "Wrap up." and closing["seq"] == 0
+            assert closing["channel"] == {"serverId": "b", "channelId": "dm-1"}
+            assert closing["fork"] == {"agent": AGENT, "home": {"serverId": "b", "channelId": "dm-1"}, "generation": 1}
+            assert daemon.forks.book.fork(fork) is None
+            assert daemon.forks.home_of(fork) == ChannelRef("b", "dm-1")  # still fenced to its home
+            # The next DM there spawns a newer generation.
+            await message(servers["b"], "dm-1", "back again")
+            await wait_until(lambda: any(r.fork == "kai-b-dm-1-2" for r in spawned), timeout=10)
+    traces = [(e["event"], e["server"], e["channel"]) for e in logs if e.get("fork") == "kai-b-dm-1-1"]
+    assert [event for event, _, _ in traces] == ["fork.spawning", "fork.bound", "fork.released"]
+    assert {(server, channel) for _, server, channel in traces} == {("b", "dm-1")}

@@ -1,0 +1,284 @@
+"""Conversation forks: the config's shape and messages, the pure decision and its counters
+(routing/forks.py), and the journal's counters (store/schema.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpl_router.config import ConfigError, parse_config
+from mcpl_router.hosts.agents import AgentSpec, AgentSpecParams
+from mcpl_router.routing.forks import (
+    CHANNEL,
+    DM,
+    GROUP_DM,
+    ConversationsSpec,
+    Existing,
+    ForkBook,
+    KindRules,
+    Spawn,
+    Unbound,
+    counters_of,
+    fork_name,
+    kind_of,
+)
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.store.journal import Journal
+from mcpl_router.store.schema import SCHEMA_VERSION
+from mcpl_router.testing.journal import open_journal
+
+A_DM = ChannelRef("a", "dm-1")
+B_DM = ChannelRef("b", "dm-1")
+SPEC = ConversationsSpec(template="kai", fork_prefix="kai-")
+
+
+def parse(agent: dict[str, Any]) -> Any:
+    return parse_config({"mcplServers": {"a": {"url": "ws://127.0.0.1:1/"}}, "agents": {"kai": agent}},
+                        source="conf.toml", base_dir=Path("/etc"), environ={})
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_the_config_reads_conversations_with_defaults_per_kind() -> None:
+    config = parse({"conversations": {"forkPrefix": "k-", "idleTtl": 60, "closurePrompt": "bye",
+                                      "groupDm": {"trigger": "always"}, "channel": {"trigger": "mention", "bind": "mention"}}})
+    spec = config.agents["kai"].conversations
+    assert spec is not None
+    assert spec.template == "kai" and spec.fork_prefix == "k-" and spec.idle_ttl == 60 and spec.closure_prompt == "bye"
+    assert spec.rules_for(DM) == KindRules("always", "always")
+    assert spec.rules_for(GROUP_DM) == KindRules("always", "always")
+    assert spec.rules_for(CHANNEL) == KindRules("mention", "mention")
+    assert parse({}).agents["kai"].conversations is None
+
+
+def test_the_config_refuses_a_bad_rule_with_its_key_and_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse({"conversations": {"dm": {"trigger": "mentoin"}, "idleTtl": 0, "forkPrefix": "a b", "tmeplate": "x"}})
+    text = "\n".join(str(error) for error in caught.value.errors)
+    assert "agents.kai.conversations.dm.trigger" in text and 'Did you mean "mention"' in text
+    assert "agents.kai.conversations.idleTtl" in text
+    assert "agents.kai.conversations.forkPrefix" in text and "whitespace" in text
+    assert "agents.kai.conversations.tmeplate" in text and 'Did you mean "template"' in text
+
+
+def test_a_hello_spec_reads_conversations_as_the_config_does() -> None:
+    spec = AgentSpec.from_params(msgspec.convert({"name": "kai", "conversations": {"template": "kai-t"}}, AgentSpecParams))
+    assert spec.conversations is not None and spec.conversations.template == "kai-t"
+    assert spec.to_wire()["conversations"]["dm"] == {"trigger": "always", "bind": "always"}
+    with pytest.raises(msgspec.ValidationError, match="conversations.channel.bind"):
+        msgspec.convert({"name": "kai", "conversations": {"channel": {"bind": "sometimes"}}}, AgentSpecParams)
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+
+def test_two_servers_dms_on_one_id_each_spawn_their_own_fork_named_by_server() -> None:
+    book = ForkBook()
+    first = book.decide("kai", SPEC, A_DM, DM, addressed=True)
+    assert first == Spawn("kai-a-dm-1-1", A_DM, 1)
+    book.reserve("kai", first, 0.0)
+    second = book.decide("kai", SPEC, B_DM, DM, addressed=True)
+    assert second == Spawn("kai-b-dm-1-1", B_DM, 1)
+    book.reserve("kai", second, 0.0)
+    # Each server's next message joins its own fork (pending or bound).
+    assert book.decide("kai", SPEC, A_DM, DM, addressed=False) == Existing("kai-a-dm-1-1", A_DM)
+    assert book.decide("kai", SPEC, B_DM, DM, addressed=False) == Existing("kai-b-dm-1-1", B_DM)
+    assert book.fork("kai-b-dm-1-1") is not None and book.fork("kai-b-dm-1-1").home == B_DM
+
+
+def test_the_kind_rules_decide_spawn_bind_and_trunk() -> None:
+    book = ForkBook()
+    general = ChannelRef("a", "general")
+    assert isinstance(book.decide("kai", SPEC, general, CHANNEL, addressed=True), Unbound)  # channel: never
+    group = ChannelRef("a", "g")
+    assert isinstance(book.decide("kai", SPEC, group, GROUP_DM, addressed=False), Unbound)  # mention
+    spawn = book.decide("kai", SPEC, group, GROUP_DM, addressed=True)
+    assert isinstance(spawn, Spawn)
+    book.reserve("kai", spawn, 0.0)
+    mention_bind = ConversationsSpec(template="kai", rules={GROUP_DM: KindRules("mention", "mention")})
+    assert isinstance(book.decide("kai", mention_bind, group, GROUP_DM, addressed=False), Unbound)
+    assert isinstance(book.decide("kai", mention_bind, group, GROUP_DM, addressed=True), Existing)
+
+
+def test_kinds_by_descriptor() -> None:
+    assert kind_of("dm", True) == DM
+    assert kind_of("group_dm", False) == GROUP_DM
+    assert kind_of("text", False) == CHANNEL
+    assert fork_name("f-", ChannelRef("a b", "c"), 3) == "f-a_b-c-3"
+
+
+def test_a_late_spawns_bind_never_lowers_the_counter_nor_takes_the_channel() -> None:
+    book = ForkBook()
+    old = book.decide("kai", SPEC, B_DM, DM, addressed=True)
+    book.reserve("kai", old, 0.0)
+    book.release(old.fork, "spawn failed")
+    new = book.decide("kai", SPEC, B_DM, DM, addressed=True)
+    assert isinstance(new, Spawn) and new.generation == 2
+    book.reserve("kai", new, 1.0)
+    assert book.bind("kai", B_DM, new.fork, new.generation) is not None
+    # The first spawn's answer comes late: it binds nothing and the counter stays at 2.
+    assert book.bind("kai", B_DM, old.fork, old.generation) is None
+    assert book.generation("kai", B_DM) == 2
+    assert book.binding("kai", B_DM).fork == "kai-b-dm-1-2"
+    # Released, the next is newer still.
+    book.release(new.fork, "idle")
+    assert book.decide("kai", SPEC, B_DM, DM, addressed=True) == Spawn("kai-b-dm-1-3", B_DM, 3)
+
+
+def test_idle_forks_by_their_agents_ttl() -> None:
+    book = ForkBook()
+    spawn = book.decide("kai", SPEC, A_DM, DM, addressed=True)
+    book.reserve("kai", spawn, 0.0)
+    assert book.idle({"kai": 10.0}, 100.0) == []  # pending: not idle
+    book.bind("kai", A_DM, spawn.fork, spawn.generation)
+    book.touched(spawn.fork, 5.0)
+    assert book.next_idle_deadline({"kai": 10.0}) == 15.0
+    assert book.idle({"kai": 10.0}, 14.0) == []
+    assert [b.fork for b in book.idle({"kai": 10.0}, 15.0)] == [spawn.fork]
+
+
+refs = st.builds(ChannelRef, st.sampled_from(["a", "b", "c"]), st.sampled_from(["general", "dm-1", "x"]))
+steps = st.lists(st.tuples(st.sampled_from(["spawn", "bind", "late", "release"]), refs), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_no_fork_name_is_proposed_twice_and_no_counter_goes_down(plan: list[tuple[str, ChannelRef]]) -> None:
+    book = ForkBook()
+    proposed: set[str] = set()
+    reserved: dict[ChannelRef, list[Spawn]] = {}
+    for step, ref in plan:
+        before = book.generation("kai", ref)
+        if step == "spawn" and book.binding("kai", ref) is None:
+            decision = book.decide("kai", SPEC, ref, DM, addressed=True)
+            assert isinstance(decision, Spawn)
+            assert decision.fork not in proposed
+            assert ref.server_id in decision.fork
+            proposed.add(decision.fork)
+            book.reserve("kai", decision, 0.0)
+            reserved.setdefault(ref, []).append(decision)
+        elif step == "bind" and book.binding("kai", ref) is not None:
+            binding = book.binding("kai", ref)
+            book.bind("kai", ref, binding.fork, binding.generation)
+        elif step == "late" and reserved.get(ref):
+            oldest = reserved[ref][0]
+            book.bind("kai", ref, oldest.fork, oldest.generation)
+        elif step == "release" and book.binding("kai", ref) is not None:
+            book.release(book.binding("kai", ref).fork, "test")
+        assert book.generation("kai", ref) >= before
+        # Bindings are per ref: no two refs share one fork.
+        forks = [b.fork for b in book.bindings()]
+        assert len(forks) == len(set(forks))
+
+
+# -- the journal's counters ----------------------------------------------------------------------
+
+
+async def test_counters_survive_a_restart_and_are_never_lowered(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    async with open_journal(path) as journal:
+        journal.raise_fork_generation("kai", "b", "dm-1", 2)
+        journal.raise_fork_generation("kai", "b", "dm-1", 1)  # a late spawn's
+        journal.raise_fork_generation("kai", "a", "dm-1", 1)
+        await journal.flush()
+    again = Journal(path)
+    try:
+        assert counters_of(again.fork_generations()) == {("kai", B_DM): 2, ("kai", A_DM): 1}
+    finally:
+        again.close()
+
+
+def test_a_version_1_journal_gains_the_fork_counters(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    Journal(path).close()
+    db = sqlite3.connect(str(path))
+    db.execute("DROP TABLE fork_generations")
+    db.execute("PRAGMA user_version = 1")
+    db.close()
+    journal = Journal(path)
+    try:
+        assert journal.fork_generations() == []
+        version = sqlite3.connect(str(path)).execute("PRAGMA user_version").fetchone()[0]
+        assert version == SCHEMA_VERSION == 2
+    finally:
+        journal.close()
+
+
+# -- the fence ---------------------------------------------------------------------------------
+
+from mcpl_router.routing.fork_fence import (  # noqa: E402
+    REASON_FORK_HOME_GONE,
+    REASON_FORK_NAME_ALONE,
+    REASON_FORK_NO_OPEN,
+    REASON_FORK_NOT_HOME,
+    FenceRefusal,
+    fenced,
+)
+
+HOME = ChannelRef("b", "general")
+
+
+def fence(verb: str, name: str | None, server_id: str | None, registered: set[ChannelRef] | None = None) -> Any:
+    known = {HOME, ChannelRef("a", "general")} if registered is None else registered
+    return fenced(verb, HOME, name, server_id, is_registered=known.__contains__, home_names=frozenset({"b:general"}),
+                  home_shown="b:general", not_done="Nothing was sent.")
+
+
+@pytest.mark.parametrize("verb", ["publish", "close", "decline"])
+def test_a_name_its_home_answers_to_means_its_home(verb: str) -> None:
+    for name, server_id in (("general", None), ("b:general", None), ("general", "b"), (None, "b"), ("", ""), (None, None)):
+        assert fence(verb, name, server_id) == HOME, (name, server_id)
+
+
+@pytest.mark.parametrize("verb", ["publish", "close", "decline"])
+def test_another_servers_channel_with_the_homes_id_is_refused_however_named(verb: str) -> None:
+    for name, server_id in (("a:general", None), ("general", "a"), (None, "a"), ("other", None), ("b:general", "a")):
+        refused = fence(verb, name, server_id)
+        assert isinstance(refused, FenceRefusal) and refused.reason == REASON_FORK_NOT_HOME, (name, server_id)
+        assert "b:general" in refused.text
+
+
+def test_the_homes_qualified_name_with_its_server_works_alone_unless_that_pair_is_a_channel() -> None:
+    refused = fence("publish", "b:general", "b")
+    assert refused.reason == REASON_FORK_NAME_ALONE and "alone" in refused.text
+    odd = ChannelRef("b", "b:general")
+    refused = fence("publish", "b:general", "b", {HOME, odd})
+    assert refused.reason == REASON_FORK_NOT_HOME
+
+
+def test_a_gone_home_is_refused_as_gone_and_a_fork_opens_nothing() -> None:
+    gone = fence("close", "general", None, registered={ChannelRef("a", "general")})
+    assert gone.reason == REASON_FORK_HOME_GONE
+    assert "Nothing was closed" in gone.text and "until its server registers it again" in gone.text
+    assert fence("open", "general", None).reason == REASON_FORK_NO_OPEN
+
+
+def test_a_released_fork_stays_fenced_and_a_restart_remembers_every_fork_name() -> None:
+    from mcpl_router.hosts.forks import Forks
+
+    book = ForkBook()
+    spawn = book.decide("kai", SPEC, B_DM, DM, addressed=True)
+    book.reserve("kai", spawn, 0.0)
+    book.release(spawn.fork, "idle")
+    assert book.fork(spawn.fork) is None and book.home_of(spawn.fork) == B_DM
+
+    class Counters:
+        def fork_generations(self) -> list[tuple[str, str, str, int]]:
+            return [("kai", "b", "dm-1", 2)]
+
+        def raise_fork_generation(self, agent: str, server_id: str, channel_id: str, generation: int) -> None:
+            raise AssertionError("not asked")
+
+    spec = AgentSpec(name="kai", conversations=SPEC)
+    forks = Forks(registry=None, journal=Counters(), policy_deliveries=lambda event: [],  # type: ignore[arg-type]
+                  agent_of={"kai": spec}.get, owner_of=lambda name: None, notify_agent=lambda *a: None)
+    assert forks.home_of("kai-b-dm-1-1") == B_DM and forks.home_of("kai-b-dm-1-2") == B_DM
+    assert forks.home_of("kai-b-dm-1-3") is None and forks.home_of("kai") is None
+    assert forks.book.generation("kai", B_DM) == 2
