@@ -40,6 +40,7 @@ from mcpl_router.client.results import (
     ChannelRow,
     ChannelsPage,
     Explanation,
+    ReloadResult,
     HelloResult,
     PublishResult,
     ServersList,
@@ -48,6 +49,7 @@ from mcpl_router.client.results import (
     TypingResult,
 )
 from mcpl_router.client.serving import (
+    INFERENCE_CANCEL,
     SERVED_METHODS,
     ForkSpawnHandler,
     HostRequests,
@@ -78,6 +80,8 @@ class ClientStatistics:
     requests_failed: dict[str, int]
     requests_unhandled: dict[str, int]
     chunks_sent: int
+    #: Inferences the daemon gave up on (``inference/cancel``), their handlers cancelled.
+    requests_cancelled: int = 0
 
 
 def _channel_param(channel: ChannelArg) -> str | dict[str, str]:
@@ -187,6 +191,9 @@ class RouterClient:
             if not inbound.is_notification:
                 return await requests(inbound)
             params = msgspec.json.decode(inbound.params) if inbound.params is not None else None
+            if inbound.method == INFERENCE_CANCEL:
+                requests.cancel(params)  # stops the handler; nothing for the host's reader
+                return None
             await buffer.put(Notification(inbound.method, params))
             return None
 
@@ -309,6 +316,10 @@ class RouterClient:
             rows.extend(page.channels)
         return rows
 
+    async def reload(self) -> ReloadResult:
+        """``daemon/reload``: re-read the daemon's config file and apply what can change live."""
+        return await self.request("daemon/reload", {}, ReloadResult)
+
     async def explain(self, name: str, server_id: str | None = None) -> Explanation:
         params: dict[str, Any] = {"name": name}
         if server_id is not None:
@@ -396,4 +407,5 @@ class RouterClient:
             requests_failed=dict(requests.failed),
             requests_unhandled=dict(requests.unhandled),
             chunks_sent=requests.chunks_sent,
+            requests_cancelled=requests.cancelled,
         )

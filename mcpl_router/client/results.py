@@ -31,9 +31,11 @@ __all__ = [
     "PublishResult",
     "Readiness",
     "Receipt",
+    "ReloadResult",
     "Refusal",
     "RoundResult",
     "ServerStatus",
+    "Serves",
     "ServersList",
     "ShownChannel",
     "Status",
@@ -206,6 +208,8 @@ class HelloAgent(_Result):
     home_channel: ChannelRef | None = None
     configured: bool = False
     subconscious_for: str | None = None
+    wake_gate: dict[str, Any] | None = None
+    conversations: dict[str, Any] | None = None
 
 
 class Serves(_Result):
@@ -375,3 +379,25 @@ class TypingRow(_Result):
 
 class TypingResult(_Result):
     typing: list[TypingRow] = []
+
+
+# ------------------------------------------------------------------ operations
+
+
+class ReloadResult(_Result):
+    """``daemon/reload``: what the reload did (``outcome`` ``applied``), or why it changed
+    nothing (``refused``, with ``errors``)."""
+
+    outcome: str
+    added: list[str] = []
+    removed: list[str] = []
+    reconnected: list[str] = []
+    regranted: list[str] = []
+    updated: list[str] = []
+    agents_added: list[str] = []
+    agents_changed: list[str] = []
+    restart_needed: list[str] = []
+    policy_pending: list[str] = []
+    errors: list[str] = []
+    at: float = 0.0
+    config: str | None = None

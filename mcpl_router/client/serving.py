@@ -4,13 +4,16 @@ The daemon asks a host to run inference for an MCPL server (a server's ``inferen
 forwarded) or to say which model an agent runs. A host registers a handler for each it serves:
 
     async def infer(request: InferenceRequest) -> dict:
-        for piece in ("Hel", "lo"):
-            await request.send_chunk({"delta": piece})     # inference/chunk, while it works
-        return {"content": [{"type": "text", "text": "Hello"}], "stopReason": "end_turn"}
+        for index, piece in enumerate(("Hel", "lo")):
+            await request.send_chunk({"index": index, "delta": piece})   # inference/chunk
+        return {"content": "Hello", "model": "my-model", "finishReason": "end_turn"}
 
     client.serve_inference(infer)
-    client.serve_model_info(lambda request: {"model": "my-model"})
-    await client.hello("my-host", ["kai"])               # says serves: [...] for the daemon
+    client.serve_model_info(lambda request: {"id": "my-model", "vendor": "me"})
+    await client.hello("my-host", ["kai"])    # declares serves: {"inference": ["kai"], "modelInfo": ["kai"]}
+
+An ``inference/cancel`` from the daemon (it stopped waiting: the deadline, or the server gone)
+cancels that request's handler.
 
 A handler returns the MCPL result (a dict, or anything msgspec encodes); raising
 :class:`~mcpl_router.jsonrpc.RpcError` answers with that error; any other exception answers
@@ -27,6 +30,7 @@ from typing import Any, Final
 
 import attrs
 import msgspec
+import trio
 
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, RpcError
 
@@ -48,6 +52,10 @@ __all__ = [
 INFERENCE_REQUEST: Final = "inference/request"
 MODEL_INFO: Final = "model/info"
 INFERENCE_CHUNK: Final = "inference/chunk"
+#: The daemon gave up on an inference request (``{requestId, reason}``): stop working on it.
+INFERENCE_CANCEL: Final = "inference/cancel"
+#: The answer to a request the daemon cancelled (JSON-RPC's "request cancelled"; nobody reads it).
+REQUEST_CANCELLED: Final = -32800
 #: A conversation fork to make (docs/forks.md): answer once the fork agent is declared.
 FORK_SPAWN: Final = "fork/spawn"
 #: The daemon→host requests a client can serve (run in their own tasks by the peer).
@@ -137,6 +145,20 @@ class HostRequests:
         self.failed: Counter[str] = Counter()
         self.unhandled: Counter[str] = Counter()
         self.chunks_sent = 0
+        #: Each inference in progress, by requestId: ``inference/cancel`` stops its handler.
+        self._running: dict[str, trio.CancelScope] = {}
+        self.cancelled = 0
+
+    def cancel(self, params: Any) -> bool:
+        """``inference/cancel {requestId, reason}``: the daemon no longer waits for that request
+        (its deadline passed, or its server went away): its handler is cancelled."""
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        scope = self._running.get(request_id) if isinstance(request_id, str) else None
+        if scope is None:
+            return False
+        scope.cancel()
+        self.cancelled += 1
+        return True
 
     async def send_chunk(self, request_id: str, chunk: Any) -> None:
         """``inference/chunk {requestId, chunk}``: part of a streamed inference's answer."""
@@ -183,7 +205,14 @@ class HostRequests:
                 request = InferenceRequest(
                     params.request_id, params.agent, params.server_id, params.stream, params.request, send=self.send_chunk
                 )
-                result = await self._inference(request)
+                with trio.CancelScope() as scope:
+                    self._running[params.request_id] = scope
+                    try:
+                        result = await self._inference(request)
+                    finally:
+                        self._running.pop(params.request_id, None)
+                if scope.cancelled_caught:
+                    raise RpcError(REQUEST_CANCELLED, f"Cancelled: the daemon stopped waiting for {params.request_id}.")
             elif method == MODEL_INFO and self._model_info is not None:
                 info = inbound.decode_params(_ModelInfoParams)
                 result = self._model_info(ModelInfoRequest(info.request_id, info.agent, info.server_id))

@@ -139,6 +139,9 @@ class Turn:
         self.round_number += 1
         return result
 
+    #: ``await turn.round(tool_calls=...)``: the same as :meth:`end_round`.
+    round = end_round
+
     async def tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, call_id: str | None = None, caller_turn_id: str | None = None
     ) -> ToolResult:

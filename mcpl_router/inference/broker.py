@@ -36,7 +36,7 @@ import trio
 from mcpl_router.inference import refusals
 from mcpl_router.inference.budget import InferenceBudget
 from mcpl_router.inference.serving import INFERENCE, MODEL_INFO, Serving
-from mcpl_router.jsonrpc import Inbound, PeerClosed, RequestTimeout, RpcError
+from mcpl_router.jsonrpc import Inbound, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.envelope import RequestId
 from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
@@ -193,15 +193,21 @@ class InferenceBroker:
         if method == "inference/request":
             host_params.update({"stream": stream, "request": params})
         peer = connection.peer
+        # Until the host answers, giving up (the deadline, the server gone, shutdown) tells it to
+        # stop: a host whose model hangs must not keep the daemon's abandoned requests running.
+        abandoned: str | None = "cancelled"
         try:
             with trio.move_on_after(policy.timeout) as deadline:
                 try:
                     answer = await peer.request(method, host_params, timeout=math.inf, result_type=msgspec.Raw)
+                    abandoned = None
                 except PeerClosed:
+                    abandoned = None
                     raise self._refused(refusals.REASON_HOST_GONE, method, server_id, agent=policy.agent) from None
                 except RequestTimeout:  # not armed (math.inf); kept for a peer that does
                     raise self._refused(refusals.REASON_TIMEOUT, method, server_id, agent=policy.agent, timeout=policy.timeout) from None
                 except RpcError as error:
+                    abandoned = None
                     raise self._refused(
                         refusals.REASON_HOST_ERROR, method, server_id, agent=policy.agent,
                         detail=error.message, hostCode=error.code,
@@ -209,6 +215,7 @@ class InferenceBroker:
                 # The chunks the host sent before its answer reach the server before it.
                 await peer.wait_lane_drained(_lane_key(request_id))
             if deadline.cancelled_caught:
+                abandoned = refusals.REASON_TIMEOUT if abandoned is not None else None
                 raise self._refused(refusals.REASON_TIMEOUT, method, server_id, agent=policy.agent, timeout=policy.timeout)
             if not bytes(answer).lstrip().startswith(b"{"):
                 raise self._refused(refusals.REASON_HOST_ERROR, method, server_id, agent=policy.agent, detail="its answer was not a result object")
@@ -218,6 +225,8 @@ class InferenceBroker:
         finally:
             del self._pending[request_id]
             self._budget.finish(server_id)
+            if abandoned is not None and not peer.closed:
+                await _tell_cancelled(peer, request_id, abandoned, log)
 
     def _check(self, method: str, server_id: str, policy: InferencePolicy, size: int, connection: HostConnection | None) -> None:
         if size > policy.max_request_bytes:
@@ -266,3 +275,17 @@ class InferenceBroker:
         await trio.lowlevel.checkpoint()
         self._metrics.inference_chunk(reason)
         self._log.warning("inference.chunk.dropped", connection=connection.id, request=params.request_id, reason=reason)
+
+
+#: The most telling a host to stop may take (it goes out after the request has ended).
+CANCEL_NOTICE_TIMEOUT = 1.0
+
+
+async def _tell_cancelled(peer: Peer, request_id: str, reason: str, log: Any) -> None:
+    """``inference/cancel {requestId, reason}`` to the host: the daemon no longer waits for it."""
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + CANCEL_NOTICE_TIMEOUT):
+        try:
+            await peer.notify("inference/cancel", {"requestId": request_id, "reason": reason})
+        except PeerClosed:
+            return
+    log.info("inference.request.cancel_sent", reason=reason)

@@ -30,8 +30,9 @@ __all__ = [
     "path_matches",
 ]
 
-# Server-initiated inference is refused until a host declares it can serve it (DESIGN §6), so
-# the default policy leaves out the three leaves that would let a server ask for it.
+# Server-initiated inference is granted only to a server the operator configured it for
+# (``mcplServers.<id>.inference``, mcpl/regrant.py), so the default policy leaves out the three
+# leaves that would let a server ask for it.
 _SERVER_INFERENCE_LEAVES = frozenset(
     {"inferenceRequest", "inferenceRequest.streaming", "modelInfo"}
 )

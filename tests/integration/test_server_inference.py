@@ -209,6 +209,28 @@ async def test_the_host_not_answering_in_time_is_a_timeout(tmp_path: Path) -> No
             assert outcome["error"]["data"]["reason"] == "timeout"
 
 
+async def test_a_request_the_daemon_gives_up_on_is_cancelled_in_the_host(tmp_path: Path) -> None:
+    """Past the deadline the daemon tells the host ``inference/cancel``: the typed client
+    cancels that handler, so a model that hangs doesn't keep abandoned requests running."""
+    with trio.fail_after(60):
+        async with two_servers(tmp_path, timeout=0.5) as (daemon, a, _b):
+            stopped = trio.Event()
+
+            async def answer(params: Any) -> Any:
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    stopped.set()
+
+            async with serving_host(daemon, {"inference/request": answer}) as client:
+                outcome = await a.host_call("inference/request", REQUEST)
+                assert outcome["error"]["data"]["reason"] == "timeout"
+                with trio.fail_after(5):
+                    await stopped.wait()
+                assert client.statistics().requests_cancelled == 1
+                assert daemon.inference.open_requests() == 0
+
+
 async def test_more_than_max_concurrent_requests_are_refused(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with two_servers(tmp_path, maxConcurrent=2) as (daemon, a, _b):
