@@ -167,6 +167,7 @@ class InferenceBroker:
         if inbound.is_notification or inbound.id is None:
             # Nothing to answer, so nothing to ask for: a request the server can't read is waste.
             self._log.warning("inference.request.notification", server=link.server_id, method=inbound.method)
+            self._metrics.inference_outcome(link.server_id, inbound.method, "notification")
             return None
         server_request_id = inbound.id
         return Deferred(lambda: self._forward(link, inbound.method, kind, params, server_request_id, stream))
@@ -178,6 +179,8 @@ class InferenceBroker:
         policy = link.config.inference
         if policy is None:
             # A reload took the table away after admission: as if never granted.
+            self._log.info("inference.request.refused", server=server_id, method=method, reason="not-granted")
+            self._metrics.inference_outcome(server_id, method, "not-granted")
             raise RpcError(-32002, f"Capability denied: {method} is not configured for this server.", {"capability": "inferenceRequest" if kind == INFERENCE else "modelInfo"})
         connection = self.serving.host_for(policy.agent, kind)
         self._check(method, server_id, policy, len(params), connection)
