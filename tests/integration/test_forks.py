@@ -267,3 +267,125 @@ async def test_an_idle_fork_gets_its_closure_prompt_and_is_released_and_traces_n
     traces = [(e["event"], e["server"], e["channel"]) for e in logs if e.get("fork") == "kai-b-dm-1-1"]
     assert [event for event, _, _ in traces] == ["fork.spawning", "fork.bound", "fork.released"]
     assert {(server, channel) for _, server, channel in traces} == {("b", "dm-1")}
+
+
+# -- forks and the wake gate -------------------------------------------------------------------------
+
+DEBOUNCE = {"debounce": {"ms": 300}}
+#: kai forks a channel on a mention and keeps every later message there (bind: always); its
+#: wakes on any server's ``general`` are debounced, so they come as batches.
+FORKING_GATED = {
+    "name": AGENT,
+    "wake": {"channels": ["general"]},
+    "conversations": {"forkPrefix": "kai-", "channel": {"trigger": "mention", "bind": "always"}},
+    "wakeGate": {"rules": [{"channels": ["*:general"], "behaviour": DEBOUNCE}]},
+}
+
+
+@asynccontextmanager
+async def gated_forking_host(daemon: Daemon) -> AsyncIterator[tuple[RouterClient, list[ForkSpawnRequest]]]:
+    """A host running the gated ``kai``; each fork it makes debounces its own wakes too."""
+    assert daemon.host_socket_path is not None
+    spawned: list[ForkSpawnRequest] = []
+    async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+
+        async def spawn(request: ForkSpawnRequest) -> None:
+            await client.hello("test-host", [{"name": request.fork, "proseRouting": "locus",
+                                              "wakeGate": {"rules": [], "default": DEBOUNCE}}])
+            spawned.append(request)
+
+        client.serve_fork_spawn(spawn)
+        await client.hello("test-host", [FORKING_GATED])
+        yield client, spawned
+
+
+async def ambient(server: FixtureProcess, text: str) -> None:
+    await message(server, "general", text)
+
+
+def texts(wake: Mapping[str, Any]) -> list[str]:
+    return [m["content"][0]["text"] for m in wake["messages"]]
+
+
+async def wakes_until(client: RouterClient, agents: set[str], *, quiet: float = 1.0) -> list[dict[str, Any]]:
+    """Every wake until one has come for each of ``agents``, then any more within ``quiet`` seconds."""
+    got: list[dict[str, Any]] = []
+    with trio.fail_after(10):
+        while not agents <= {w["agent"] for w in got}:
+            got.append(dict((await client.next_notification("wake")).params))
+    with trio.move_on_after(quiet):
+        while True:
+            got.append(dict((await client.next_notification("wake")).params))
+    return got
+
+
+@ORDERS
+async def test_a_batch_routed_to_b_general_never_wakes_the_fork_homed_on_a_general_and_a_general_batches_go_to_that_fork(
+    tmp_path: Path, first: str
+) -> None:
+    """kai (wake on ``general``; channels fork on a mention, bind always; ``*:general`` debounced)
+    has a fork homed on ``a:general``. Unaddressed messages on b's ``general`` fork nothing: they
+    are the **trunk**'s, and come to kai as one batch with ``routeServerId: "b"``; the fork on
+    a's ``general`` (same id) hears none of it. Conversely messages on a's ``general`` are the
+    fork's (its own gate debounces them): one batch to the fork, ``routeServerId: "a"``, none to
+    the trunk, even interleaved with b's in one burst."""
+    fork = "kai-a-general-1"
+    a_general = {"serverId": "a", "channelId": "general", "shown": "a:general"}
+    b_general = {"serverId": "b", "channelId": "general", "shown": "b:general"}
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), gated_forking_host(daemon) as (client, spawned):
+            # A mention on a's general spawns the fork homed there; its first wake is its own batch.
+            await message(servers["a"], "general", "hey kai", "chat:mention")
+            [opening] = await wakes_until(client, {fork})
+            await wait_until(lambda: daemon.forks.book.fork(fork) is not None and daemon.forks.book.fork(fork).state == "bound",
+                             timeout=10)
+            assert [r.home for r in spawned] == [{"serverId": "a", "channelId": "general"}]
+            assert daemon.forks.home_of(fork) == ChannelRef("a", "general")
+            assert opening["agent"] == fork and opening["routeServerId"] == "a" and texts(opening) == ["hey kai"]
+            await client.ack(opening["seqs"], agent=fork)
+            assert daemon.journal.unacked_count(fork) == 0 and daemon.journal.unacked_count(AGENT) == 0
+
+            # b's general: a batch routed to b:general, the trunk's; nothing for a's fork.
+            await ambient(servers["b"], "b one")
+            await ambient(servers["b"], "b two")
+            got = await wakes_until(client, {AGENT})
+            assert [w["agent"] for w in got] == [AGENT], got
+            [batch] = got
+            assert batch["reason"] == "batch" and batch["gate"]["cause"] == "debounce"
+            assert batch["routeServerId"] == "b" and batch["routeChannel"] == b_general and batch["channel"] == b_general
+            assert [row["serverId"] for row in batch["conversations"]] == ["b"] and texts(batch) == ["b one", "b two"]
+            assert daemon.journal.unacked_count(fork) == 0 and daemon.journal.unacked_count(AGENT) == 2
+            assert spawned[1:] == []  # unaddressed on b: no fork of b's general
+            turn = await client.call("turn/open", {"agent": AGENT, "wakes": batch["seqs"]})
+            assert turn["channel"]["serverId"] == "b"
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+            await client.ack(batch["seqs"], agent=AGENT)
+
+            # The converse, interleaved in one burst: a's general goes to its fork, b's to the trunk.
+            await ambient(servers["a"], "a one")
+            await ambient(servers["b"], "b three")
+            await ambient(servers["a"], "a two")
+            await ambient(servers["b"], "b four")
+            got = await wakes_until(client, {AGENT, fork})
+            assert sorted(w["agent"] for w in got) == sorted([AGENT, fork]), got
+            to_fork = next(w for w in got if w["agent"] == fork)
+            to_trunk = next(w for w in got if w["agent"] == AGENT)
+            assert to_fork["reason"] == "batch" and to_fork["routeServerId"] == "a" and to_fork["routeChannel"] == a_general
+            assert [row["serverId"] for row in to_fork["conversations"]] == ["a"] and texts(to_fork) == ["a one", "a two"]
+            assert to_trunk["reason"] == "batch" and to_trunk["routeServerId"] == "b" and to_trunk["routeChannel"] == b_general
+            assert [row["serverId"] for row in to_trunk["conversations"]] == ["b"] and texts(to_trunk) == ["b three", "b four"]
+            assert daemon.journal.unacked_count(fork) == 2 and daemon.journal.unacked_count(AGENT) == 2
+            # A turn the fork opens on its batch is a's; its reply goes out through a alone.
+            turn = await reply_on(client, fork, to_fork["seqs"], "fork answers")
+            assert turn["channel"]["serverId"] == "a"
+            assert await published(servers["a"]) == [("general", "fork answers")]
+            assert await published(servers["b"]) == []
+
+
+async def reply_on(client: RouterClient, agent: str, seqs: list[int], text: str) -> dict[str, Any]:
+    """A turn on ``seqs`` that says ``text``; the turn."""
+    turn = await client.call("turn/open", {"agent": agent, "wakes": seqs})
+    await client.call("turn/text", {"turnId": turn["turnId"], "round": 1, "delta": text})
+    await client.call("turn/round", {"turnId": turn["turnId"], "round": 1})
+    await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+    return turn
