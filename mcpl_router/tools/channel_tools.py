@@ -155,7 +155,8 @@ class ChannelTools:
         """An inbound event was journaled: it sets the default channel of each agent it woke.
 
         Only while its channel is registered: a message admitted after its server was removed
-        sets no default.
+        sets no default. Nor does traffic of a channel the agent tuned out: it is held for a
+        summary, not something the agent is answering.
         """
         if event.channel_id is None:
             return
@@ -165,6 +166,9 @@ class ChannelTools:
         # message in a closed channel): the message a decline acknowledges by default.
         message_id, thread_id = message_ids_of(event.payload)
         for agent in woken:
+            if ref in self._tune_outs.tuned_out(agent):
+                self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq, why="tuned-out")
+                continue
             set_ = self.defaults.woke(agent, ref, message_id=message_id, thread_id=thread_id, registered=registered)
             if not set_:
                 self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq)

@@ -197,3 +197,27 @@ async def test_turn_round_naming_the_tune_out_tools_holds_text_only_for_speak_in
             await client.call("turn/close", {"turnId": sub["turnId"], "outcome": "completed"})
             b_publishes = [e["params"]["content"][0]["text"] for e in await servers["b"].recorded("channels/publish")]
             assert b_publishes == ["stepping away"]
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_tuned_out_traffic_does_not_set_the_default_channel(tmp_path: Path, first: str) -> None:
+    """A held message of a tuned-out channel is not one the agent answers: channel_publish with
+    no channelId still goes to the channel the agent was last woken in (a's general)."""
+    with trio.fail_after(60):
+        async with two_servers_sharing_general(tmp_path, first) as (daemon, servers), host(daemon) as client:
+            await mention(servers["a"], "on a")
+            wake = await next_wake(client)
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake["seq"]]})
+            entered = await tool(client, opened["turnId"], "tune_out", {"channelId": "b:general", "cadence": 600})
+            assert entered["isError"] is False
+            await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            await mention(servers["b"], "held on b")
+            await wait_until(lambda: len(daemon.tune_outs.table.get(AGENT, B_GENERAL).held) == 1, timeout=10)
+            later = await client.call("turn/open", {"agent": AGENT})
+            posted = await tool(client, later["turnId"], "channel_publish", {"content": "to my default"})
+            assert posted["isError"] is False and posted["structuredContent"]["serverId"] == "a"
+            await client.call("turn/close", {"turnId": later["turnId"], "outcome": "completed"})
+            published = [entry["params"]["content"][0]["text"] for entry in await servers["a"].recorded("channels/publish")]
+            assert published == ["to my default"]
+            assert await servers["b"].recorded("channels/publish") == []
+
