@@ -130,6 +130,7 @@ class Daemon:
         self.gates = WakeGates(router=self.router, agent_of=self.sessions.agent, admitted=StillAdmitted(self.router.registry, self.links),
                                deliver=self.sessions.offer_batch, settle=JournalSettle(self.journal), count=self.metrics.wake_gated)
         self.sessions.divert_wakes_with(Diversions(self.tune_outs, self.gates))
+        self.turns.speech.set_tuned_out(self.tune_outs.tuned_out)
         # Conversation forks: a forking agent's message goes to its conversation's fork (docs/forks.md).
         self.forks = Forks(registry=self.router.registry, journal=self.journal, policy_deliveries=self.sessions.deliveries_for,
                            agent_of=self.sessions.agent, owner_of=self.sessions.owner_of, notify_agent=self.sessions.notify_agent)

@@ -9,7 +9,7 @@ messages that arrived since the turn last looked may hold an inferred locus (mid
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mcpl_router.logs import get_logger
@@ -59,6 +59,12 @@ class Speech:
         self._log = get_logger()
         #: Bounces in a row per agent (a bounce wakes the agent again at most twice in a row).
         self._bounce_streak: dict[str, int] = {}
+        self._tuned_out: Callable[[str], Collection[ChannelRef]] = lambda _agent: ()
+
+    def set_tuned_out(self, tuned_out: Callable[[str], Collection[ChannelRef]]) -> None:
+        """The channels each agent tuned out (the tune-outs, wired once both exist): their
+        traffic is held for a summary, so a mid-turn arrival there competes for nothing."""
+        self._tuned_out = tuned_out
 
     def _shown(self, ref: ChannelRef) -> str:
         return self._router.names.name_shown(ref)
@@ -180,10 +186,13 @@ class Speech:
         if not stored:
             return
         run.seen_seq = max(item.event.seq for item in stored)
+        tuned_out = self._tuned_out(turn.agent)
         arrivals = []
         for item in stored:
             event = item.event
             ref = ChannelRef(event.server_id, event.channel_id) if event.channel_id else None
+            if ref is not None and ref in tuned_out:
+                continue  # held for the tune-out's summary: not a conversation competing now
             payload = event.payload if isinstance(event.payload, Mapping) else {}
             thread = payload.get("threadId")
             arrivals.append(prose.Arrival(ref, thread if isinstance(thread, str) else None, item.delivery.addressed,

@@ -643,6 +643,29 @@ async def test_an_addressed_message_from_another_conversation_holds_the_locus_mi
             assert typing_ops(await servers["a"].recorded()) == []
 
 
+@ORDERS
+async def test_an_arrival_held_for_a_tune_out_does_not_hold_the_locus(tmp_path: Path, first: str) -> None:
+    """a's general is tuned out: someone addressing ann there mid-turn is held for the summary,
+    so it competes with nothing and the turn's words still go to b."""
+    with trio.fail_after(60):
+        async with scene(tmp_path, "locus", first=first) as (daemon, servers, client):
+            seq = await message(servers, client, "b")
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
+            turn_id = opened["turnId"]
+            tuned = await client.call("turn/tool", {"turnId": turn_id, "callId": "t", "name": "tune_out",
+                                                    "arguments": {"channelId": "a:general", "cadence": 600}})
+            assert tuned["isError"] is False
+            await client.call("turn/text", {"turnId": turn_id, "round": 1, "delta": "to b"})
+            await servers["a"].incoming([{"channelId": "general", "text": "hi ann", "tags": ["chat:mention"]}])
+            await wait_until(lambda: len(daemon.tune_outs.table.get(AGENT, ChannelRef("a", "general")).held) == 1, timeout=10)
+            routed = await client.call("turn/round", {"turnId": turn_id, "round": 1})
+            assert routed["notices"] == []
+            assert [d["outcome"] for d in routed["deliveries"]] == ["delivered"]
+            await client.call("turn/close", {"turnId": turn_id, "outcome": "completed"})
+            assert await posts(servers["b"]) == [("general", "to b")]
+            assert await posts(servers["a"]) == []
+
+
 async def test_a_draft_no_receipt_named_is_named_at_the_next_turn(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with scene(tmp_path, "locus") as (_daemon, servers, client):
