@@ -28,9 +28,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
 from mcpl_router.routing.fork_fence import FenceRefusal, fenced
@@ -40,6 +39,7 @@ from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
+from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
@@ -54,10 +54,7 @@ __all__ = ["CHANNEL_TOOLS", "LIFECYCLE_TIMEOUT", "ChannelTools"]
 CHANNEL_TOOLS: Final = ("channel_list", "channel_open", "channel_close", "channel_decline", "channel_publish")
 _NAMES: Final = tuple(ToolName(name) for name in CHANNEL_TOOLS)
 
-LIFECYCLE: Final = "channels.lifecycle"
 ACKNOWLEDGE: Final = "channels.acknowledge"
-#: How long ``channels/open``, ``channels/close`` and ``channels/acknowledge`` may take.
-LIFECYCLE_TIMEOUT: Final = 10.0
 
 # Stable reasons of the tools' own refusals (the resolver's kinds and delivery reasons too).
 REASON_NO_CONTENT: Final = "no-content"
@@ -273,19 +270,9 @@ class ChannelTools:
         link = self._links.get(ref.server_id)
         return link if link is not None and link.state is LinkState.READY else None
 
-    async def _lifecycle(self, link: ServerLink, method: str, params: dict[str, Any], capability: str) -> str | None:
+    async def _lifecycle(self, link: ServerLink, method: str, params: dict[str, Any]) -> str | None:
         """Send a lifecycle request; None when answered, else a stable reason."""
-        try:
-            await link.call(method, params, capability=capability, timeout=self.lifecycle_timeout)
-        except RequestTimeout as exc:
-            return REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
-        except RpcError:
-            return texts.REASON_SERVER_REFUSED
-        except (LinkUnavailable, CapabilityNotGranted):
-            return texts.REASON_NO_LINK
-        except PeerClosed:
-            return REASON_UNCONFIRMED
-        return None
+        return await lifecycle_request(link, method, params, timeout=self.lifecycle_timeout)
 
     def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, Any] | None:
         """The refusal for a channel the calling agent tuned out, saying how the tune-out ends."""
@@ -385,7 +372,7 @@ class ChannelTools:
             thread_id = _text_arg(args, "threadId")
             if thread_id is not None:
                 params["threadId"] = thread_id
-            reason = await self._lifecycle(link, "channels/open", params, LIFECYCLE)
+            reason = await self._lifecycle(link, "channels/open", params)
         if reason == REASON_UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
             return tool_result(texts.lifecycle_unconfirmed("open", shown), error=True, reason=reason, data=self._data(ref))
@@ -425,7 +412,7 @@ class ChannelTools:
         if not link.grant.allows(LIFECYCLE):
             return tool_result(texts.lifecycle_not_granted("close", shown, ref.server_id, not_done), error=True,
                                reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
-        reason = await self._lifecycle(link, "channels/close", {"channelId": ref.channel_id}, LIFECYCLE)
+        reason = await self._lifecycle(link, "channels/close", {"channelId": ref.channel_id})
         if reason == REASON_UNCONFIRMED:
             return tool_result(texts.lifecycle_unconfirmed("close", shown), error=True, reason=reason, data=self._data(ref))
         if reason is not None:

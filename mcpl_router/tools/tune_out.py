@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
@@ -39,6 +40,7 @@ from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.routing.wakes import Wake
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.turns import publish_text
+from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
@@ -234,7 +236,7 @@ class TuneOuts:
             if op != "enter":
                 text = texts.tuneout_bad_argument("op", 'must be "enter" or "cancel"', texts.NOTHING_TUNED)
                 return tool_result(text, error=True, reason=texts.REASON_BAD_ARGUMENT)
-            return self._enter(call)
+            return await self._enter(call)
         if call.name == "cancel_tuneout":
             return self._cancel(call)
         if call.name == "speak_in_channel":
@@ -260,7 +262,7 @@ class TuneOuts:
             data["serverId"] = resolved.server_id
         return tool_result(resolved.text, error=True, reason=resolved.kind, data=data)
 
-    def _enter(self, call: ToolCall) -> dict[str, Any]:
+    async def _enter(self, call: ToolCall) -> dict[str, Any]:
         settings = TuneOutSettings.from_arguments(call.arguments)
         if isinstance(settings, tuple):
             field, problem = settings
@@ -270,7 +272,17 @@ class TuneOuts:
             return ref
         owner = tune_out_owner(call.agent)
         registry = self._router.registry
-        # A tuned-out channel stays open: its traffic keeps coming, to be summarized.
+        # A tuned-out channel stays open: its traffic keeps coming, to be summarized. A closed
+        # one is opened on its own server first (where the server lets the daemon open it), so
+        # its transport actually brings that traffic in.
+        entry = registry.get(ref)
+        link = self._links.get(ref.server_id)
+        if entry is not None and not entry.open and link is not None and link.state is LinkState.READY and link.grant.allows(LIFECYCLE):
+            reason = await lifecycle_request(link, "channels/open", {"channelId": ref.channel_id}, timeout=LIFECYCLE_TIMEOUT)
+            if reason is not None:
+                self._log.info("tuneout.open_failed", agent=owner, server=ref.server_id, channel=ref.channel_id, reason=reason)
+                return tool_result(texts.lifecycle_failed("open", self._shown(ref), reason, texts.NOTHING_TUNED),
+                                   error=True, reason=reason, data=ref.to_wire())
         opened = registry.set_open(ref, True)
         self.table.enter(owner, ref, settings, trio.current_time())
         self._poke()

@@ -22,7 +22,19 @@ from mcpl_router.turns.run import ACKNOWLEDGE, PUBLISH
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
 
-__all__ = ["ACK_INTENT_DECLINED", "ACK_INTENT_REFUSED", "acknowledge_message", "publish_text"]
+__all__ = [
+    "ACK_INTENT_DECLINED",
+    "ACK_INTENT_REFUSED",
+    "LIFECYCLE",
+    "LIFECYCLE_TIMEOUT",
+    "acknowledge_message",
+    "lifecycle_request",
+    "publish_text",
+]
+
+#: The capability ``channels/open`` and ``channels/close`` need, and how long they may take.
+LIFECYCLE: Final = "channels.lifecycle"
+LIFECYCLE_TIMEOUT: Final = 10.0
 
 #: ``channels/acknowledge`` intents: why the daemon marks a message (discord-mcpl reads them).
 ACK_INTENT_DECLINED: Final = "seen-not-opening"
@@ -139,4 +151,20 @@ async def acknowledge_message(
         return texts.REASON_UNCONFIRMED  # sent as a Notification: no answer says it landed
     if isinstance(answer, dict) and answer.get("acknowledged") is False:
         return texts.REASON_SERVER_REFUSED
+    return None
+
+
+async def lifecycle_request(link: ServerLink, method: str, params: dict[str, Any], *, timeout: float) -> str | None:
+    """``channels/open`` or ``channels/close`` on the channel's own server's link; None when
+    answered, else a stable reason (``unconfirmed`` when sent and never answered)."""
+    try:
+        await link.call(method, params, capability=LIFECYCLE, timeout=timeout)
+    except RequestTimeout as exc:
+        return texts.REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
+    except RpcError:
+        return texts.REASON_SERVER_REFUSED
+    except (LinkUnavailable, CapabilityNotGranted):
+        return texts.REASON_NO_LINK
+    except PeerClosed:
+        return texts.REASON_UNCONFIRMED
     return None

@@ -21,8 +21,9 @@ from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
+from mcpl_router.testing.descriptors import channel_descriptor
 
-from .conftest import two_servers_sharing_general
+from .conftest import two_servers_sharing_general, wait_channel
 
 pytestmark = pytest.mark.integration
 
@@ -221,3 +222,27 @@ async def test_tuned_out_traffic_does_not_set_the_default_channel(tmp_path: Path
             assert published == ["to my default"]
             assert await servers["b"].recorded("channels/publish") == []
 
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_tune_out_of_a_closed_channel_opens_it_on_its_own_server(tmp_path: Path, first: str) -> None:
+    """Tuning out a channel that is registered but closed opens it (``channels/open``) on its
+    own server, so its traffic comes in to be summarized; a's closed ``lounge`` stays closed."""
+    with trio.fail_after(60):
+        async with two_servers_sharing_general(tmp_path, first) as (daemon, servers), host(daemon) as client:
+            for name in ("a", "b"):
+                await servers[name].register([channel_descriptor("lounge")])
+                await wait_channel(daemon, name, "lounge")
+            b_lounge = ChannelRef("b", "lounge")
+            entry = daemon.router.registry.get(b_lounge)
+            assert entry is not None and not entry.open
+            turn = await client.call("turn/open", {"agent": AGENT})
+            entered = await tool(client, turn["turnId"], "tune_out", {"channelId": "b:lounge", "cadence": 600})
+            assert entered["isError"] is False and entered["structuredContent"]["serverId"] == "b"
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+            [opened] = await servers["b"].recorded("channels/open")
+            assert opened["params"] == {"channelId": "lounge"}
+            assert await servers["a"].recorded("channels/open") == []
+            entry = daemon.router.registry.get(b_lounge)
+            assert entry is not None and entry.open
+            assert daemon.tune_outs.tuned_out(AGENT) == {b_lounge}
