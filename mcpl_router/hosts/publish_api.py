@@ -118,10 +118,24 @@ async def _publish(services: HostServices, params: HostPublishParams, ref: Chann
         answer["reason"] = texts.REASON_UNCONFIRMED
         answer["detail"] = delivery.reason
         answer["text"] = texts.publish_unconfirmed(shown)
+    elif delivery.outcome == "failed" and delivery.reason == texts.REASON_NOT_REGISTERED:
+        answer["reason"] = delivery.reason
+        answer["text"] = texts.publish_not_there(shown, ref.channel_id, _elsewhere(services, ref))
     elif delivery.outcome == "failed":
         answer["reason"] = delivery.reason
         answer["text"] = texts.publish_failed(shown, delivery.reason)
     return answer
+
+
+def _elsewhere(services: HostServices, ref: ChannelRef) -> list[str]:
+    """Where else a channel with ``ref``'s id is, by the name channelId takes there."""
+    registry, names = services.router.registry, services.router.names
+    places = []
+    for other in sorted(registry.refs_with_id(ref.channel_id), key=registry.order_of):
+        picked = names.pick_name(other)
+        places.append(texts.place_by_name(other.server_id, picked, advise=False) if picked is not None
+                      else texts.place_by_route(other.channel_id, other.server_id, server_id_accepted=True))
+    return places
 
 
 def add_publish_methods(table: MethodTable, services: HostServices, connection: HostConnection) -> None:

@@ -447,7 +447,7 @@ class ChannelNames:
         for ref in holders:
             picked = self.pick_name(ref)
             if picked is not None:
-                places.append(texts.place_by_name(ref.server_id, picked))
+                places.append(texts.place_by_name(ref.server_id, picked, advise=server_id_accepted))
             else:
                 places.append(
                     texts.place_by_route(ref.channel_id, ref.server_id, server_id_accepted=server_id_accepted)

@@ -123,9 +123,16 @@ def not_on_server(name: str, server_id: str, places: Sequence[str], not_done: st
     return f"{head} A channel {quoted(name)} is on " + ", ".join(places[:-1]) + f" and {places[-1]}."
 
 
-def place_by_name(server_id: str, name: str) -> str:
-    """Where a channel is, with the name that picks it alone."""
-    return f"server {quoted(server_id)} (name it {name})"
+def place_by_name(server_id: str, name: str, *, advise: bool = True) -> str:
+    """Where a channel is, with the name that picks it alone.
+
+    ``advise``: say to name it so. Not for a call whose schema has no ``serverId`` (channel_publish)
+    or that gave an exact ref: the channel it asked for is not there, and the one named here is
+    another destination, perhaps another community's, so it is told where the id is, not to go.
+    """
+    if advise:
+        return f"server {quoted(server_id)} (name it {name})"
+    return f"server {quoted(server_id)} ({name})"
 
 
 def place_by_route(channel_id: str, server_id: str, *, server_id_accepted: bool) -> str:
@@ -857,6 +864,16 @@ def publish_failed(shown: str, reason: str | None) -> str:
     """A publish that never went out, or the server refused."""
     why = _DELIVERY_WHY.get(reason or "", "the server did not take it")
     return f"Nothing was posted to {shown}: {why}. Try again later, or post elsewhere."
+
+
+def publish_not_there(shown: str, channel_id: str, places: Sequence[str]) -> str:
+    """A host's publish to an exact ref its server doesn't register: where the id is instead,
+    with no advice to post there (each place is another destination)."""
+    head = f"Nothing was posted to {shown}: that server has no such channel."
+    if not places:
+        return head
+    where = places[0] if len(places) == 1 else ", ".join(places[:-1]) + f" and {places[-1]}"
+    return f"{head} A channel {quoted(channel_id)} is on {where}."
 
 
 def publish_unconfirmed(shown: str) -> str:

@@ -94,6 +94,9 @@ async def test_host_publish_reads_a_ref_as_its_pair_and_refuses_a_shared_bare_id
                 assert unknown["delivered"] is False and unknown["reason"] == "channel-not-registered"
                 not_there = await publish(client, {"serverId": "a", "channelId": "quiet"})
                 assert not_there["reason"] == "channel-not-registered"
+                # Told where the id is, by the name channelId takes there, and not to go there.
+                assert 'A channel "quiet" is on server "c" (' in not_there["text"]
+                assert "elsewhere" not in not_there["text"] and "name it" not in not_there["text"]
 
                 not_permitted = await publish(client, "quiet")
                 assert not_permitted["delivered"] is False and not_permitted["reason"] == "not-permitted"

@@ -212,6 +212,15 @@ def test_server_id_the_id_is_not_on_is_told_which_servers_have_it(reverse: bool)
     assert SENT in refusal.text
 
 
+def test_a_server_id_the_schema_does_not_take_is_told_where_the_id_is_without_advice(reverse: bool) -> None:
+    """channel_publish has no serverId: given one the channel isn't on, the refusal says where
+    the id is, by the name channelId takes, and not to post there (another destination)."""
+    names = names_for(TWO_GENERALS + [("c", {"id": "random"})], reverse)
+    refusal = refused(names.channel_named("general", server_id="c", not_done=SENT, server_id_accepted=False), "not-on-server")
+    assert 'server "a" (a:general)' in refusal.text and 'server "b" (b:general)' in refusal.text
+    assert "name it" not in refusal.text
+
+
 def test_server_id_with_an_id_one_server_has_offers_the_id_alone(reverse: bool) -> None:
     names = names_for([("a", {"id": "general"}), ("b", {"id": "random"})], reverse)
     refusal = refused(names.channel_named("general", server_id="b"), "not-on-server")
