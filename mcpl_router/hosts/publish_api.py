@@ -111,6 +111,8 @@ async def _publish(services: HostServices, params: HostPublishParams, ref: Chann
         reason=delivery.reason,
         message_id=delivery.message_id,
     )
+    # Read once the answer came: a registration meanwhile can change which name picks it.
+    shown = services.router.names.name_shown(ref)
     answer: dict[str, Any] = {"delivered": delivery.outcome == "delivered", **ref.to_wire(), "shown": shown}
     if delivery.message_id is not None:
         answer["messageId"] = delivery.message_id

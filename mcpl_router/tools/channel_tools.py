@@ -519,6 +519,8 @@ class ChannelTools:
         if delivery.outcome != "failed":
             # The words (may have) gone out: an explicit send, for the calling turn only.
             record_explicit_send(call, ref)
+        # Read once the answer came: a registration meanwhile can change which name picks it.
+        shown = self._shown(ref)
         if delivery.outcome == "delivered":
             return tool_result(texts.published(shown, ref.server_id, delivery.message_id), data=data)
         if delivery.outcome == "unknown":

@@ -334,6 +334,7 @@ class TuneOuts:
             record_explicit_send(call, ref)
         self._log.info("tuneout.spoke", agent=call.agent.name, server=ref.server_id, channel=ref.channel_id, outcome=delivery.outcome)
         data = delivery.to_wire()
+        shown = self._shown(ref)  # read once the answer came: a registration meanwhile renames it
         if delivery.outcome == "delivered":
             return tool_result(texts.spoke_in(shown), data=data)
         if delivery.outcome == "unknown":

@@ -444,3 +444,31 @@ async def test_a_call_after_its_turn_ended_is_taken_and_reads_no_turns_channels(
                 assert unknown.value.code == -32050
             assert await published(servers["b"]) == [("general", "in turn"), ("general", "after, by ref")]
             assert await published(servers["a"]) == []
+
+
+@ORDERS
+async def test_a_publish_result_names_the_channel_as_it_is_picked_when_the_answer_comes(tmp_path: Path, first: str) -> None:
+    """``lounge`` is a's alone when the publish goes out; b registers one too before a answers:
+    the result names a's channel by what picks it then (``a:lounge``), not the stale ``lounge``."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers):
+            await servers["a"].register([open_channel("lounge")])
+            await wait_channel(daemon, "a", "lounge")
+            await servers["a"].configure(publish={"delayMs": 800, "error": {"code": -32000, "message": "no"}})
+            async with host(daemon) as client:
+                turn = await woken_turn(client, servers["a"])
+                async with trio.open_nursery() as nursery:
+                    results: list[dict[str, Any]] = []
+
+                    async def publish() -> None:
+                        results.append(await tool(client, turn["turnId"], "channel_publish", {"channelId": "lounge", "content": "x"}))
+
+                    nursery.start_soon(publish)
+                    await wait_until(lambda: daemon.router.registry.get(ChannelRef("a", "lounge")) is not None, timeout=5)
+                    await trio.sleep(0.2)  # the publish is out, waiting on a's answer
+                    await servers["b"].register([open_channel("lounge")])
+                    await wait_channel(daemon, "b", "lounge")
+                [refused] = results
+                assert refused["isError"] and refused["structuredContent"]["serverId"] == "a"
+                assert "a:lounge" in refused["content"][0]["text"]
+
