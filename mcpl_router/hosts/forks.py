@@ -88,7 +88,7 @@ class Forks:
         for (agent, home), generation in counters.items():
             conversations = self._conversations_of(agent)
             for n in range(1, generation + 1) if conversations is not None else ():
-                self.book.remember(fork_name(conversations.fork_prefix, home, n), home)
+                self.book.remember(agent, fork_name(conversations.fork_prefix, home, n), home)
         self._to_ask: list[Binding] = []
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None

@@ -167,9 +167,12 @@ class ForkBook:
         self._generations: dict[tuple[str, ChannelRef], int] = dict(generations or {})
         self._bindings: dict[tuple[str, ChannelRef], Binding] = {}
         self._forks: dict[str, Binding] = {}
-        #: Every fork name ever proposed, with its home: a released fork stays fenced to its
-        #: home, and is woken by nothing but the decision.
-        self._homes: dict[str, ChannelRef] = {}
+        #: Every fork name ever proposed, with its agent and home: a released fork stays fenced
+        #: to its home, and is woken by nothing but the decision. A name is one string joined
+        #: from the server and channel ids, so two homes can spell alike ("a-b" + "c" and "a" +
+        #: "b-c"), and two agents with one prefix fork alike: a name taken by another (agent,
+        #: home) is never proposed again (see :meth:`decide`), so each name means one home.
+        self._homes: dict[str, tuple[str, ChannelRef]] = {}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -186,11 +189,12 @@ class ForkBook:
 
     def home_of(self, name: str) -> ChannelRef | None:
         """The home of fork ``name`` (bound, pending or released), or None for no fork."""
-        return self._homes.get(name)
+        owner = self._homes.get(name)
+        return None if owner is None else owner[1]
 
-    def remember(self, name: str, home: ChannelRef) -> None:
+    def remember(self, agent: str, name: str, home: ChannelRef) -> None:
         """A fork name used before (the journal's counters, at start-up): its home, for the fence."""
-        self._homes.setdefault(name, home)
+        self._homes.setdefault(name, (agent, home))
 
     def bindings(self) -> list[Binding]:
         return list(self._bindings.values())
@@ -206,7 +210,12 @@ class ForkBook:
         if not _allows(rules.trigger, addressed):
             return Unbound(f"{kind} trigger rule {rules.trigger!r}" + ("" if rules.trigger == NEVER else ": not addressed"))
         generation = self.generation(agent, ref) + 1
-        return Spawn(fork_name(spec.fork_prefix, ref, generation), ref, generation)
+        name = fork_name(spec.fork_prefix, ref, generation)
+        while self._homes.get(name, (agent, ref)) != (agent, ref):
+            # Spelled alike by another home or agent: the next generation, until the name is free.
+            generation += 1
+            name = fork_name(spec.fork_prefix, ref, generation)
+        return Spawn(name, ref, generation)
 
     # -- changing ------------------------------------------------------------------------------
 
@@ -218,7 +227,7 @@ class ForkBook:
         binding = Binding(agent, spawn.home, spawn.fork, spawn.generation, PENDING, now)
         self._bindings[key] = binding
         self._forks[spawn.fork] = binding
-        self._homes[spawn.fork] = spawn.home
+        self._homes[spawn.fork] = (agent, spawn.home)
         return binding
 
     def bind(self, agent: str, home: ChannelRef, fork: str, generation: int) -> Binding | None:

@@ -93,6 +93,25 @@ def test_two_servers_dms_on_one_id_each_spawn_their_own_fork_named_by_server() -
     assert book.fork("kai-b-dm-1-1") is not None and book.fork("kai-b-dm-1-1").home == B_DM
 
 
+def test_two_homes_or_agents_that_spell_one_fork_name_never_share_it() -> None:
+    """Server ``a-b``'s channel ``c`` and server ``a``'s channel ``b-c`` spell one name, and so
+    do two agents with one prefix forking one home: the second is given the next generation,
+    so each fork name means one (agent, home)."""
+    book = ForkBook()
+    first, second = ChannelRef("a-b", "c"), ChannelRef("a", "b-c")
+    one = book.decide("kai", SPEC, first, DM, addressed=True)
+    book.reserve("kai", one, 0.0)
+    other = book.decide("kai", SPEC, second, DM, addressed=True)
+    assert other.fork != one.fork and other.generation == 2
+    book.reserve("kai", other, 0.0)
+    assert book.home_of(one.fork) == first and book.home_of(other.fork) == second
+    theirs = book.decide("ann", SPEC, first, DM, addressed=True)
+    assert theirs.fork not in (one.fork, other.fork)
+    book.reserve("ann", theirs, 0.0)
+    assert book.decide("kai", SPEC, first, DM, addressed=False) == Existing(one.fork, first)
+    assert book.decide("ann", SPEC, first, DM, addressed=False) == Existing(theirs.fork, first)
+
+
 def test_the_kind_rules_decide_spawn_bind_and_trunk() -> None:
     book = ForkBook()
     general = ChannelRef("a", "general")
