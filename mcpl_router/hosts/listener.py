@@ -11,6 +11,7 @@ import errno
 import os
 import socket
 import stat
+import sys
 from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,8 @@ from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.services import HostServices
+
+_SUN_PATH_MAX = 103 if sys.platform == "darwin" else 107  # bytes a sockaddr_un path may hold
 
 
 class SocketSetupError(Exception):
@@ -69,13 +72,11 @@ async def serve_unix_socket(
     """Listen on ``path`` until cancelled; each connection is a host session."""
     socket_path = prepare_socket_path(path)
     listener_socket = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # the socket file is created 0600, never briefly wider
     try:
-        await listener_socket.bind(str(socket_path))
-    finally:
-        os.umask(old_umask)
-    os.chmod(socket_path, 0o600)
-    listener_socket.listen(64)
+        await _bind_listening(listener_socket, socket_path)
+    except BaseException:
+        listener_socket.close()
+        raise
     listener = trio.SocketListener(listener_socket)
     log = get_logger(transport="unix")
     log.info("host.socket.listening", path=str(socket_path))
@@ -87,6 +88,36 @@ async def serve_unix_socket(
             )
     finally:
         socket_path.unlink(missing_ok=True)
+
+
+async def _bind_listening(listener_socket: trio.socket.SocketType, socket_path: Path) -> None:
+    """Bind and listen so that ``socket_path`` never exists without accepting.
+
+    The socket is bound and listening under a private name first, then hard-linked into place:
+    a host that sees the file can connect (no refused window between bind and listen), and a
+    second daemon that raced us to the path fails on the link rather than taking it over.
+    """
+    private = socket_path.with_name(f".{socket_path.name}.{os.getpid()}")
+    direct = len(os.fsencode(str(private))) > _SUN_PATH_MAX  # too long to stage: bind in place
+    bound = socket_path if direct else private
+    if not direct:
+        private.unlink(missing_ok=True)  # left by an earlier process with our pid
+    old_umask = os.umask(0o177)  # the socket file is created 0600, never briefly wider
+    try:
+        await listener_socket.bind(str(bound))
+    finally:
+        os.umask(old_umask)
+    try:
+        os.chmod(bound, 0o600)
+        listener_socket.listen(64)
+        if not direct:
+            try:
+                os.link(private, socket_path)
+            except FileExistsError:
+                raise SocketSetupError(f"another daemon is listening on {socket_path}") from None
+    finally:
+        if not direct:
+            private.unlink(missing_ok=True)
 
 
 async def _serve_connection(services: HostServices, stream: trio.SocketStream) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -136,3 +137,25 @@ async def test_token_file_readable_by_others_is_refused(short_tmp: Path) -> None
     with trio.fail_after(10), capture_logs() as logs, pytest.raises(HostAuthError, match="chmod 600"):
         await Daemon(config).run()
     assert TOKEN not in repr(logs)
+
+
+async def test_the_socket_file_exists_only_once_it_accepts(short_tmp: Path) -> None:
+    """A host that waits for the file and connects at once is never refused: the socket is
+    bound and listening under a private name, then linked into place. A second daemon on the
+    same path is refused while the first one runs."""
+    path = short_tmp / "run" / "host.sock"
+    config = config_for(short_tmp, {"unixSocket": str(path), "websocket": False})
+    daemon = Daemon(config)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(daemon.run)
+            while not path.exists():
+                await trio.sleep(0)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.connect(str(path))  # raises ConnectionRefusedError if the file came first
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            assert [entry.name for entry in path.parent.iterdir()] == ["host.sock"]  # no private name left
+            with pytest.raises(SocketSetupError, match="another daemon is listening"):
+                await Daemon(config_for(short_tmp / "second", {"unixSocket": str(path), "websocket": False})).run()
+            daemon.request_shutdown()
+    assert not path.exists()
