@@ -42,6 +42,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "TurnClosed",
+    "TurnContinued",
     "TurnOpened",
     "TurnShown",
     "TypingResult",
@@ -259,6 +260,17 @@ class TurnOpened(_Result):
     tools: list[ToolSpec] = []
     system: list[str] = []
     prose_routing: str = "locus"
+    notices: list[str] = []
+    shown: TurnShown = msgspec.field(default_factory=TurnShown)
+
+
+class TurnContinued(_Result):
+    """``turn/continue``: the turn's channel now, every channel it has been in, the notice."""
+
+    turn_id: str
+    start: int
+    channel: ShownChannel | None = None
+    was_in: list[ShownChannel] = []
     notices: list[str] = []
     shown: TurnShown = msgspec.field(default_factory=TurnShown)
 

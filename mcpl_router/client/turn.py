@@ -36,6 +36,7 @@ from mcpl_router.client.results import (
     ToolResult,
     ToolSpec,
     TurnClosed,
+    TurnContinued,
     TurnOpened,
     TurnShown,
 )
@@ -113,6 +114,13 @@ class Turn:
         return None if self.closed is None else self.closed.receipt
 
     # -- during the turn -------------------------------------------------------------------------
+
+    async def continue_on(self, wakes: Sequence[int] = ()) -> TurnContinued:
+        """``turn/continue``: another start of this turn (not a new turn): on ``wakes`` that
+        arrived while it ran (the turn re-pins on their channel, on its server), or with none
+        for a budget restart (nothing moves)."""
+        self._check_open()
+        return await self._client.request("turn/continue", {"turnId": self.turn_id, "wakes": list(wakes)}, TurnContinued)
 
     async def context(self, *, user_message: Any = None, model: str | None = None) -> ContextResult:
         """``turn/context``: the servers' injections for the model's request (starts inference)."""

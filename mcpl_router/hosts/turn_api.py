@@ -31,6 +31,12 @@ class TurnOpenParams(msgspec.Struct, rename="camel"):
     subagent: bool = False
 
 
+class TurnContinueParams(msgspec.Struct, rename="camel"):
+    turn_id: str
+    #: The wakes this start answers (none: a budget restart, which moves nothing).
+    wakes: list[int] = []
+
+
 class TurnContextParams(msgspec.Struct, rename="camel"):
     turn_id: str
     model: str | None = None
@@ -75,11 +81,14 @@ class TypingParams(msgspec.Struct, rename="camel"):
 
 
 def add_turn_methods(table: MethodTable, turns: TurnManager, typing: TypingIndicators, connection: HostConnection) -> None:
-    """Add ``turn/open|context|text|round|tool|close`` and ``channels/typing`` to ``table``."""
+    """Add ``turn/open|continue|context|text|round|tool|close`` and ``channels/typing`` to ``table``."""
     async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> Any:
         return await turns.open(
             connection, params.agent, wakes=params.wakes, channel=params.channel, subagent=params.subagent
         )
+
+    async def turn_continue(params: TurnContinueParams, _inbound: Inbound) -> Any:
+        return await turns.continue_(connection, params.turn_id, wakes=params.wakes)
 
     async def turn_context(params: TurnContextParams, _inbound: Inbound) -> Any:
         return await turns.context(connection, params.turn_id, user_message=params.user_message, model=params.model)
@@ -109,6 +118,7 @@ def add_turn_methods(table: MethodTable, turns: TurnManager, typing: TypingIndic
         return await typing.host_typing(params.channel, params.op, connection)
 
     table.add("turn/open", turn_open, TurnOpenParams)
+    table.add("turn/continue", turn_continue, TurnContinueParams)
     # Up to the hook timeout per call: its own task, so the host's other calls don't queue
     # behind it. Everything else runs in arrival order (text before its round's end).
     table.add("turn/context", turn_context, TurnContextParams, concurrent=True)

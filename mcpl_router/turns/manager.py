@@ -32,15 +32,15 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import HookFacts, before_inference
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, WakeFact, call_scope, requested_channel, trigger_of
+from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, call_scope, requested_channel, trigger_of
 from mcpl_router.tools import ToolCall, ToolTable, agent_may_call, tool_result
 from mcpl_router.turns.drafts import DraftBook, receipt_of
 from mcpl_router.turns.lifecycle import REFUSAL_REACTION, InferenceLifecycle
-from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, WAKE_UNKNOWN, TurnRun, TurnTimings
+from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, TurnRun, TurnTimings, Timing
 from mcpl_router.turns.speech import Speech
 from mcpl_router.turns.streams import OutgoingStreams
 from mcpl_router.turns.typing import TypingIndicators
-from mcpl_router.turns.wakes import wake_fact
+from mcpl_router.turns.wakes import wake_facts
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
@@ -57,21 +57,13 @@ __all__ = ["TurnManager"]
 ENDED_TURNS_KEPT: Final = 1024
 
 
-class _Timing:
-    """A ``TurnManager`` attribute that reads and sets one field of its :class:`TurnTimings`
-    (the parts read the timings; tests shorten them on the manager)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._field = name
-
-    def __get__(self, manager: TurnManager | None, owner: type | None = None) -> Any:
-        if manager is None:
-            return self
-        return getattr(manager.timings, self._field)
-
-    def __set__(self, manager: TurnManager, value: Any) -> None:
-        # In place: the parts hold this one TurnTimings.
-        setattr(manager.timings, self._field, value)
+def _not_open(turn_id: str) -> RpcError:
+    return RpcError(
+        TURN_NOT_OPEN,
+        f"Turn {texts.quoted(turn_id)} is not open (never opened, closed, superseded, or its"
+        " lease expired). Open a new turn with turn/open.",
+        {"turnId": turn_id},
+    )
 
 
 class TurnManager:
@@ -87,12 +79,12 @@ class TurnManager:
         is_draining: True once shutdown started: no new turns.
     """
 
-    typing_interval = _Timing()
-    lease = _Timing()
-    context_timeout = _Timing()
-    publish_timeout = _Timing()
-    connection_poll = _Timing()
-    host_typing_lease = _Timing()
+    typing_interval = Timing()
+    lease = Timing()
+    context_timeout = Timing()
+    publish_timeout = Timing()
+    connection_poll = Timing()
+    host_typing_lease = Timing()
 
     def __init__(
         self,
@@ -155,12 +147,7 @@ class TurnManager:
         """The open turn ``turn_id``, which ``connection``'s host must own; renews its lease."""
         run = self._runs.get(turn_id)
         if run is None or run.finished:
-            raise RpcError(
-                TURN_NOT_OPEN,
-                f"Turn {texts.quoted(turn_id)} is not open (never opened, closed, superseded, or its"
-                " lease expired). Open a new turn with turn/open.",
-                {"turnId": turn_id},
-            )
+            raise _not_open(turn_id)
         self._sessions.require_owner(connection, run.turn.agent)
         # Anything the host says about a turn renews its lease.
         run.lease_deadline = trio.current_time() + self.lease
@@ -216,17 +203,7 @@ class TurnManager:
             )
         sessions = self._sessions
         spec = sessions.require_owner(connection, agent)
-        facts: list[WakeFact] = []
-        for seq in wakes:
-            wake = await sessions.wake(seq, agent)
-            if wake is None:
-                raise RpcError(
-                    WAKE_UNKNOWN,
-                    f"Wake {seq} is not a wake of agent {texts.quoted(agent)} (unknown, or acked"
-                    " and gone). No turn was opened.",
-                    {"seq": seq, "agent": agent},
-                )
-            facts.append(wake_fact(wake))
+        facts = await wake_facts(sessions.wake, agent, wakes, nothing_done="No turn was opened.")
         trigger: ChannelRef | None = None
         message_id = thread_id = None
         chosen = trigger_of(facts)
@@ -298,6 +275,44 @@ class TurnManager:
                 "locus": self._shown(locus) if locus else None,
                 "routing": routing_line,
             },
+        }
+
+    # ------------------------------------------------------------------ turn/continue
+
+    async def continue_(self, connection: HostConnection, turn_id: str, *, wakes: Sequence[int] = ()) -> dict[str, Any]:
+        """Another start of an open turn: a continuation on new wakes, or a budget restart.
+
+        The turn keeps its id, drafts, pins, engagement and lifecycle (it is not superseded).
+        A start whose wakes name a channel re-pins the turn there, on that wake's own server
+        (:meth:`Speech.place_at_start`); the turn answers those wakes too, so they no longer
+        count as mid-turn arrivals that hold its route. Typing moves at once where it moved.
+        """
+        run = self.run_for(connection, turn_id)
+        turn = run.turn
+        facts = await wake_facts(self._sessions.wake, turn.agent, wakes, nothing_done="The turn was not continued.")
+        async with run.lock:
+            if run.finished:
+                raise _not_open(turn_id)  # ended while its wakes were read
+            turn.wakes = tuple(dict.fromkeys((*turn.wakes, *(fact.seq for fact in facts))))
+            run.starts += 1
+            notice = self.speech.place_at_start(run, facts)
+            if notice is not None:
+                run.notices.append(notice)
+            if run.typing_sent is not None and run.typing_sent[0] != turn.routing.typing_channel:
+                await self.typing.refresh(run)
+                run.next_typing = trio.current_time() + self.typing_interval
+        trigger, locus = turn.routing.trigger, turn.routing.locus
+        self._log.info(
+            "turn.continued", agent=turn.agent, turn=turn_id, start=run.starts, wakes=list(wakes),
+            server=trigger.server_id if trigger else None, channel=trigger.channel_id if trigger else None,
+        )
+        return {
+            "turnId": turn_id,
+            "start": run.starts,
+            "channel": self._ref_wire(trigger),
+            "wasIn": [self._ref_wire(ref) for ref in turn.routing.was_in],
+            "notices": [notice] if notice is not None else [],
+            "shown": {"channel": self._shown(trigger) if trigger else None, "locus": self._shown(locus) if locus else None},
         }
 
     # ------------------------------------------------------------------ turn/context

@@ -7,7 +7,7 @@ and keeper, its inference lifecycle, its prose-routing state and its outgoing st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import trio
@@ -62,6 +62,23 @@ class TurnTimings:
     host_typing_lease: float = HOST_TYPING_LEASE
 
 
+class Timing:
+    """A ``TurnManager`` attribute that reads and sets one field of its :class:`TurnTimings`
+    (the parts read the timings; tests shorten them on the manager)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._field = name
+
+    def __get__(self, manager: Any | None, owner: type | None = None) -> Any:
+        if manager is None:
+            return self
+        return getattr(manager.timings, self._field)
+
+    def __set__(self, manager: Any, value: Any) -> None:
+        # In place: the parts hold this one TurnTimings.
+        setattr(manager.timings, self._field, value)
+
+
 @attrs.define(eq=False)
 class TurnRun:
     """The shell's state for one open turn: its connection, lease, keeper and lifecycle."""
@@ -97,6 +114,8 @@ class TurnRun:
     stream_index: int = 0
     # The journal's last inbound seq this turn has looked at (mid-turn arrivals come after it).
     seen_seq: int = 0
+    # Starts of the turn: 1 at turn/open, one more per turn/continue.
+    starts: int = 1
     # The locus the last routed round went by: a different one since means a deliberate move.
     last_locus: ChannelRef | None = None
 

@@ -17,7 +17,7 @@ from mcpl_router.routing import prose, texts
 from mcpl_router.routing.drafts import Draft
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.modes import ProseMode
-from mcpl_router.routing.turns import Delivery, TurnRouting, WakeFact
+from mcpl_router.routing.turns import Delivery, TurnRouting, WakeFact, trigger_of
 from mcpl_router.turns.drafts import DraftBook
 from mcpl_router.turns.run import PUBLISH_TIMEOUT, TurnRun, TurnTimings
 from mcpl_router.turns.sends import publish_text
@@ -104,6 +104,45 @@ class Speech:
             routing.locus = routing.typing_channel = None
         return []
 
+    def place_at_start(self, run: TurnRun, facts: Sequence[WakeFact]) -> str | None:
+        """A further start of an open turn (``turn/continue``) re-pins it on its wake's server.
+
+        The start's trigger (:func:`~mcpl_router.routing.turns.trigger_of`, as at the open)
+        becomes the turn's trigger and joins ``was_in``: within the turn its id now means that
+        channel, on that server. An inferred locus moves to the start's one conversation (or is
+        held among several); a deliberate one (a ``channel_open``, a ``>>>`` pin) stays. Explicit
+        mode's typing goes to the start's own wake, read once now. A start whose wakes name no
+        channel (a budget restart) moves nothing. Returns the ``[routing]`` notice, if any.
+        """
+        chosen = trigger_of(facts)
+        if chosen is None or chosen.channel is None:
+            return None
+        turn, routing, mode = run.turn, run.turn.routing, run.mode
+        ref = chosen.channel
+        deliberate = (routing.locus is not None and routing.locus != routing.trigger) or routing.sticky_target is not None
+        routing.trigger = ref
+        turn.trigger_message_id, turn.trigger_thread_id = chosen.message_id, chosen.thread_id
+        routing.moved_to(ref)
+        # The agent was given a new message: a send earlier in the turn no longer silences it.
+        run.explicit_send_rounds.clear()
+        if not mode.speaks:
+            return None
+        if not mode.infers_locus:
+            routing.typing_channel = ref  # explicit: typing on each start's own wake
+            return None
+        if deliberate:
+            return None
+        choice = prose.locus_of(facts)
+        before = routing.locus
+        routing.locus = routing.typing_channel = choice.ref
+        if choice.held:
+            run.prose.held_reason = prose.REASON_AMBIGUOUS
+            return texts.speech_held([self._shown(other) for other in choice.competing])
+        run.prose.held_reason = prose.REASON_NO_DESTINATION
+        if choice.ref is not None and choice.ref != before:
+            return texts.speech_lands_in(self._shown(choice.ref))
+        return None
+
     # -- a round ---------------------------------------------------------------------------
 
     async def route_round(self, run: TurnRun, round_: int) -> list[Delivery]:
@@ -187,12 +226,15 @@ class Speech:
             return
         run.seen_seq = max(item.event.seq for item in stored)
         tuned_out = self._tuned_out(turn.agent)
+        taken = set(turn.wakes)
         arrivals = []
         for item in stored:
             event = item.event
             ref = ChannelRef(event.server_id, event.channel_id) if event.channel_id else None
             if ref is not None and ref in tuned_out:
                 continue  # held for the tune-out's summary: not a conversation competing now
+            if event.seq in taken:
+                continue  # a start of this turn (turn/continue): the turn answers it
             payload = event.payload if isinstance(event.payload, Mapping) else {}
             thread = payload.get("threadId")
             arrivals.append(prose.Arrival(ref, thread if isinstance(thread, str) else None, item.delivery.addressed,

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from mcpl_router.jsonrpc import RpcError
+from mcpl_router.routing import texts
 from mcpl_router.routing.turns import WakeFact
 from mcpl_router.routing.wakes import Wake
+from mcpl_router.turns.run import WAKE_UNKNOWN
 
-__all__ = ["message_ids_of", "wake_fact"]
+__all__ = ["message_ids_of", "wake_fact", "wake_facts"]
+
+#: A wake of an agent by seq, None when unknown or acked and gone (``SessionManager.wake``).
+WakeOf = Callable[[int, str], Awaitable[Wake | None]]
 
 
 def message_ids_of(payload: Any) -> tuple[str | None, str | None]:
@@ -37,3 +43,24 @@ def wake_fact(wake: Wake) -> WakeFact:
     """What routing needs of one wake."""
     message_id, thread_id = message_ids_of(wake.payload)
     return WakeFact(seq=wake.seq, channel=wake.channel, addressed=wake.addressed, message_id=message_id, thread_id=thread_id)
+
+
+async def wake_facts(wake_of: WakeOf, agent: str, wakes: Sequence[int], *, nothing_done: str) -> list[WakeFact]:
+    """The facts of each of ``wakes`` (``agent``'s), in order.
+
+    Raises:
+        RpcError: ``WAKE_UNKNOWN`` for the first seq that is not a wake of the agent;
+            ``nothing_done`` says what the refused call left undone.
+    """
+    facts: list[WakeFact] = []
+    for seq in wakes:
+        wake = await wake_of(seq, agent)
+        if wake is None:
+            raise RpcError(
+                WAKE_UNKNOWN,
+                f"Wake {seq} is not a wake of agent {texts.quoted(agent)} (unknown, or acked"
+                f" and gone). {nothing_done}",
+                {"seq": seq, "agent": agent},
+            )
+        facts.append(wake_fact(wake))
+    return facts

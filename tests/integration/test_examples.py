@@ -59,7 +59,10 @@ async def test_the_fixed_reply_host_answers_a_wake_and_the_server_gets_the_reply
                 await wait_daemon_ready(socket)
                 args = ("--socket", socket, "--agent", "kai", "--reply", REPLY, "--count", "1")
                 async with example("fixed_reply_host.py", *args, log=short_tmp / "host.log") as host:
-                    await wait_until(lambda: owned_by(socket, "kai", "fixed-reply-host"), timeout=20, interval=0.05)
+                    try:
+                        await wait_until(lambda: owned_by(socket, "kai", "fixed-reply-host"), timeout=20, interval=0.05)
+                    except trio.TooSlowError:
+                        raise AssertionError("the example host never said hello: " + (short_tmp / "host.log").read_text()) from None
                     await server.incoming([{"channelId": "general", "messageId": "m-1", "text": "hi kai", "tags": ["chat:mention"]}])
                     # --count 1: the host exits after answering the one wake.
                     assert await host.wait() == 0, (short_tmp / "host.log").read_text()
