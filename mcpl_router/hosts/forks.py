@@ -87,8 +87,9 @@ class Forks:
         self.book = ForkBook(counters)
         for (agent, home), generation in counters.items():
             conversations = self._conversations_of(agent)
-            for n in range(1, generation + 1) if conversations is not None else ():
-                self.book.remember(agent, fork_name(conversations.fork_prefix, home, n), home)
+            if conversations is not None:
+                # The newest generation only: any older one was released before it was taken.
+                self.book.remember(agent, fork_name(conversations.fork_prefix, home, generation), home)
         self._to_ask: list[Binding] = []
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None

@@ -167,11 +167,14 @@ class ForkBook:
         self._generations: dict[tuple[str, ChannelRef], int] = dict(generations or {})
         self._bindings: dict[tuple[str, ChannelRef], Binding] = {}
         self._forks: dict[str, Binding] = {}
-        #: Every fork name ever proposed, with its agent and home: a released fork stays fenced
-        #: to its home, and is woken by nothing but the decision. A name is one string joined
-        #: from the server and channel ids, so two homes can spell alike ("a-b" + "c" and "a" +
-        #: "b-c"), and two agents with one prefix fork alike: a name taken by another (agent,
-        #: home) is never proposed again (see :meth:`decide`), so each name means one home.
+        #: Each (agent, home)'s newest fork name, and back: a released fork stays fenced to its
+        #: home and is woken by nothing but the decision. A name is one string joined from the
+        #: server and channel ids, so two homes can spell alike ("a-b" + "c" and "a" + "b-c"),
+        #: and two agents with one prefix fork alike: a name another (agent, home) holds is never
+        #: proposed (see :meth:`decide`), so each name means one home. Only the newest name per
+        #: (agent, home) is kept, so this grows with the homes, not with every spawn: an older
+        #: generation was released before a newer one was reserved.
+        self._newest: dict[tuple[str, ChannelRef], str] = {}
         self._homes: dict[str, tuple[str, ChannelRef]] = {}
 
     # -- reading -------------------------------------------------------------------------------
@@ -193,8 +196,15 @@ class ForkBook:
         return None if owner is None else owner[1]
 
     def remember(self, agent: str, name: str, home: ChannelRef) -> None:
-        """A fork name used before (the journal's counters, at start-up): its home, for the fence."""
-        self._homes.setdefault(name, (agent, home))
+        """``(agent, home)``'s newest fork name (the journal's counters, at start-up), fenced to
+        its home; the name it had before is let go."""
+        if self._homes.get(name, (agent, home)) != (agent, home):
+            return  # held by another (agent, home): a name means one home
+        previous = self._newest.get((agent, home))
+        if previous is not None and previous != name:
+            del self._homes[previous]
+        self._newest[(agent, home)] = name
+        self._homes[name] = (agent, home)
 
     def bindings(self) -> list[Binding]:
         return list(self._bindings.values())
@@ -227,7 +237,7 @@ class ForkBook:
         binding = Binding(agent, spawn.home, spawn.fork, spawn.generation, PENDING, now)
         self._bindings[key] = binding
         self._forks[spawn.fork] = binding
-        self._homes[spawn.fork] = (agent, spawn.home)
+        self.remember(agent, spawn.fork, spawn.home)
         return binding
 
     def bind(self, agent: str, home: ChannelRef, fork: str, generation: int) -> Binding | None:

@@ -279,7 +279,9 @@ def test_a_gone_home_is_refused_as_gone_and_a_fork_opens_nothing() -> None:
     assert fence("open", "general", None).reason == REASON_FORK_NO_OPEN
 
 
-def test_a_released_fork_stays_fenced_and_a_restart_remembers_every_fork_name() -> None:
+def test_a_released_fork_stays_fenced_and_a_restart_remembers_each_homes_newest_fork() -> None:
+    """An older generation was released before the newer was reserved: after a restart the
+    newest name per home is fenced (the one a host may still hold), not every name ever used."""
     from mcpl_router.hosts.forks import Forks
 
     book = ForkBook()
@@ -298,6 +300,22 @@ def test_a_released_fork_stays_fenced_and_a_restart_remembers_every_fork_name() 
     spec = AgentSpec(name="kai", conversations=SPEC)
     forks = Forks(registry=None, journal=Counters(), policy_deliveries=lambda event: [],  # type: ignore[arg-type]
                   agent_of={"kai": spec}.get, owner_of=lambda name: None, notify_agent=lambda *a: None)
-    assert forks.home_of("kai-b-dm-1-1") == B_DM and forks.home_of("kai-b-dm-1-2") == B_DM
+    assert forks.home_of("kai-b-dm-1-2") == B_DM and forks.home_of("kai-b-dm-1-1") is None
     assert forks.home_of("kai-b-dm-1-3") is None and forks.home_of("kai") is None
     assert forks.book.generation("kai", B_DM) == 2
+
+
+def test_the_book_keeps_one_fenced_name_per_home_however_many_generations() -> None:
+    """Forks spawned and released again and again: the names fenced grow with the homes, not
+    with the spawns; the newest stays fenced to its home after its release."""
+    book = ForkBook()
+    home = ChannelRef("a", "dm-1")
+    names = []
+    for _ in range(50):
+        spawn = book.decide("kai", SPEC, home, DM, addressed=True)
+        assert isinstance(spawn, Spawn)
+        book.reserve("kai", spawn, 0.0)
+        names.append(spawn.fork)
+        assert book.release(spawn.fork, "idle") is not None
+    assert len(set(names)) == 50 and book.generation("kai", home) == 50
+    assert len(book._homes) == 1 and book.home_of(names[-1]) == home
