@@ -39,6 +39,13 @@ async def typing_ops(server: FixtureProcess) -> list[tuple[str, str]]:
     return [(e["params"]["channelId"], e["params"]["op"]) for e in await server.recorded("channels/typing")]
 
 
+async def hello_and_wake(client: RouterClient, mode: str, server: FixtureProcess, channel_id: str) -> Any:
+    """Claim the agent in ``mode``; a mention in ``server``'s ``channel_id``; its wake."""
+    await client.hello("test-host", [{"name": AGENT, "proseRouting": mode}])
+    await server.incoming([{"channelId": channel_id, "text": "hi ann", "tags": ["chat:mention"]}])
+    return await client.next_wake()
+
+
 async def registered_both(daemon: Any, servers: dict[str, FixtureProcess], first: str) -> None:
     for name in (first, "b" if first == "a" else "a"):
         await servers[name].register(open_channels("general", "lounge"))
@@ -55,9 +62,7 @@ async def test_a_mid_turn_message_on_b_lounge_re_pins_the_turn_on_b(tmp_path: Pa
             await registered_both(daemon, servers, first)
             assert daemon.host_socket_path is not None
             async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-                await client.hello("test-host", [{"name": AGENT, "proseRouting": mode}])
-                await servers["a"].incoming([{"channelId": "general", "text": "hi ann", "tags": ["chat:mention"]}])
-                first_wake = await client.next_wake()
+                first_wake = await hello_and_wake(client, mode, servers["a"], "general")
                 async with client.turn(AGENT, wakes=[first_wake.seq]) as turn:
                     assert turn.channel is not None and turn.channel.shown == "a:general"
                     await wait_until(lambda: _has(servers["a"], ("general", "start")), timeout=10)
@@ -100,9 +105,7 @@ async def test_a_budget_restart_moves_nothing_and_a_continuation_is_not_a_new_tu
             await registered_both(daemon, servers, "a")
             assert daemon.host_socket_path is not None
             async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-                await client.hello("test-host", [{"name": AGENT, "proseRouting": "explicit"}])
-                await servers["b"].incoming([{"channelId": "general", "text": "hi ann", "tags": ["chat:mention"]}])
-                wake = await client.next_wake()
+                wake = await hello_and_wake(client, "explicit", servers["b"], "general")
                 async with client.turn(AGENT, wakes=[wake.seq]) as turn:
                     await wait_until(lambda: _has(servers["b"], ("general", "start")), timeout=10)
                     await turn.text(">>general first")  # the turn's own general: b's
@@ -133,9 +136,7 @@ async def test_a_continuation_keeps_a_deliberate_locus_but_joins_the_turn_to_its
             await registered_both(daemon, servers, "b")
             assert daemon.host_socket_path is not None
             async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-                await client.hello("test-host", [{"name": AGENT, "proseRouting": "locus"}])
-                await servers["a"].incoming([{"channelId": "general", "text": "hi ann", "tags": ["chat:mention"]}])
-                wake = await client.next_wake()
+                wake = await hello_and_wake(client, "locus", servers["a"], "general")
                 async with client.turn(AGENT, wakes=[wake.seq]) as turn:
                     opened = await turn.tool("channel_open", {"channelId": "general", "serverId": "b"})
                     assert not opened.is_error, opened.text
