@@ -124,7 +124,9 @@ class Daemon:
         )
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
         # and the subconscious agent's tools; its summary wakes go out through the sessions.
-        self.tune_outs = TuneOuts(self.router, self.links, self.turns.timings, notify_agent=self.sessions.notify_agent)
+        # Saved in the journal and resumed by its run() before hosts or servers connect.
+        self.tune_outs = TuneOuts(self.router, self.links, self.turns.timings, notify_agent=self.sessions.notify_agent,
+                                  journal=self.journal)
         # Wake gates: each agent's rules delay or batch its admitted wakes (never admit one); the
         # sessions ask the tune-outs, then the gates, of every wake.
         self.gates = WakeGates(router=self.router, agent_of=self.sessions.agent, admitted=StillAdmitted(self.router.registry, self.links),

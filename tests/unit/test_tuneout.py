@@ -49,3 +49,30 @@ def test_entering_again_keeps_what_is_held() -> None:
     [summary] = table.due(4)
     assert summary.held == (7,)
     assert table.end("ann", A) is None
+
+
+def test_a_summary_hands_over_through_its_newest_seq_and_entering_again_keeps_that() -> None:
+    table = TuneOutTable()
+    table.enter("ann", B, TuneOutSettings(cadence=10), now=0, handed_through=7)
+    table.divert("ann", B, 8)
+    table.divert("ann", B, 9)
+    table.due(10)
+    assert table.get("ann", B).handed_through == 9
+    table.enter("ann", B, TuneOutSettings(cadence=5), now=11, handed_through=20)
+    assert table.get("ann", B).handed_through == 9  # what it still holds after 9 is still its own
+
+
+def test_a_resumed_tune_out_keeps_its_rhythm_its_count_and_its_cap() -> None:
+    table = TuneOutTable()
+    settings = TuneOutSettings(cadence=10, backlog_cap=2, max_wakes=3, duration=100)
+    # Started 25 s ago on this clock, 2 summaries sent; 3 wakes held at the restart, the cap is 2.
+    table.resume("ann", B, settings, started=75, now=100, wakes=2, handed_through=4, summary="calm", held=[5, 6, 7])
+    assert not table.holds("ann", A, 6) and table.holds("ann", B, 6) and not table.holds("ann", B, 5)
+    assert table.next_deadline() == 105  # the next step of its cadence, not now + cadence
+    assert table.due(104) == []
+    [last] = table.due(105)
+    assert (last.held, last.dropped, last.summary, last.final) == ((6, 7), 1, "calm", True)  # its 3rd: maxWakes
+    assert table.tuned_out("ann") == frozenset()
+    # One resumed after a long stop still ends at its start + duration.
+    table.resume("ann", A, settings, started=0, now=95, wakes=0, handed_through=0, summary=None, held=[])
+    assert table.get("ann", A).ends_at == 100 and table.next_deadline() == 100
