@@ -1,9 +1,22 @@
-"""The tune-out table (pure): holding, the cap, cadence, max wakes and duration."""
+"""The tune-out table (pure): holding, the cap, cadence, max wakes and duration; and which saved
+tune-outs the daemon resumes at start-up (over a real journal)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from structlog.testing import capture_logs
+
 from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.router import Router
 from mcpl_router.routing.tuneout import TuneOutSettings, TuneOutTable
+from mcpl_router.store.journal import SavedTuneOut
+from mcpl_router.testing.journal import open_journal
+from mcpl_router.tools.tune_out import TuneOuts
+from mcpl_router.turns import TurnTimings
 
 A, B = ChannelRef("a", "general"), ChannelRef("b", "general")
 
@@ -76,3 +89,41 @@ def test_a_resumed_tune_out_keeps_its_rhythm_its_count_and_its_cap() -> None:
     # One resumed after a long stop still ends at its start + duration.
     table.resume("ann", A, settings, started=0, now=95, wakes=0, handed_through=0, summary=None, held=[])
     assert table.get("ann", A).ends_at == 100 and table.next_deadline() == 100
+
+
+async def test_at_start_up_a_live_tune_out_is_resumed_and_a_gone_or_ended_one_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    now = time.time()
+
+    def saved(server: str, channel: str, **fields: Any) -> SavedTuneOut:
+        return SavedTuneOut(**{"agent": "ann", "server_id": server, "channel_id": channel, "cadence": 30.0, "backlog_cap": 5,
+                               "max_wakes": None, "duration": None, "started_at": now - 45, "ends_at": None, **fields})
+
+    async with open_journal(path) as journal:
+        journal.save_tune_out(saved("b", "general", wakes=1, summary="calm"))
+        journal.save_tune_out(saved("a", "general", duration=40.0, ends_at=now - 5))  # ended while stopped
+        journal.save_tune_out(saved("gone", "general"))  # its server is no longer configured
+        await journal.flush()
+
+    async def notify(agent: str, method: str, params: Any) -> bool:
+        return False
+
+    async with open_journal(path) as journal:
+        # Only the configured servers' ids matter at start-up; no link is used.
+        links: dict[str, Any] = {"a": None, "b": None}
+        tune_outs = TuneOuts(Router(), links, TurnTimings(), notify, journal=journal)
+        with capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(tune_outs.run)
+                nursery.cancel_scope.cancel()
+        assert tune_outs.tuned_out("ann") == {B}
+        resumed = tune_outs.table.get("ann", B)
+        assert resumed is not None and (resumed.wakes, resumed.summary, resumed.settings.cadence) == (1, "calm", 30.0)
+        # 45 s into a 30 s cadence: the next summary is 15 s away, not a whole cadence.
+        assert 14 < resumed.next_summary - trio.current_time() <= 15.5
+        await journal.flush()
+        assert [(row.server_id, row.channel_id) for row in await journal.saved_tune_outs()] == [("b", "general")]
+    events = {entry["event"]: entry for entry in logs if entry["event"].startswith("tuneout.")}
+    assert events["tuneout.dropped"]["server"] == "gone" and events["tuneout.dropped"]["reason"] == "server-not-configured"
+    assert events["tuneout.ended"]["server"] == "a" and events["tuneout.ended"]["why"] == "ended-while-stopped"
+    assert events["tuneout.resumed"]["server"] == "b"
