@@ -2,9 +2,10 @@
 
 Reads that happen while the daemon serves (a turn's context, a page of backlog replayed to a
 host), and the saved tune-outs read back at start-up, run in a worker thread on a connection of
-their own, one at a time, so the trio thread never waits on SQLite. The synchronous reads are for start-up, status, tests and tools, never a
-per-message path. Apart from the writer because nothing here writes or waits for a commit: a read
-sees what was committed, through WAL, while the writer goes on.
+their own, one at a time, so the trio thread never waits on SQLite. The synchronous reads are
+for start-up, status, tests and tools, never a per-message path. Apart from the writer because
+nothing here writes or waits for a commit: a read sees what was committed, through WAL, while
+the writer goes on.
 """
 
 from __future__ import annotations

@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 #: when no connection owns it (``SessionManager.notify_agent``).
 NotifyAgent = Callable[[str, str, Any], Awaitable[bool]]
 
+__all__ = ["SUBCONSCIOUS_TOOLS", "TUNE_OUT_TOOLS", "TuneOutJournal", "TuneOuts", "tune_out_owner"]
+
 
 class TuneOutJournal(Protocol):
     """What the tune-outs keep durable (the journal's ``tune_outs`` table; writes go behind)."""
@@ -81,7 +83,6 @@ class TuneOutJournal(Protocol):
 
     async def saved_tune_outs(self) -> list[SavedTuneOut]: ...
 
-__all__ = ["SUBCONSCIOUS_TOOLS", "TUNE_OUT_TOOLS", "TuneOuts", "tune_out_owner"]
 
 REASON_SUMMARY: Final = "tuneout-summary"
 
