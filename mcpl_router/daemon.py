@@ -101,13 +101,14 @@ class Daemon:
         """Build the parts, each given what it uses; none of them holds the daemon."""
         # Sessions own agents and wakes: the inbound handler asks them whom each new event wakes
         # before its commit (the deliveries commit with it), and they relay server and channel
-        # changes to hosts.
+        # changes to hosts. Invitations are decided per agent by the channel tools (wired below).
+        invitations = Invitations(self.router)
         self.sessions = SessionManager(
             agents=self.config.agents,
             journal=self.journal,
             router=self.router,
             metrics=self.metrics,
-            invitations=Invitations(self.router),
+            invitations=invitations,
             servers_list=self.servers_list,
         )
         self.observers.append(self.sessions.observe)
@@ -124,7 +125,9 @@ class Daemon:
         )
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
         # and the subconscious agent's tools; its summary wakes go out through the sessions.
-        self.tune_outs = TuneOuts(self.router, self.links, self.turns.timings, notify_agent=self.sessions.notify_agent)
+        # Saved in the journal and resumed by its run() before hosts or servers connect.
+        self.tune_outs = TuneOuts(self.router, self.links, self.turns.timings, notify_agent=self.sessions.notify_agent,
+                                  journal=self.journal)
         # Wake gates: each agent's rules delay or batch its admitted wakes (never admit one); the
         # sessions ask the tune-outs, then the gates, of every wake.
         self.gates = WakeGates(router=self.router, agent_of=self.sessions.agent, admitted=StillAdmitted(self.router.registry, self.links),
@@ -138,6 +141,7 @@ class Daemon:
         self.channel_tools = ChannelTools(
             self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,
             fork_home=self.forks.home_of)
+        invitations.ask_has_open(self.channel_tools.has_open)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
         self.connector_tools = ConnectorTools(self.links, self.router, self.tools)
         # Listed in this order; a name means one tool whatever the order.

@@ -7,12 +7,18 @@ seconds or ``max_wakes`` summary wakes (whichever comes first; neither given: on
 cancelled). Held wakes stay durable in the journal as the agent's unacked deliveries; a
 summary names their seqs.
 
+A tune-out can be resumed (:meth:`TuneOutTable.resume`: the daemon saves each one in its journal
+and reloads it at start-up). ``handed_through`` is what makes that exact: the newest seq the
+tune-out no longer holds, so the agent's unacked wakes from the channel after it are the ones it
+held.
+
 Keyed by ``(agent, ChannelRef)``: two servers' ``general`` are two tune-outs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -100,6 +106,9 @@ class TuneOut:
     dropped: int = 0
     wakes: int = 0
     summary: str | None = None
+    #: The newest seq this tune-out no longer holds: the journal's last seq when it began, then
+    #: the newest each summary handed over.
+    handed_through: int = 0
 
     @property
     def ends_at(self) -> float | None:
@@ -116,6 +125,9 @@ class TuneOut:
     def take(self, *, final: bool) -> Summary:
         """Hand over what is held (and a delivered summary); the tune-out starts holding anew."""
         summary = Summary(self.agent, self.ref, tuple(self.held), self.dropped, self.summary, final)
+        if self.held:
+            # Held seqs only grow (wakes are diverted in seq order), so the last is the newest.
+            self.handed_through = max(self.handed_through, self.held[-1])
         self.held, self.dropped, self.summary = [], 0, None
         return summary
 
@@ -126,12 +138,43 @@ class TuneOutTable:
 
     _tune_outs: dict[tuple[str, ChannelRef], TuneOut] = attrs.field(factory=dict, init=False)
 
-    def enter(self, agent: str, ref: ChannelRef, settings: TuneOutSettings, now: float) -> TuneOut:
-        """Tune ``ref`` out for ``agent``; entering again restarts it with the new settings, keeping what's held."""
+    def enter(self, agent: str, ref: ChannelRef, settings: TuneOutSettings, now: float, *, handed_through: int = 0) -> TuneOut:
+        """Tune ``ref`` out for ``agent``; entering again restarts it with the new settings, keeping what's held.
+
+        ``handed_through``: the newest seq already sent when it begins (kept on entering again).
+        """
         previous = self._tune_outs.get((agent, ref))
-        tune_out = TuneOut(agent, ref, settings, started=now, next_summary=now + settings.cadence)
+        tune_out = TuneOut(agent, ref, settings, started=now, next_summary=now + settings.cadence, handed_through=handed_through)
         if previous is not None:
             tune_out.held, tune_out.dropped, tune_out.summary = previous.held, previous.dropped, previous.summary
+            tune_out.handed_through = previous.handed_through
+        self._tune_outs[(agent, ref)] = tune_out
+        return tune_out
+
+    def resume(
+        self,
+        agent: str,
+        ref: ChannelRef,
+        settings: TuneOutSettings,
+        *,
+        started: float,
+        now: float,
+        wakes: int,
+        handed_through: int,
+        summary: str | None,
+        held: Iterable[int],
+    ) -> TuneOut:
+        """Take back a saved tune-out (``started`` on this table's clock, maybe before ``now``).
+
+        Its summaries keep their rhythm: the next falls at the first ``started + k × cadence``
+        after ``now``, so a restart neither hurries nor postpones one by more than a cadence.
+        ``held`` (oldest first) is held again under the cap, as if diverted one by one.
+        """
+        steps = max(1, math.floor((now - started) / settings.cadence) + 1)
+        tune_out = TuneOut(agent, ref, settings, started=started, next_summary=started + steps * settings.cadence,
+                           wakes=wakes, summary=summary, handed_through=handed_through)
+        for seq in held:
+            tune_out.hold(seq)
         self._tune_outs[(agent, ref)] = tune_out
         return tune_out
 

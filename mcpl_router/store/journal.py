@@ -46,14 +46,19 @@ from mcpl_router.store.records import (
     JournalFailure,
     JournalStatistics,
     Recorded,
+    SavedTuneOut,
     StoredDelivery,
     StoredEvent,
     content_digest,
 )
 from mcpl_router.store.schema import (
     SQL_ADD_FORK_GENERATION,
+    SQL_FORGET_TUNE_OUT,
     SQL_RAISE_FORK_GENERATION,
     SQL_SAVE_DRAFT,
+    SQL_SAVE_TUNE_OUT,
+    SQL_TUNE_OUT_PROGRESS,
+    SQL_TUNE_OUT_SUMMARY,
     JournalLocked,  # raised here (at open), so importable from here
     lock,
     migrate,
@@ -74,6 +79,7 @@ __all__ = [
     "JournalLocked",
     "JournalStatistics",
     "Recorded",
+    "SavedTuneOut",
     "StoredDelivery",
     "StoredEvent",
     "content_digest",
@@ -210,6 +216,33 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         """Raise one binding key's fork counter to ``generation`` (never lower it), written behind."""
         self._submit_nowait(_WriteOp(sql=SQL_RAISE_FORK_GENERATION, args=(generation, agent, server_id, channel_id, generation)))
         self._submit_nowait(_WriteOp(sql=SQL_ADD_FORK_GENERATION, args=(agent, server_id, channel_id, generation)))
+
+    # -- tune-outs (written behind; read back once, at start-up: JournalReads.saved_tune_outs) --
+
+    def save_tune_out(self, saved: SavedTuneOut) -> None:
+        """Make or replace one agent's tune-out of one channel (``held`` is not stored: it is
+        read back from the deliveries)."""
+        self._submit_nowait(
+            _WriteOp(
+                sql=SQL_SAVE_TUNE_OUT,
+                args=(saved.agent, saved.server_id, saved.channel_id, saved.cadence, saved.backlog_cap, saved.max_wakes,
+                      saved.duration, saved.started_at, saved.ends_at, saved.wakes, saved.handed_through, saved.summary),
+            )
+        )
+
+    def save_tune_out_progress(
+        self, agent: str, server_id: str, channel_id: str, *, wakes: int, handed_through: int, summary: str | None
+    ) -> None:
+        """A summary wake went out: its count, the newest seq it handed over, the summary left."""
+        self._submit_nowait(_WriteOp(sql=SQL_TUNE_OUT_PROGRESS, args=(wakes, handed_through, summary, agent, server_id, channel_id)))
+
+    def save_tune_out_summary(self, agent: str, server_id: str, channel_id: str, summary: str | None) -> None:
+        """A delivered summary, kept for the tune-out's next summary wake."""
+        self._submit_nowait(_WriteOp(sql=SQL_TUNE_OUT_SUMMARY, args=(summary, agent, server_id, channel_id)))
+
+    def forget_tune_out(self, agent: str, server_id: str, channel_id: str) -> None:
+        """A tune-out was cancelled or ended (or is not resumed): its row goes."""
+        self._submit_nowait(_WriteOp(sql=SQL_FORGET_TUNE_OUT, args=(agent, server_id, channel_id)))
 
     def save_draft(self, row: dict[str, Any]) -> None:
         """Insert or replace one draft (its :meth:`~mcpl_router.routing.drafts.Draft.row`).

@@ -1,10 +1,11 @@
 """The journal's reads: a turn's or a replay page's in a worker thread, the others where called.
 
 Reads that happen while the daemon serves (a turn's context, a page of backlog replayed to a
-host) run in a worker thread on a connection of their own, one at a time, so the trio thread
-never waits on SQLite. The synchronous reads are for start-up, status, tests and tools, never a
-per-message path. Apart from the writer because nothing here writes or waits for a commit: a read
-sees what was committed, through WAL, while the writer goes on.
+host), and the saved tune-outs read back at start-up, run in a worker thread on a connection of
+their own, one at a time, so the trio thread never waits on SQLite. The synchronous reads are
+for start-up, status, tests and tools, never a per-message path. Apart from the writer because
+nothing here writes or waits for a commit: a read sees what was committed, through WAL, while
+the writer goes on.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
-from mcpl_router.store.records import Delivery, StoredDelivery, StoredEvent
-from mcpl_router.store.schema import SQL_DELIVERY, SQL_EVENT, SQL_UNACKED_DELIVERIES
+from mcpl_router.store.records import Delivery, SavedTuneOut, StoredDelivery, StoredEvent
+from mcpl_router.store.schema import SQL_DELIVERY, SQL_EVENT, SQL_TUNE_OUT_HELD, SQL_UNACKED_DELIVERIES
 
 __all__ = ["JournalReads"]
 
@@ -52,6 +53,10 @@ class JournalReads:
     async def delivery(self, seq: int, agent: str) -> StoredDelivery | None:
         """One delivery (acked or not) with its event."""
         return await self._read(lambda db: _read_delivery(db, seq, agent))
+
+    async def saved_tune_outs(self) -> list[SavedTuneOut]:
+        """Every saved tune-out with the wakes it holds (read once, at start-up, in a thread)."""
+        return await self._read(_saved_tune_outs)
 
     # -- synchronous reads (start-up, status, tests; never per message) -------------------------
 
@@ -90,3 +95,16 @@ def _read_delivery(db: sqlite3.Connection, seq: int, agent: str) -> StoredDelive
         return None
     reason, tags, addressed = row
     return _stored_delivery((agent, reason, tags, addressed, *event))
+
+
+def _saved_tune_outs(db: sqlite3.Connection) -> list[SavedTuneOut]:
+    rows = db.execute(
+        "SELECT agent, server, channel, cadence, backlog_cap, max_wakes, duration, started_at, ends_at, wakes,"
+        " handed_through, summary FROM tune_outs ORDER BY started_at"
+    ).fetchall()
+    saved = []
+    for agent, server, channel, cadence, cap, max_wakes, duration, started_at, ends_at, wakes, through, summary in rows:
+        held = tuple(seq for (seq,) in db.execute(SQL_TUNE_OUT_HELD, (agent, through, server, channel)))
+        saved.append(SavedTuneOut(agent, server, channel, float(cadence), int(cap), max_wakes, duration, float(started_at),
+                                  ends_at, int(wakes), int(through), summary, held))
+    return saved

@@ -20,6 +20,7 @@ __all__ = [
     "JournalFailure",
     "JournalStatistics",
     "Recorded",
+    "SavedTuneOut",
     "StoredDelivery",
     "StoredEvent",
     "content_digest",
@@ -80,6 +81,30 @@ class StoredDelivery:
 
     delivery: Delivery
     event: StoredEvent
+
+
+@attrs.frozen
+class SavedTuneOut:
+    """One agent's tune-out of one channel as the journal keeps it (the ``tune_outs`` table).
+
+    ``started_at`` and ``ends_at`` are wall-clock (``time.time()``); ``held`` is read with it at
+    start-up: the agent's unacked deliveries from the channel after ``handed_through``, oldest
+    first.
+    """
+
+    agent: str
+    server_id: str
+    channel_id: str
+    cadence: float
+    backlog_cap: int
+    max_wakes: int | None
+    duration: float | None
+    started_at: float
+    ends_at: float | None
+    wakes: int = 0
+    handed_through: int = 0
+    summary: str | None = None
+    held: tuple[int, ...] = ()
 
 
 @attrs.frozen

@@ -18,7 +18,8 @@ class JournalLocked(Exception):
     """Another daemon holds this journal; the message names the file and its pid."""
 
 
-SCHEMA_VERSION: Final = 2
+#: 1: digests, deliveries by (seq, agent), settled drafts; 2: fork generations; 3: tune-outs.
+SCHEMA_VERSION: Final = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbound (
@@ -85,6 +86,28 @@ CREATE TABLE IF NOT EXISTS fork_generations (
     generation INTEGER NOT NULL,
     PRIMARY KEY (agent, server, channel)
 ) WITHOUT ROWID;
+-- Tune-outs (routing/tuneout.py), so a restart resumes them: one row per agent and channel
+-- (server + id), made or replaced at tune_out, deleted when it is cancelled or ends. The
+-- settings as given; started_at and ends_at are wall-clock (ends_at NULL: no duration).
+-- wakes: summary wakes sent so far (maxWakes counts on). handed_through: the newest seq no
+-- longer held (the journal's last seq at entry, then each summary's newest); the agent's
+-- unacked deliveries from the channel after it are what the tune-out holds at a restart.
+-- summary: a delivered summary not handed over yet.
+CREATE TABLE IF NOT EXISTS tune_outs (
+    agent TEXT NOT NULL,
+    server TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    cadence REAL NOT NULL,
+    backlog_cap INTEGER NOT NULL,
+    max_wakes INTEGER,
+    duration REAL,
+    started_at REAL NOT NULL,
+    ends_at REAL,
+    wakes INTEGER NOT NULL DEFAULT 0,
+    handed_through INTEGER NOT NULL DEFAULT 0,
+    summary TEXT,
+    PRIMARY KEY (agent, server, channel)
+) WITHOUT ROWID;
 """
 
 
@@ -121,8 +144,32 @@ SQL_RAISE_FORK_GENERATION: Final = (
     "UPDATE fork_generations SET generation = ? WHERE agent = ? AND server = ? AND channel = ? AND generation < ?"
 )
 SQL_ADD_FORK_GENERATION: Final = "INSERT OR IGNORE INTO fork_generations (agent, server, channel, generation) VALUES (?, ?, ?, ?)"
+#: tune_out (entering again replaces the row: new settings and start, what it holds kept).
+SQL_SAVE_TUNE_OUT: Final = (
+    "INSERT INTO tune_outs (agent, server, channel, cadence, backlog_cap, max_wakes, duration, started_at, ends_at,"
+    " wakes, handed_through, summary) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (agent, server, channel) DO UPDATE SET cadence = excluded.cadence, backlog_cap = excluded.backlog_cap,"
+    " max_wakes = excluded.max_wakes, duration = excluded.duration, started_at = excluded.started_at,"
+    " ends_at = excluded.ends_at, wakes = excluded.wakes, handed_through = excluded.handed_through,"
+    " summary = excluded.summary"
+)
+#: A summary wake went out: what it handed over is no longer held.
+SQL_TUNE_OUT_PROGRESS: Final = (
+    "UPDATE tune_outs SET wakes = ?, handed_through = ?, summary = ? WHERE agent = ? AND server = ? AND channel = ?"
+)
+#: deliver_summary: kept for the next summary wake.
+SQL_TUNE_OUT_SUMMARY: Final = "UPDATE tune_outs SET summary = ? WHERE agent = ? AND server = ? AND channel = ?"
+SQL_FORGET_TUNE_OUT: Final = "DELETE FROM tune_outs WHERE agent = ? AND server = ? AND channel = ?"
+#: At start-up, per saved tune-out: the wakes it holds (the agent's unacked deliveries from its
+#: channel after what it last handed over), oldest first. Walks the agent's unacked deliveries
+#: by index, each event by its primary key.
+SQL_TUNE_OUT_HELD: Final = (
+    "SELECT d.seq FROM deliveries d JOIN inbound i ON i.seq = d.seq"
+    " WHERE d.agent = ? AND d.acked = 0 AND d.seq > ? AND i.server = ? AND i.channel = ? ORDER BY d.seq"
+)
 
-#: Every statement above that runs per message, per ack or per turn (for the query-plan test).
+#: Every statement above that runs per message, per ack or per turn, and the tune-outs' (per call,
+#: per summary, per saved tune-out at start-up), for the query-plan test.
 HOT_STATEMENTS: Final = {
     "find duplicate": (SQL_FIND_DUPLICATE, ("s", "message", "k")),
     "ack delivery": (SQL_ACK_DELIVERY, ("kai", 1)),
@@ -136,12 +183,21 @@ HOT_STATEMENTS: Final = {
     "prune event": (SQL_PRUNE_EVENT, (1,)),
     "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
     "raise fork generation": (SQL_RAISE_FORK_GENERATION, (2, "kai", "b", "general", 2)),
+    "tune-out progress": (SQL_TUNE_OUT_PROGRESS, (1, 10, None, "kai", "b", "general")),
+    "tune-out summary": (SQL_TUNE_OUT_SUMMARY, ("text", "kai", "b", "general")),
+    "forget tune-out": (SQL_FORGET_TUNE_OUT, ("kai", "b", "general")),
+    "tune-out held": (SQL_TUNE_OUT_HELD, ("kai", 0, "b", "general")),
 }
 
 
 
 def migrate(db: sqlite3.Connection, log: Any) -> None:
-    """Bring the file to :data:`SCHEMA_VERSION` (version 0 journals are rebuilt in place)."""
+    """Bring the file to :data:`SCHEMA_VERSION`, one version at a time.
+
+    Version 0 journals are rebuilt in place; versions 1 and 2 lack only whole tables (fork
+    generations came with 2, tune-outs with 3), which the schema script makes. A new file
+    (version 0, no tables) is no migration.
+    """
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if version < 1 and "inbound" in tables:
@@ -186,8 +242,9 @@ def migrate(db: sqlite3.Connection, log: Any) -> None:
         db.execute("COMMIT")
         db.execute("PRAGMA legacy_alter_table = OFF")
         log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
-    elif version == 1:
-        # Version 1 had no fork generations: the table alone is new (made by the script below).
+    elif 0 < version < SCHEMA_VERSION:
+        # 1 → 2: fork_generations is new; 2 → 3: tune_outs is new. Both are whole tables the
+        # script below makes (IF NOT EXISTS), so a version 1 file goes through 2 in one step.
         log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
     db.executescript(SCHEMA)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -18,9 +18,11 @@ Every result carries ``serverId`` in ``structuredContent``; every refusal says w
 and what would work, with a stable ``reason`` (the resolver's refusal kind, or a delivery reason).
 
 Declines are durable (the journal's ``declines`` table, per agent). What each agent last decided
-for each channel (``open``/``closed``/``declined``, its *desired state*) is its own: keyed by
-agent and channel, ``channel_list`` shows the calling agent's, and one agent's decline never
-shows for, nor is forgotten by, another.
+for each channel (``open``/``closed``/``declined``, its *desired state*,
+:class:`~mcpl_router.routing.desired.DesiredChannels`) is its own: keyed by agent and channel,
+``channel_list`` shows the calling agent's, and one agent's decline never shows for, nor is
+forgotten by, another. :meth:`ChannelTools.has_open` answers from it whether an agent is in a
+channel (the closed-channel invitation asks, per agent: ``turns/invitations.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
+from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN, DesiredChannels
 from mcpl_router.routing.fork_fence import FenceRefusal, fenced
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
@@ -141,10 +144,18 @@ class ChannelTools:
         self._fork_home = fork_home
         self.defaults = DefaultChannels()
         #: What each agent last decided for each channel: "open", "closed" or "declined".
-        self._desired: dict[tuple[str, ChannelRef], str] = {}
+        self._desired = DesiredChannels()
         for agent, server_id, channel_id in journal.declines():
-            self._desired[(agent, ChannelRef(server_id, channel_id))] = "declined"
+            self._desired.decide(agent, ChannelRef(server_id, channel_id), DECLINED)
         self._log = get_logger()
+
+    # ------------------------------------------------------------------ queries (invitations)
+
+    def has_open(self, agent: str, ref: ChannelRef) -> bool:
+        """Whether ``agent`` is in channel ``ref`` by its own decisions, not merely because the
+        channel's transport is open (:meth:`DesiredChannels.has_open
+        <mcpl_router.routing.desired.DesiredChannels.has_open>` has the rule)."""
+        return self._desired.has_open(agent, ref, self._router.registry.get(ref), home=self._fork_home(agent))
 
     # ------------------------------------------------------------------ daemon events
 
@@ -317,7 +328,7 @@ class ChannelTools:
         lines = []
         agent = call.run.turn.agent
         for row in self._router.names.channel_list():
-            desired = self._desired.get((agent, row.ref))
+            desired = self._desired.get(agent, row.ref)
             rows.append({**row.to_dict(), "desired": desired})
             lines.append(texts.channel_row(row.shown, row.server_id, row.label, row.direction, row.open, desired))
         return tool_result(texts.channel_listing(lines), data={"channels": rows})
@@ -385,7 +396,7 @@ class ChannelTools:
         # This agent opened it after all: its own journaled decline goes (whatever it decided
         # since, e.g. a close after the decline); another agent's stays.
         self._journal.forget_decline(agent, ref.server_id, ref.channel_id)
-        self._desired[(agent, ref)] = "open"
+        self._desired.decide(agent, ref, OPEN)
         set_target = args.get("setSpeechTarget", True) is not False
         turn = call.scope.turn
         speech_here = False
@@ -420,7 +431,7 @@ class ChannelTools:
             return tool_result(texts.lifecycle_failed("close", shown, reason, not_done), error=True, reason=reason,
                                data=self._data(ref))
         self._router.registry.set_open(ref, False)
-        self._desired[(call.run.turn.agent, ref)] = "closed"
+        self._desired.decide(call.run.turn.agent, ref, CLOSED)
         # Typing stops in exactly this channel; another server's with the id keeps its own.
         await self._stop_typing_in(ref)
         self._log_call(call, "channel_close.closed", ref)
@@ -436,7 +447,7 @@ class ChannelTools:
             return ref
         agent = call.run.turn.agent
         self._journal.record_decline(agent, ref.server_id, ref.channel_id)
-        self._desired[(agent, ref)] = "declined"
+        self._desired.decide(agent, ref, DECLINED)
         emoji = _text_arg(args, "acknowledge")
         acknowledged: bool | None = None
         note = None

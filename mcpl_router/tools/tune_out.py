@@ -12,6 +12,15 @@ The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs th
   seq (0 when only a delivered summary is handed over), ``held`` (the seqs, oldest first — the
   host may open a turn on them and acks them as usual), ``dropped``, ``summary`` (from
   ``deliver_summary``), ``final`` and ``text``.
+- **Durable.** Each tune-out is saved in the journal (its ``tune_outs`` row: settings, start,
+  end, summary count, the newest seq it handed over, a delivered summary), written behind by
+  the journal's writer; cancelling or ending it deletes the row. :meth:`TuneOuts.run` reloads
+  them before it reports started, which the daemon awaits before any host listens or server
+  dials, so after a restart a tuned-out channel's wakes are held as before, the wakes held
+  before the restart are held again, and summaries keep their cadence. One whose server the
+  daemon no longer runs is dropped (``tuneout.dropped``), as is one whose end passed while the
+  daemon was stopped (``tuneout.ended``): what they held is the agent's backlog at its host's
+  next ``session/hello``.
 - **Whose tune-outs.** A tool acts on the calling agent's tune-outs; a *subconscious* agent's
   (an agent whose spec has ``subconsciousFor: <primary>``) act on its primary's.
   ``cancel_tuneout``, ``speak_in_channel`` and ``deliver_summary`` are offered only to a
@@ -25,8 +34,9 @@ The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs th
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
@@ -35,9 +45,10 @@ from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.routing.tuneout import Summary, TuneOutSettings, TuneOutTable
+from mcpl_router.routing.tuneout import Summary, TuneOut, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.routing.wakes import Wake
+from mcpl_router.store.records import SavedTuneOut
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.turns import publish_text
 from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
@@ -52,7 +63,26 @@ if TYPE_CHECKING:
 #: when no connection owns it (``SessionManager.notify_agent``).
 NotifyAgent = Callable[[str, str, Any], Awaitable[bool]]
 
-__all__ = ["SUBCONSCIOUS_TOOLS", "TUNE_OUT_TOOLS", "TuneOuts", "tune_out_owner"]
+__all__ = ["SUBCONSCIOUS_TOOLS", "TUNE_OUT_TOOLS", "TuneOutJournal", "TuneOuts", "tune_out_owner"]
+
+
+class TuneOutJournal(Protocol):
+    """What the tune-outs keep durable (the journal's ``tune_outs`` table; writes go behind)."""
+
+    def last_seq(self) -> int: ...
+
+    def save_tune_out(self, saved: SavedTuneOut) -> None: ...
+
+    def save_tune_out_progress(
+        self, agent: str, server_id: str, channel_id: str, *, wakes: int, handed_through: int, summary: str | None
+    ) -> None: ...
+
+    def save_tune_out_summary(self, agent: str, server_id: str, channel_id: str, summary: str | None) -> None: ...
+
+    def forget_tune_out(self, agent: str, server_id: str, channel_id: str) -> None: ...
+
+    async def saved_tune_outs(self) -> list[SavedTuneOut]: ...
+
 
 REASON_SUMMARY: Final = "tuneout-summary"
 
@@ -124,15 +154,23 @@ class TuneOuts:
         timings: ``speak_in_channel``'s publish deadline.
         notify_agent: how a summary wake reaches the agent's host (the sessions', wired by the
             daemon; the sessions in turn ask :meth:`divert` and :meth:`holds` of every wake).
+        journal: where each tune-out is saved, and read back from at :meth:`run`'s start.
     """
 
     def __init__(
-        self, router: Router, links: Mapping[str, ServerLink], timings: TurnTimings, notify_agent: NotifyAgent
+        self,
+        router: Router,
+        links: Mapping[str, ServerLink],
+        timings: TurnTimings,
+        notify_agent: NotifyAgent,
+        *,
+        journal: TuneOutJournal,
     ) -> None:
         self._router = router
         self._links = links
         self._timings = timings
         self._notify_agent = notify_agent
+        self._journal = journal
         self.table = TuneOutTable()
         self._changed = trio.Event()
         # Final summaries of cancelled tune-outs, sent by the loop rather than inside a tool call.
@@ -170,7 +208,12 @@ class TuneOuts:
     # ------------------------------------------------------------------ summary wakes
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Send summary wakes as they fall due, until cancelled."""
+        """Resume the saved tune-outs, then send summary wakes as they fall due, until cancelled.
+
+        Started (``task_status``) only once they are resumed: the daemon starts this before its
+        host listeners and links, so no wake is sent before its tune-out could hold it.
+        """
+        await self._resume_saved()
         task_status.started()
         while True:
             deadline = self.table.next_deadline()
@@ -178,8 +221,56 @@ class TuneOuts:
                 await self._changed.wait()
             self._changed = trio.Event()
             finals, self._finals = self._finals, []
-            for summary in [*finals, *self.table.due(trio.current_time())]:
+            due = self.table.due(trio.current_time())
+            # Saved before the sends await anything: the rows match the table right after due().
+            for summary in due:
+                self._save_progress(summary)
+            for summary in [*finals, *due]:
                 await self._send(summary)
+
+    async def _resume_saved(self) -> None:
+        saved_rows = await self._journal.saved_tune_outs()
+        now, wall = trio.current_time(), time.time()
+        for saved in saved_rows:
+            ref = ChannelRef(saved.server_id, saved.channel_id)
+            fields = {"agent": saved.agent, "server": saved.server_id, "channel": saved.channel_id, "held": len(saved.held)}
+            if saved.server_id not in self._links:
+                # Nothing could reach it again: no traffic to hold, and cancel_tuneout can't name
+                # a channel no server registers. What it held goes to the host as its backlog.
+                self._journal.forget_tune_out(saved.agent, saved.server_id, saved.channel_id)
+                self._log.warning("tuneout.dropped", reason="server-not-configured", **fields)
+                continue
+            if saved.ends_at is not None and saved.ends_at <= wall:
+                self._journal.forget_tune_out(saved.agent, saved.server_id, saved.channel_id)
+                self._log.info("tuneout.ended", why="ended-while-stopped", **fields)
+                continue
+            settings = TuneOutSettings(cadence=saved.cadence, backlog_cap=saved.backlog_cap, max_wakes=saved.max_wakes,
+                                       duration=saved.duration)
+            # Its start on trio's clock: as long ago as the wall clock says (never in the future).
+            started = now - max(0.0, wall - saved.started_at)
+            tune_out = self.table.resume(saved.agent, ref, settings, started=started, now=now, wakes=saved.wakes,
+                                         handed_through=saved.handed_through, summary=saved.summary, held=saved.held)
+            self._log.info("tuneout.resumed", dropped=tune_out.dropped, wakes=tune_out.wakes, cadence=settings.cadence, **fields)
+
+    def _save(self, tune_out: TuneOut) -> None:
+        """Save a tune-out just entered (wall-clock start now)."""
+        started_at = time.time()
+        settings = tune_out.settings
+        self._journal.save_tune_out(SavedTuneOut(
+            tune_out.agent, tune_out.ref.server_id, tune_out.ref.channel_id, settings.cadence, settings.backlog_cap,
+            settings.max_wakes, settings.duration, started_at,
+            None if settings.duration is None else started_at + settings.duration,
+            wakes=tune_out.wakes, handed_through=tune_out.handed_through, summary=tune_out.summary,
+        ))
+
+    def _save_progress(self, summary: Summary) -> None:
+        ref = summary.ref
+        tune_out = None if summary.final else self.table.get(summary.agent, ref)
+        if tune_out is None:
+            self._journal.forget_tune_out(summary.agent, ref.server_id, ref.channel_id)
+            return
+        self._journal.save_tune_out_progress(summary.agent, ref.server_id, ref.channel_id, wakes=tune_out.wakes,
+                                             handed_through=tune_out.handed_through, summary=tune_out.summary)
 
     async def _send(self, summary: Summary) -> None:
         if not summary.held and summary.summary is None:
@@ -284,7 +375,8 @@ class TuneOuts:
                 return tool_result(texts.lifecycle_failed("open", self._shown(ref), reason, texts.NOTHING_TUNED),
                                    error=True, reason=reason, data=ref.to_wire())
         opened = registry.set_open(ref, True)
-        self.table.enter(owner, ref, settings, trio.current_time())
+        # Every wake committed so far was offered before this tune-out: it holds only later ones.
+        self._save(self.table.enter(owner, ref, settings, trio.current_time(), handed_through=self._journal.last_seq()))
         self._poke()
         shown = self._shown(ref)  # read after opening: what picks it now
         ends = texts.tuneout_ends(settings.duration, settings.max_wakes, shown)
@@ -307,6 +399,7 @@ class TuneOuts:
             text = texts.tuneout_not_tuned_out(shown, texts.NOTHING_CANCELLED)
             return tool_result(text, error=True, reason=texts.REASON_NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
         summary = self.table.end(owner, ref)
+        self._journal.forget_tune_out(owner, ref.server_id, ref.channel_id)
         held = len(summary.held) if summary else 0
         if summary is not None and (summary.held or summary.summary):
             self._finals.append(summary)
@@ -356,6 +449,7 @@ class TuneOuts:
             text = texts.tuneout_not_tuned_out(shown, texts.NOTHING_DELIVERED)
             return tool_result(text, error=True, reason=texts.REASON_NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
         tune_out.summary = summary
+        self._journal.save_tune_out_summary(owner, ref.server_id, ref.channel_id, summary)
         self._log.info("tuneout.summary_delivered", agent=owner, by=call.agent.name, server=ref.server_id, channel=ref.channel_id)
         return tool_result(texts.summary_delivered(shown, owner), data={**ref.to_wire(), "shown": shown, "agent": owner})
 

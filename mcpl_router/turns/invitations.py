@@ -1,13 +1,16 @@
 """The closed-channel invitation a message wake carries: how to answer where the agent isn't.
 
-Only for a message that addresses the agent in a channel that is registered and not open;
-the first option is the agent's mode's way to reach that channel alone
-(:meth:`~mcpl_router.routing.modes.ProseMode.invitation_reply`).
+Only for a message that addresses the agent in a channel that is registered and that *the
+agent* doesn't have open. Decided per agent (:data:`HasOpen`, the channel tools'
+``has_open``): a channel's transport is shared, so kai having opened ``a:general`` keeps it
+open for everyone, yet mo, who didn't, is still invited; and kai is still invited to
+``b:general``, another channel with the same id. The first option is the agent's mode's way to
+reach that channel alone (:meth:`~mcpl_router.routing.modes.ProseMode.invitation_reply`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
 from mcpl_router.routing import prose
@@ -18,7 +21,11 @@ if TYPE_CHECKING:
     from mcpl_router.routing.router import Router
     from mcpl_router.routing.wakes import Wake
 
-__all__ = ["Invitations"]
+__all__ = ["HasOpen", "Invitations"]
+
+#: Whether an agent has a registered channel open: ``(agent, ref) -> bool``
+#: (``ChannelTools.has_open``).
+HasOpen = Callable[[str, ChannelRef], bool]
 
 #: Rendered invitations kept (cleared whenever the registry changes).
 INVITATION_CACHE: Final = 1024
@@ -26,12 +33,28 @@ INVITATION_CACHE: Final = 1024
 
 class Invitations:
     """Renders invitations, one text per (mode, channel, author, may publish) while the
-    registry stands, so a busy channel's wakes don't each render it anew."""
+    registry stands, so a busy channel's wakes don't each render it anew.
 
-    def __init__(self, router: Router) -> None:
+    Args:
+        router: the registry and the names an invitation shows.
+        has_open: whether an agent has a channel open; until one is given (:meth:`ask_has_open`),
+            the channel's shared open state.
+    """
+
+    def __init__(self, router: Router, has_open: HasOpen | None = None) -> None:
         self._router = router
+        self._has_open: HasOpen = has_open if has_open is not None else self._transport_open
         self._cache: dict[tuple[ProseMode, ChannelRef, str | None, bool], str] = {}
         self._generation = -1
+
+    def ask_has_open(self, has_open: HasOpen) -> None:
+        """Decide per agent with ``has_open`` (the daemon wires the channel tools' once they exist:
+        they are built after the sessions, which take this)."""
+        self._has_open = has_open
+
+    def _transport_open(self, agent: str, ref: ChannelRef) -> bool:
+        entry = self._router.registry.get(ref)
+        return entry is not None and entry.open
 
     def invitation_for(self, wake: Wake, mode: ProseMode, *, may_publish: bool) -> str | None:
         """The invitation ``wake`` carries for an agent in ``mode``, or None."""
@@ -39,8 +62,9 @@ class Invitations:
         if ref is None or not wake.addressed:
             return None
         registry = self._router.registry
-        entry = registry.get(ref)
-        if entry is None or entry.open:
+        # Asked before the cache, every time: whether this agent has it open changes with its
+        # own tool calls, not the registry's generation. The cached text names no agent.
+        if not registry.is_registered(ref) or self._has_open(wake.agent, ref):
             return None
         payload = wake.payload
         author = payload.get("author") if isinstance(payload, Mapping) else None

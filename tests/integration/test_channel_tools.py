@@ -316,7 +316,7 @@ async def test_channel_decline_is_durable_acknowledges_and_shows_in_channel_list
                 await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
             assert daemon.journal.declines() == [(AGENT, "b", "general")]
             # Durable: a fresh provider over the same journal reads it back.
-            assert ChannelTools(daemon.router, daemon.links, daemon.journal, daemon.turns.stop_typing_in, daemon.turns.timings, daemon.tune_outs)._desired == {(AGENT, B_GENERAL): "declined"}
+            assert ChannelTools(daemon.router, daemon.links, daemon.journal, daemon.turns.stop_typing_in, daemon.turns.timings, daemon.tune_outs)._desired.decisions() == {(AGENT, B_GENERAL): "declined"}
 
 
 @ORDERS
@@ -357,7 +357,7 @@ async def test_desired_state_and_declines_are_each_agents_own(tmp_path: Path, fi
                 await in_turn("bob", ("channel_decline", {"channelId": "a:general"}))
                 assert (await desired(AGENT))[("a", "general")] is None
             assert daemon.journal.declines() == [("bob", "a", "general")]
-            fresh = ChannelTools(daemon.router, daemon.links, daemon.journal, daemon.turns.stop_typing_in, daemon.turns.timings, daemon.tune_outs)._desired
+            fresh = ChannelTools(daemon.router, daemon.links, daemon.journal, daemon.turns.stop_typing_in, daemon.turns.timings, daemon.tune_outs)._desired.decisions()
             assert fresh == {("bob", A_GENERAL): "declined"}
 
 

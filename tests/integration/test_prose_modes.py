@@ -507,6 +507,44 @@ async def test_a_closed_channel_invitation_offers_a_reply_that_reaches_that_chan
             assert "invitation" not in (await client.next_notification("wake")).params
 
 
+@ORDERS
+async def test_the_invitation_is_per_agent_even_while_another_agent_keeps_the_channel_open(tmp_path: Path, first: str) -> None:
+    """kai opens a:general, which opens its transport for every agent: kai's wakes there carry no
+    invitation, mo's (who opened nothing) do, and kai is still invited to b:general, the other
+    server's channel with the same id."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            for name in (first, "b" if first == "a" else "a"):
+                await servers[name].register([channel_descriptor_closed("general")])
+                await wait_channel(daemon, name, "general")
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                await client.hello("test-host", ["kai", "mo"])
+                turn = await client.call("turn/open", {"agent": "kai"})
+                opened = await client.call("turn/tool", {"turnId": turn["turnId"], "callId": "c1", "name": "channel_open",
+                                                         "arguments": {"channelId": "a:general", "setSpeechTarget": False}})
+                assert opened["isError"] is False and opened["structuredContent"]["serverId"] == "a"
+                await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+                entry = daemon.router.registry.get(ChannelRef("a", "general"))
+                assert entry is not None and entry.open  # the shared transport: open for mo too
+
+                async def wakes_from(server: str) -> dict[str, dict[str, Any]]:
+                    await servers[server].incoming([{"channelId": "general", "text": "kai? mo?", "tags": ["chat:mention"]}])
+                    woken = [dict((await client.next_notification("wake")).params) for _ in range(2)]
+                    assert {w["channel"]["serverId"] for w in woken} == {server}
+                    return {w["agent"]: w for w in woken}
+
+                on_a = await wakes_from("a")
+                assert "invitation" not in on_a["kai"]
+                assert on_a["mo"]["invitation"].startswith("[channels] Demo User addressed you in a:general, a channel you have not joined")
+                assert '2. Join: channel_open with channelId "general" and serverId "a"' in on_a["mo"]["invitation"]
+                on_b = await wakes_from("b")
+                for agent in ("kai", "mo"):
+                    invitation = on_b[agent]["invitation"]
+                    assert invitation.startswith("[channels] Demo User addressed you in b:general")
+                    assert '2. Join: channel_open with channelId "general" and serverId "b"' in invitation
+
+
 def channel_descriptor_closed(channel_id: str) -> dict[str, Any]:
     from mcpl_router.testing.descriptors import channel_descriptor
 

@@ -4,18 +4,20 @@ Issue 6 item 5: a tuned-out channel stays open, its wakes are held and come as o
 at the cadence; ``tune_out`` and ``cancel_tuneout`` read names as every tool does (the turn's
 own channel first, one resolver) and refuse a name several channels answer to; a subconscious
 agent cancels its primary's tune-out, speaks, and delivers summaries, refusing a gone or shared
-name. Servers ``a`` and ``b`` both register ``general``, in both registration orders.
+name. Servers ``a`` and ``b`` both register ``general``, in both registration orders. A
+tune-out survives a daemon restart on the same journal (issue 13).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
@@ -23,7 +25,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 
-from .conftest import two_servers_sharing_general, wait_channel
+from .conftest import dialled_server, running_daemon, two_servers_sharing_general, wait_channel, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -246,3 +248,110 @@ async def test_tune_out_of_a_closed_channel_opens_it_on_its_own_server(tmp_path:
             entry = daemon.router.registry.get(b_lounge)
             assert entry is not None and entry.open
             assert daemon.tune_outs.tuned_out(AGENT) == {b_lounge}
+
+
+# ---------------------------------------------------------------------- across a restart (issue 13)
+
+
+@asynccontextmanager
+async def fixture_servers(workdir: Path) -> AsyncIterator[dict[str, FixtureProcess]]:
+    """Servers a and b (tcp, strict), outliving the daemons a test runs against them."""
+    async with AsyncExitStack() as stack:
+        servers = {}
+        for name in ("a", "b"):
+            servers[name] = await stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", personality="strict", control_dir=workdir, server_name=name)
+            )
+        yield servers
+
+
+async def register_general(daemon: Daemon, servers: Mapping[str, FixtureProcess], first: str) -> None:
+    for name in (first, "b" if first == "a" else "a"):
+        if name in daemon.links:
+            await wait_ready(daemon, name)
+            await servers[name].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+            await wait_channel(daemon, name, "general")
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_a_tune_out_survives_a_restart_holding_old_and_new_wakes_at_its_cadence(tmp_path: Path, first: str) -> None:
+    """Both servers' ``general`` tuned out, each its own tune-out: after a restart on the same
+    journal b's wake held before it is still held, new traffic on either wakes no one, a's summary
+    comes at a's cadence, and cancelling b's hands over both of b's held wakes."""
+    with trio.fail_after(90):
+        async with fixture_servers(tmp_path) as servers:
+            config = {name: dialled_server(fixture) for name, fixture in servers.items()}
+            async with running_daemon(tmp_path, config, unix_socket=True) as daemon:
+                await register_general(daemon, servers, first)
+                async with host(daemon) as client:
+                    turn = await client.call("turn/open", {"agent": AGENT, "channel": "b:general"})
+                    # b's cadence never comes in this test: what it holds must outlast the restart.
+                    for channel, cadence in (("b:general", 600), ("a:general", 1.0)):
+                        entered = await tool(client, turn["turnId"], "tune_out", {"channelId": channel, "cadence": cadence})
+                        assert entered["isError"] is False
+                    await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+                    await mention(servers["b"], "before")
+                    await wait_until(lambda: len(daemon.tune_outs.table.get(AGENT, B_GENERAL).held) == 1, timeout=10)
+                    [before] = daemon.tune_outs.table.get(AGENT, B_GENERAL).held
+
+            async with running_daemon(tmp_path, config, unix_socket=True) as daemon:
+                # Resumed before any server or host connected.
+                assert daemon.tune_outs.tuned_out(AGENT) == {A_GENERAL, B_GENERAL}
+                assert daemon.tune_outs.table.get(AGENT, B_GENERAL).held == [before]
+                await register_general(daemon, servers, first)
+                async with host(daemon) as client:
+                    await mention(servers["b"], "after on b")
+                    await mention(servers["a"], "after on a")
+                    await wait_until(lambda: len(daemon.tune_outs.table.get(AGENT, B_GENERAL).held) == 2, timeout=10)
+                    # The first wake after the hello is a's summary: neither message, nor the
+                    # held "before" (not replayed at the hello), woke the agent.
+                    summary = await next_wake(client)
+                    assert summary["reason"] == "tuneout-summary" and summary["final"] is False
+                    assert summary["channel"] == {"serverId": "a", "channelId": "general", "shown": "a:general"}
+                    [after_a] = summary["held"]
+                    assert after_a > before
+                    assert daemon.tune_outs.tuned_out(AGENT) == {A_GENERAL, B_GENERAL}
+
+                    turn = await client.call("turn/open", {"agent": AGENT})
+                    cancelled = await tool(client, turn["turnId"], "tune_out", {"channelId": "b:general", "op": "cancel"})
+                    assert cancelled["isError"] is False and cancelled["structuredContent"]["held"] == 2
+                    await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+                    final = await next_wake(client)
+                    assert final["reason"] == "tuneout-summary" and final["final"] is True
+                    assert final["channel"]["serverId"] == "b" and final["held"][0] == before and len(final["held"]) == 2
+                    await mention(servers["b"], "back")
+                    plain = await next_wake(client)
+                    assert plain["reason"] == "message" and plain["channel"]["serverId"] == "b"
+                await daemon.journal.flush()
+                # Cancelled: only a's row is left.
+                assert [(row.server_id, row.channel_id) for row in await daemon.journal.saved_tune_outs()] == [("a", "general")]
+
+
+async def test_a_tune_out_whose_server_left_the_config_is_dropped_at_restart_and_its_wakes_replayed(tmp_path: Path) -> None:
+    with trio.fail_after(90):
+        async with fixture_servers(tmp_path) as servers:
+            both = {name: dialled_server(fixture) for name, fixture in servers.items()}
+            async with running_daemon(tmp_path, both, unix_socket=True) as daemon:
+                await register_general(daemon, servers, "a")
+                async with host(daemon) as client:
+                    turn = await client.call("turn/open", {"agent": AGENT})
+                    await tool(client, turn["turnId"], "tune_out", {"channelId": "b:general", "cadence": 600})
+                    await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+                    await mention(servers["b"], "held on b")
+                    await wait_until(lambda: len(daemon.tune_outs.table.get(AGENT, B_GENERAL).held) == 1, timeout=10)
+                    [held] = daemon.tune_outs.table.get(AGENT, B_GENERAL).held
+
+            with capture_logs() as logs:
+                async with running_daemon(tmp_path, {"a": both["a"]}, unix_socket=True) as daemon:
+                    assert daemon.tune_outs.tuned_out(AGENT) == frozenset()
+                    await register_general(daemon, servers, "a")
+                    async with host(daemon) as client:
+                        # Nothing holds it now: it is the agent's backlog, sent at the hello.
+                        replayed = await next_wake(client)
+                        assert replayed["seq"] == held and replayed["reason"] == "message"
+                        assert replayed["channel"]["serverId"] == "b"
+                    await daemon.journal.flush()
+                    assert await daemon.journal.saved_tune_outs() == []
+            dropped = [entry for entry in logs if entry["event"] == "tuneout.dropped"]
+            assert dropped == [{"event": "tuneout.dropped", "log_level": "warning", "reason": "server-not-configured",
+                                "agent": AGENT, "server": "b", "channel": "general", "held": 1}]

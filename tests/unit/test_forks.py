@@ -218,14 +218,19 @@ def test_a_version_1_journal_gains_the_fork_counters(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
     Journal(path).close()
     db = sqlite3.connect(str(path))
+    # Version 1 had neither table of versions 2 (fork counters) and 3 (tune-outs).
     db.execute("DROP TABLE fork_generations")
+    db.execute("DROP TABLE tune_outs")
     db.execute("PRAGMA user_version = 1")
     db.close()
     journal = Journal(path)
     try:
         assert journal.fork_generations() == []
-        version = sqlite3.connect(str(path)).execute("PRAGMA user_version").fetchone()[0]
-        assert version == SCHEMA_VERSION == 2
+        db = sqlite3.connect(str(path))
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        assert version == SCHEMA_VERSION == 3  # through 2, to 3 at once
+        assert db.execute("SELECT COUNT(*) FROM tune_outs").fetchone()[0] == 0
+        db.close()
     finally:
         journal.close()
 

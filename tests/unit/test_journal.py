@@ -11,8 +11,8 @@ import trio
 from structlog.testing import capture_logs
 
 from mcpl_router.mcpl.inbound import substance_digest
-from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, JournalLocked
-from mcpl_router.store.schema import HOT_STATEMENTS
+from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, JournalLocked, SavedTuneOut
+from mcpl_router.store.schema import HOT_STATEMENTS, SCHEMA_VERSION
 from mcpl_router.testing.journal import open_journal
 
 KAI = Delivery("kai", "message", ("chat:mention",), True)
@@ -150,6 +150,84 @@ async def test_a_journal_from_before_digests_is_migrated_in_place(tmp_path: Path
     db.execute("PRAGMA foreign_keys = ON")
     assert db.execute("PRAGMA foreign_key_check").fetchall() == []
     db.close()
+
+
+# -- tune-outs (schema version 3) --------------------------------------------------------------
+
+ANN = Delivery("ann", "message", (), False)
+
+
+def on(server: str, message_id: str) -> InboundEvent:
+    payload = {"channelId": "general", "messageId": message_id, "content": [{"type": "text", "text": "x"}]}
+    return InboundEvent(server, "general", "message", message_id, payload, digest=substance_digest(payload))
+
+
+def tune_out(**fields: object) -> SavedTuneOut:
+    values: dict[str, object] = {"agent": "kai", "server_id": "b", "channel_id": "general", "cadence": 0.5, "backlog_cap": 3,
+                                 "max_wakes": 4, "duration": 60.0, "started_at": 1000.0, "ends_at": 1060.0}
+    return SavedTuneOut(**{**values, **fields})  # type: ignore[arg-type]
+
+
+async def test_a_tune_out_round_trips_and_reads_back_the_wakes_it_holds(tmp_path: Path) -> None:
+    """A saved tune-out comes back as saved, each server's ``general`` its own row, with what it
+    holds: the agent's unacked wakes from that one channel after what it handed over."""
+    path = tmp_path / "journal.sqlite3"
+    async with open_journal(path) as journal:
+        [before] = await journal.record_inbound([(on("b", "m-0"), [KAI])])  # sent before the tune-out
+        journal.save_tune_out(tune_out(handed_through=before.seq))
+        journal.save_tune_out(tune_out(server_id="a", max_wakes=None, duration=None, ends_at=None))
+        recorded = await journal.record_inbound(
+            [(on("b", "m-1"), [KAI, ANN]), (on("a", "m-1"), [KAI]), (on("b", "m-2"), [KAI]), (on("b", "m-3"), [KAI])]
+        )
+        b1, a1, b2, b3 = (r.seq for r in recorded)
+        # A summary handed b1 over; the host acked b2 (held wakes are acked like any other).
+        journal.save_tune_out_progress("kai", "b", "general", wakes=1, handed_through=b1, summary=None)
+        journal.save_tune_out_summary("kai", "b", "general", "quiet, mostly")
+        await journal.ack_deliveries(["kai"], [b2])
+        await journal.flush()
+    async with open_journal(path) as journal:
+        saved = {row.server_id: row for row in await journal.saved_tune_outs()}
+        assert saved["b"] == tune_out(wakes=1, handed_through=b1, summary="quiet, mostly", held=(b3,))
+        assert saved["a"] == tune_out(server_id="a", max_wakes=None, duration=None, ends_at=None, held=(a1,))
+        journal.forget_tune_out("kai", "b", "general")
+        await journal.flush()
+    async with open_journal(path) as journal:
+        assert [row.server_id for row in await journal.saved_tune_outs()] == ["a"]
+
+
+async def test_a_version_2_journal_is_migrated_to_3_keeping_what_it_held(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    async with open_journal(path) as journal:
+        [owed] = await journal.record_inbound([(on("b", "m-1"), [KAI])])
+        journal.raise_fork_generation("kai", "b", "dm-1", 2)
+        journal.record_decline("kai", "a", "general")
+        await journal.flush()
+    # What version 2 was: everything but the tune_outs table.
+    db = sqlite3.connect(str(path))
+    db.execute("DROP TABLE tune_outs")
+    db.execute("PRAGMA user_version = 2")
+    db.commit()
+    db.close()
+    with capture_logs() as logs:
+        journal = Journal(path)
+    try:
+        assert [e for e in logs if e["event"] == "journal.migrated"] == [
+            {"event": "journal.migrated", "log_level": "info", "journal": str(path), "from_version": 2, "to_version": 3}
+        ]
+        assert journal.unacked_count("kai") == 1 and journal.last_seq() == owed.seq
+        assert journal.fork_generations() == [("kai", "b", "dm-1", 2)]
+        assert journal.declines() == [("kai", "a", "general")]
+        db = sqlite3.connect(str(path))
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        columns = [row[1] for row in db.execute("PRAGMA table_info(tune_outs)")]
+        assert columns[:3] == ["agent", "server", "channel"]  # a pair of columns, never a joined key
+        db.close()
+    finally:
+        journal.close()
+    async with open_journal(path) as journal:
+        journal.save_tune_out(tune_out())
+        await journal.flush()
+        assert [row.held for row in await journal.saved_tune_outs()] == [(owed.seq,)]
 
 
 def test_a_second_journal_on_the_same_file_is_refused_naming_the_file_and_pid(tmp_path: Path) -> None:

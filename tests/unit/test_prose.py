@@ -11,14 +11,18 @@ import random
 import pytest
 
 from mcpl_router.routing import prose, texts
+from mcpl_router.routing.desired import DesiredChannels
 from mcpl_router.routing.drafts import Draft, new_draft_id, page
 from mcpl_router.routing.modes import mode_named
 from mcpl_router.routing.names import ChannelNames
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
+from mcpl_router.routing.router import Router
 from mcpl_router.routing.turns import TurnRouting, WakeFact
+from mcpl_router.routing.wakes import Wake
 from mcpl_router.testing.descriptors import channel_descriptor
 from mcpl_router.testing.journal import open_journal
+from mcpl_router.turns.invitations import Invitations
 
 FULL = RegistrationPolicy.permissive()
 A_GENERAL = ChannelRef("a", "general")
@@ -247,6 +251,48 @@ def test_invitation_reply_reaches_that_channel_alone_per_mode(names: ChannelName
     assert 'channel_publish with channelId "b:general"' in prose.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=True)
     assert texts.INVITATION_REPLY_SEND_TOOL in prose.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=False)
     assert texts.INVITATION_REPLY_NONE in prose.invitation_text(mode_named("disabled"), names, B_GENERAL, None, may_publish=False)
+
+
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")], ids=["a-first", "b-first"])
+def test_the_invitation_asks_whether_the_agent_has_the_channel_open_not_the_transport(order: tuple[str, str]) -> None:
+    """kai opened a:general (its transport is open for everyone): kai is not invited there, mo
+    is, and kai is still invited to b:general, the other server's channel with that id."""
+    router = Router()
+    for server in order:
+        assert router.registry.register(server, [channel_descriptor("general")], FULL)[0].accepted
+    desired = DesiredChannels()
+    invitations = Invitations(router, lambda agent, ref: desired.has_open(agent, ref, router.registry.get(ref)))
+    locus = mode_named("locus")
+
+    def invited(agent: str, ref: ChannelRef) -> str | None:
+        wake = Wake(seq=1, agent=agent, reason="message", channel=ref, payload={"author": {"name": "Dee"}}, tags=(), addressed=True)
+        return invitations.invitation_for(wake, locus, may_publish=True)
+
+    assert invited("kai", A_GENERAL) is not None and invited("mo", A_GENERAL) is not None
+    # kai's channel_open: the transport opens (for everyone) and kai decides "open".
+    router.registry.set_open(A_GENERAL, True)
+    desired.decide("kai", A_GENERAL, "open")
+    assert invited("kai", A_GENERAL) is None
+    text = invited("mo", A_GENERAL)
+    assert text is not None and text.startswith("[channels] Dee addressed you in a:general")
+    b_text = invited("kai", B_GENERAL)
+    assert b_text is not None and 'channel_open with channelId "general" and serverId "b"' in b_text
+    # Cached per registry change, yet decided per agent and per decision: kai closing it in his
+    # own mind (a decline) invites him again at once, with no registry change between.
+    desired.decide("kai", A_GENERAL, "declined")
+    assert invited("kai", A_GENERAL) == text
+    desired.decide("kai", A_GENERAL, "open")
+    assert invited("kai", A_GENERAL) is None
+    # Registered open by its server, a channel is every undecided agent's; one that decided
+    # "closed" is still invited there.
+    assert router.registry.register("a", [{**channel_descriptor("lounge"), "initiallyOpen": True}], FULL)[0].accepted
+    lounge = ChannelRef("a", "lounge")
+    assert invited("mo", lounge) is None
+    desired.decide("mo", lounge, "closed")
+    assert invited("mo", lounge) is not None
+    # A conversation fork is in its home: never invited there.
+    assert desired.has_open("kai-a-general-1", B_GENERAL, router.registry.get(B_GENERAL), home=B_GENERAL)
+    assert not desired.has_open("kai-a-general-1", A_GENERAL, router.registry.get(A_GENERAL), home=B_GENERAL)
 
 
 def test_mid_turn_hold_only_for_an_inferred_route_and_another_addressed_conversation() -> None:
