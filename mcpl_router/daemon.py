@@ -136,7 +136,8 @@ class Daemon:
         self.turns.speech.set_tuned_out(self.tune_outs.tuned_out)
         # Conversation forks: a forking agent's message goes to its conversation's fork (docs/forks.md).
         self.forks = Forks(registry=self.router.registry, journal=self.journal, policy_deliveries=self.sessions.deliveries_for,
-                           agent_of=self.sessions.agent, owner_of=self.sessions.owner_of, notify_agent=self.sessions.notify_agent)
+                           agent_of=self.sessions.agent, owner_of=self.sessions.owner_of, notify_agent=self.sessions.notify_agent,
+                           hand_over=self.sessions.hand_over_wakes)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
             self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,

@@ -10,8 +10,9 @@
   trunk agent, with the daemon→host request ``fork/spawn {agent, fork, home, template,
   generation}``. The host answers once its fork agent exists (declared in ``session/hello``
   like any agent, so owned by that connection); the binding is bound on that answer. A refused,
-  failed or timed-out spawn releases the binding (``fork.spawn.failed``); the next message
-  spawns a newer generation. Each generation is journaled before the host is asked.
+  failed or timed-out spawn releases the binding (``fork.spawn.failed``) and hands the wakes
+  journaled for the fork back to the trunk agent (they go to its host, in seq order); the next
+  message spawns a newer generation. Each generation is journaled before the host is asked.
 - **Idle.** A bound fork with no message for its agent's ``idleTtl`` is sent its closure prompt
   as a ``wake`` (``reason: "fork/close"``) and released (``fork.released``).
 
@@ -23,7 +24,7 @@ their task are bounded by the inbound batches that made them (one per new bindin
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
@@ -63,6 +64,8 @@ class Forks:
         agent_of: an agent's spec (its ``conversations``), or None.
         owner_of: the connection owning an agent now, or None.
         notify_agent: a notification to an agent's owner (the closure prompt).
+        hand_over: the wakes owed to a fork whose spawn failed, given to its trunk
+            (``SessionManager.hand_over_wakes``); how many.
     """
 
     spawn_timeout: float = SPAWN_TIMEOUT
@@ -76,6 +79,7 @@ class Forks:
         agent_of: Callable[[str], AgentSpec | None],
         owner_of: Callable[[str], HostConnection | None],
         notify_agent: Callable[[str, str, Any], Any],
+        hand_over: Callable[[str, str], Awaitable[int]] | None = None,
     ) -> None:
         self._registry = registry
         self._journal = journal
@@ -83,6 +87,7 @@ class Forks:
         self._agent_of = agent_of
         self._owner_of = owner_of
         self._notify_agent = notify_agent
+        self._hand_over = hand_over
         counters = counters_of(journal.fork_generations())
         self.book = ForkBook(counters)
         for (agent, home), generation in counters.items():
@@ -171,7 +176,7 @@ class Forks:
         conversations = self._conversations_of(binding.agent)
         owner = self._owner_of(binding.agent)
         if conversations is None or owner is None or owner.peer is None:
-            self._failed(binding, "no connection owns the agent" if conversations is not None else "the agent no longer forks")
+            await self._failed(binding, "no connection owns the agent" if conversations is not None else "the agent no longer forks")
             return
         params = {
             "agent": binding.agent,
@@ -183,13 +188,13 @@ class Forks:
         try:
             await owner.peer.request(FORK_SPAWN, params, timeout=self.spawn_timeout)
         except RpcError as exc:
-            self._failed(binding, f"the host refused: {exc}")
+            await self._failed(binding, f"the host refused: {exc}")
             return
         except (PeerClosed, RequestTimeout) as exc:
-            self._failed(binding, f"the host did not answer: {type(exc).__name__}")
+            await self._failed(binding, f"the host did not answer: {type(exc).__name__}")
             return
         if self._owner_of(binding.fork) is not owner:
-            self._failed(binding, "the host answered, but its connection does not own the fork agent")
+            await self._failed(binding, "the host answered, but its connection does not own the fork agent")
             return
         bound = self.book.bind(binding.agent, binding.home, binding.fork, binding.generation)
         if bound is None:
@@ -199,9 +204,13 @@ class Forks:
         self._trace("fork.bound", binding, connection=owner.id)
         self._changed.set()
 
-    def _failed(self, binding: Binding, reason: str) -> None:
+    async def _failed(self, binding: Binding, reason: str) -> None:
+        # Released first: no later message is given to this name, so what it is owed is final.
         self.book.release(binding.fork, reason)
-        self._trace("fork.spawn.failed", binding, reason=reason, level="warning")
+        # The messages journaled for the fork while it was being spawned would be owed to an
+        # agent that never came: they are the trunk's again, and go to its host now.
+        handed = 0 if self._hand_over is None else await self._hand_over(binding.fork, binding.agent)
+        self._trace("fork.spawn.failed", binding, reason=reason, level="warning", handed_to_trunk=handed)
 
     async def _close_idle(self, binding: Binding) -> None:
         conversations = self._conversations_of(binding.agent)

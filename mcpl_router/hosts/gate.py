@@ -41,7 +41,7 @@ from mcpl_router.store.journal import JournalFailure
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
-    from mcpl_router.hosts.sessions import WakeDiversion
+    from mcpl_router.hosts.diversion import WakeDiversion
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.registry import ChannelRegistry
     from mcpl_router.routing.router import Router

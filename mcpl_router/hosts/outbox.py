@@ -111,6 +111,18 @@ class HostOutbox:
         self._cursors[agent] = _Cursor(sent_through=after_seq)
         self._poke()
 
+    def rewind(self, agent: str, after_seq: int) -> None:
+        """Wakes of ``agent`` after ``after_seq`` were owed to another agent until now (a fork
+        whose spawn failed): read them back from the journal, in order (those in flight and
+        the ones a gate's batch carries are not sent again)."""
+        cursor = self._cursors.get(agent)
+        if cursor is None:
+            return
+        cursor.sent_through = min(cursor.sent_through, after_seq)
+        cursor.replaying = True
+        cursor.offers += 1
+        self._poke()
+
     def remove_agent(self, agent: str) -> None:
         """Another connection took ``agent``: nothing more of it goes out here."""
         self._cursors.pop(agent, None)

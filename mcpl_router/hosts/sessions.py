@@ -20,7 +20,7 @@ its wakes stay unacked in the journal and come back when it reconnects.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 import msgspec
@@ -29,6 +29,7 @@ import trio
 from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
 from mcpl_router.hosts.agents import AckParams, AgentSpec, AgentSpecParams, HelloParams, params_of
+from mcpl_router.hosts.diversion import NO_DIVERSION, WakeDiversion
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
 from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, RpcError
 from mcpl_router.logs import get_logger
@@ -53,28 +54,6 @@ GRACE_SECONDS: Final = 10.0
 AGENT_OWNED: Final = -32010
 UNKNOWN_AGENT: Final = -32011
 
-
-class WakeDiversion(Protocol):
-    """What holds some wakes back instead of sending them (the tune-outs)."""
-
-    def divert(self, wake: Wake) -> bool:
-        """Whether a new wake is held (then it is not sent)."""
-        ...
-
-    def holds(self, wake: Wake) -> bool:
-        """Whether a wake read back from the journal is held (not to be sent)."""
-        ...
-
-
-class _NoDiversion:
-    def divert(self, wake: Wake) -> bool:
-        return False
-
-    def holds(self, wake: Wake) -> bool:
-        return False
-
-
-_NO_DIVERSION: Final = _NoDiversion()
 
 #: Daemon events every hello'd host is told of, under the same method name.
 BROADCAST_EVENTS: Final = ("server/state", "channels/changed")
@@ -123,7 +102,7 @@ class SessionManager:
         self._invitations = invitations
         self._servers_list = servers_list
         #: Tune-outs hold some wakes back (set by the daemon once they exist; none until then).
-        self._diversion: WakeDiversion = _NO_DIVERSION
+        self._diversion: WakeDiversion = NO_DIVERSION
         self.grace = GRACE_SECONDS
         self._agents: dict[str, AgentSpec] = {name: AgentSpec.from_config(a) for name, a in agents.items()}
         for name, saved in journal.saved_agents().items():
@@ -218,6 +197,16 @@ class SessionManager:
         await trio.lowlevel.checkpoint()
         owner = self._owners.get(name)
         return owner is not None and self._enqueue(owner, method, params)
+
+    async def hand_over_wakes(self, from_agent: str, to_agent: str) -> int:
+        """The wakes owed to ``from_agent`` (a fork whose spawn failed) become ``to_agent``'s,
+        in the journal, and go to its owner now, in seq order; how many were handed over."""
+        first, count = await self._journal.hand_over(from_agent, to_agent)
+        owner = self._owners.get(to_agent)
+        outbox = None if owner is None else self._outboxes.get(owner)
+        if count and outbox is not None:
+            outbox.rewind(to_agent, first - 1)
+        return count
 
     async def wake(self, seq: int, agent: str) -> Wake | None:
         """The wake of ``agent`` by the event ``seq`` (acked or not): a recent one from memory,

@@ -52,7 +52,10 @@ from mcpl_router.store.records import (
     content_digest,
 )
 from mcpl_router.store.schema import (
+    SQL_ACK_ALL_OF,
     SQL_ADD_FORK_GENERATION,
+    SQL_HAND_OVER,
+    SQL_OWED_RANGE,
     SQL_FORGET_TUNE_OUT,
     SQL_RAISE_FORK_GENERATION,
     SQL_SAVE_DRAFT,
@@ -216,6 +219,23 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         """Raise one binding key's fork counter to ``generation`` (never lower it), written behind."""
         self._submit_nowait(_WriteOp(sql=SQL_RAISE_FORK_GENERATION, args=(generation, agent, server_id, channel_id, generation)))
         self._submit_nowait(_WriteOp(sql=SQL_ADD_FORK_GENERATION, args=(agent, server_id, channel_id, generation)))
+
+    async def hand_over(self, from_agent: str, to_agent: str) -> tuple[int, int]:
+        """Everything still owed to ``from_agent`` (a fork whose spawn failed) becomes
+        ``to_agent``'s (its trunk); returns ``(first seq, how many)``, ``(0, 0)`` for nothing.
+
+        Committed when it returns. The caller makes sure nothing new is written for
+        ``from_agent`` meanwhile (a released fork's name is never decided again).
+        """
+        first, count = await self._read(lambda db: db.execute(SQL_OWED_RANGE, (from_agent,)).fetchone())
+        if not count:
+            return 0, 0
+        self._submit_nowait(_WriteOp(sql=SQL_HAND_OVER, args=(to_agent, from_agent)))
+        self._submit_nowait(_WriteOp(sql=SQL_ACK_ALL_OF, args=(from_agent,)))
+        await self.flush()
+        self._unacked.pop(from_agent, None)
+        self._unacked[to_agent] += int(count)
+        return int(first), int(count)
 
     # -- tune-outs (written behind; read back once, at start-up: JournalReads.saved_tune_outs) --
 

@@ -144,6 +144,12 @@ SQL_RAISE_FORK_GENERATION: Final = (
     "UPDATE fork_generations SET generation = ? WHERE agent = ? AND server = ? AND channel = ? AND generation < ?"
 )
 SQL_ADD_FORK_GENERATION: Final = "INSERT OR IGNORE INTO fork_generations (agent, server, channel, generation) VALUES (?, ?, ?, ?)"
+#: A fork whose spawn failed: what it is owed (its first seq and how many), handed to its trunk;
+#: a row the trunk has already (never, in practice: a fork's delivery replaced the trunk's) is
+#: acked for the fork instead, so nothing stays owed to an agent that does not exist.
+SQL_OWED_RANGE: Final = "SELECT MIN(seq), COUNT(*) FROM deliveries WHERE agent = ? AND acked = 0"
+SQL_HAND_OVER: Final = "UPDATE OR IGNORE deliveries SET agent = ? WHERE agent = ? AND acked = 0"
+SQL_ACK_ALL_OF: Final = "UPDATE deliveries SET acked = 1 WHERE agent = ? AND acked = 0"
 #: tune_out (entering again replaces the row: new settings and start, what it holds kept).
 SQL_SAVE_TUNE_OUT: Final = (
     "INSERT INTO tune_outs (agent, server, channel, cadence, backlog_cap, max_wakes, duration, started_at, ends_at,"
@@ -183,6 +189,9 @@ HOT_STATEMENTS: Final = {
     "prune event": (SQL_PRUNE_EVENT, (1,)),
     "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
     "raise fork generation": (SQL_RAISE_FORK_GENERATION, (2, "kai", "b", "general", 2)),
+    "owed range": (SQL_OWED_RANGE, ("kai-a-dm-1",)),
+    "hand over": (SQL_HAND_OVER, ("kai", "kai-a-dm-1")),
+    "ack all of": (SQL_ACK_ALL_OF, ("kai-a-dm-1",)),
     "tune-out progress": (SQL_TUNE_OUT_PROGRESS, (1, 10, None, "kai", "b", "general")),
     "tune-out summary": (SQL_TUNE_OUT_SUMMARY, ("text", "kai", "b", "general")),
     "forget tune-out": (SQL_FORGET_TUNE_OUT, ("kai", "b", "general")),

@@ -156,19 +156,33 @@ async def test_a_channel_message_forks_only_on_a_mention_and_unaddressed_ones_wa
             assert trunk["channel"]["serverId"] == "a"
 
 
-async def test_a_spawn_the_host_refuses_releases_the_binding_and_the_next_message_tries_a_newer_generation(tmp_path: Path) -> None:
+@ORDERS
+async def test_a_spawn_the_host_refuses_hands_its_message_to_the_trunk_and_the_next_tries_a_newer_generation(
+    tmp_path: Path, first: str
+) -> None:
+    """The message journaled for the fork is not left owed to an agent that never came: the
+    trunk is woken for it (on b, the server it came from), and can answer it there."""
     with trio.fail_after(60), capture_logs() as logs:
-        async with servers_and_daemon(tmp_path, "a") as (daemon, servers):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers):
             assert daemon.host_socket_path is not None
             async with RouterClient.connect_unix(daemon.host_socket_path) as client:
                 await client.hello("test-host", [FORKING])  # serves no fork/spawn: -32601
                 await message(servers["b"], "dm-1", "one")
-                await wait_until(lambda: any(e.get("event") == "fork.spawn.failed" for e in logs), timeout=10)
+                handed = await wake_of(client, AGENT)
+                assert handed["channel"] == {"serverId": "b", "channelId": "dm-1", "shown": "b:dm-1"}
+                assert handed["messages"][-1]["content"][0]["text"] == "one"
                 assert daemon.forks.book.binding(AGENT, ChannelRef("b", "dm-1")) is None
+                assert daemon.journal.unacked_count("kai-b-dm-1-1") == 0 and daemon.journal.unacked_count(AGENT) == 1
+                assert daemon.journal.delivery_now(handed["seq"], "kai-b-dm-1-1") is None
+                await reply(client, AGENT, handed["seq"], "the trunk answers")
+                assert await published(servers["b"]) == [("dm-1", "the trunk answers")]
+                assert await published(servers["a"]) == []
                 await message(servers["b"], "dm-1", "two")
                 await wait_until(lambda: daemon.forks.book.generation(AGENT, ChannelRef("b", "dm-1")) == 2, timeout=10)
+                second = await wake_of(client, AGENT)  # that spawn fails too: the trunk again
+                assert second["messages"][-1]["content"][0]["text"] == "two"
     failed = [e for e in logs if e.get("event") == "fork.spawn.failed"]
-    assert failed[0]["server"] == "b" and failed[0]["fork"] == "kai-b-dm-1-1"
+    assert failed[0]["server"] == "b" and failed[0]["fork"] == "kai-b-dm-1-1" and failed[0]["handed_to_trunk"] == 1
 
 
 # -- the fence -------------------------------------------------------------------------------------
