@@ -529,6 +529,7 @@ class Daemon:
                 # The link keeps what it learned (e.g. where its token goes): only config changes.
                 self.links[server_id].config = new_config.servers[server_id]
             agents_added, agents_changed = self.sessions.configure_agents(new_config.agents)
+            self.forks.agents_changed()
             for server_id in (*plan.removed, *plan.reconnected):
                 await self._stop_link(server_id)
             assert self._serving is not None

@@ -164,12 +164,17 @@ class Forks:
                 for binding in self.book.idle(self._ttls(), trio.current_time()):
                     await self._close_idle(binding)
 
+    def agents_changed(self) -> None:
+        """Agents' specs changed (a reload): a trunk that no longer forks lets its forks go now."""
+        self._changed.set()
+
     def _ttls(self) -> dict[str, float]:
         ttls = {}
         for binding in self.book.bindings():
             conversations = self._conversations_of(binding.agent)
-            if conversations is not None:
-                ttls[binding.agent] = conversations.idle_ttl
+            # A trunk that no longer forks (its conversations dropped by a reload): its forks
+            # count as idle at once, rather than staying bound to a rule that is gone.
+            ttls[binding.agent] = 0.0 if conversations is None else conversations.idle_ttl
         return ttls
 
     async def _spawn(self, binding: Binding) -> None:
@@ -215,7 +220,8 @@ class Forks:
     async def _close_idle(self, binding: Binding) -> None:
         conversations = self._conversations_of(binding.agent)
         prompt = "" if conversations is None else conversations.closure_prompt
-        released = self.book.release(binding.fork, "idle")
+        reason = "idle" if conversations is not None else "no-longer-forks"
+        released = self.book.release(binding.fork, reason)
         if released is None:
             return
         params = {
@@ -229,7 +235,7 @@ class Forks:
             "addressed": False,
         }
         told = await self._notify_agent(binding.fork, "wake", params)
-        self._trace("fork.released", binding, reason="idle", told=bool(told))
+        self._trace("fork.released", binding, reason=reason, told=bool(told))
 
     def _trace(self, event: str, binding: Binding, *, level: str = "info", **fields: Any) -> None:
         log = self._log.warning if level == "warning" else self._log.info

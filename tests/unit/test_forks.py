@@ -324,3 +324,43 @@ def test_the_book_keeps_one_fenced_name_per_home_however_many_generations() -> N
         assert book.release(spawn.fork, "idle") is not None
     assert len(set(names)) == 50 and book.generation("kai", home) == 50
     assert len(book._homes) == 1 and book.home_of(names[-1]) == home
+
+
+async def test_a_trunk_that_no_longer_forks_lets_its_bound_forks_go_at_once(autojump_clock: Any) -> None:
+    """A reload drops kai's ``conversations``: its bound fork is released (``no-longer-forks``)
+    and told so, without waiting out the idle TTL of a rule that is gone."""
+    import trio
+
+    from mcpl_router.hosts.forks import Forks
+
+    class Counters:
+        def fork_generations(self) -> list[tuple[str, str, str, int]]:
+            return []
+
+        def raise_fork_generation(self, agent: str, server_id: str, channel_id: str, generation: int) -> None:
+            pass
+
+    specs = {"kai": AgentSpec(name="kai", conversations=ConversationsSpec(template="kai", fork_prefix="kai-", idle_ttl=3600))}
+    told: list[tuple[str, str, Any]] = []
+
+    async def notify(agent: str, method: str, params: Any) -> bool:
+        told.append((agent, method, params))
+        return True
+
+    forks = Forks(registry=None, journal=Counters(), policy_deliveries=lambda event: [],  # type: ignore[arg-type]
+                  agent_of=specs.get, owner_of=lambda name: None, notify_agent=notify)
+    spawn = forks.book.decide("kai", SPEC, A_DM, DM, addressed=True)
+    assert isinstance(spawn, Spawn)
+    forks.book.reserve("kai", spawn, 0.0)
+    assert forks.book.bind("kai", A_DM, spawn.fork, spawn.generation) is not None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(forks.run)
+        await trio.sleep(60)
+        assert forks.book.fork(spawn.fork) is not None  # an hour's TTL: still bound
+        specs["kai"] = AgentSpec(name="kai")
+        forks.agents_changed()
+        await trio.sleep(1)
+        assert forks.book.fork(spawn.fork) is None and forks.home_of(spawn.fork) == A_DM  # released, still fenced
+        nursery.cancel_scope.cancel()
+    [(agent, method, params)] = told
+    assert (agent, method, params["reason"], params["channel"]) == (spawn.fork, "wake", "fork/close", {"serverId": "a", "channelId": "dm-1"})
