@@ -138,10 +138,12 @@ class Daemon:
         self.forks = Forks(registry=self.router.registry, journal=self.journal, policy_deliveries=self.sessions.deliveries_for,
                            agent_of=self.sessions.agent, owner_of=self.sessions.owner_of, notify_agent=self.sessions.notify_agent,
                            hand_over=self.sessions.hand_over_wakes)
+        self.turns.route_fence = self.gates.route_fence = self.forks
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
             self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,
-            fork_home=self.forks.home_of)
+            fork_home=self.forks.home_of, may_take=self.forks.may_take_route)
+        self.gates.delivered = self.channel_tools.woke
         invitations.ask_has_open(self.channel_tools.has_open)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
         self.connector_tools = ConnectorTools(self.links, self.router, self.tools)
@@ -266,8 +268,8 @@ class Daemon:
         )
 
     def _accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
-        self.channel_tools.message_admitted(seq, event, [delivery.agent for delivery in deliveries])
-        self.sessions.accepted(seq, event, deliveries)
+        for wake in self.sessions.accepted(seq, event, deliveries):
+            self.channel_tools.woke(wake)  # a held wake sets no default until its batch goes
         self.forks.accepted(seq, event, deliveries)
         self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 

@@ -106,6 +106,15 @@ class Forks:
         """The home of fork ``agent`` (a ref; released forks too), or None for no fork."""
         return self.book.home_of(agent)
 
+    def may_take_route(self, agent: str, ref: ChannelRef) -> bool:
+        """Whether ``agent``'s turn, batch or default may take ``ref`` (seed 000's
+        ``mayTakeGateRoute``, by ref): a fork only its home, never another server's channel with
+        its home's id; a trunk no channel one of its forks holds (pending or bound)."""
+        home = self.book.home_of(agent)
+        if home is not None:
+            return ref == home
+        return self.book.binding(agent, ref) is None
+
     # -- before the commit -----------------------------------------------------------------------
 
     def deliveries_for(self, event: InboundEvent) -> list[Delivery]:

@@ -9,8 +9,9 @@ The rules and decisions are pure (:mod:`mcpl_router.routing.gating`, what matche
 - **Batches.** Held wakes go out as one ``wake`` with ``reason: "batch"`` through the owner's
   outbox (paced by acks like any wake): see :func:`batch_params` and docs/host-api.md.
 - **Admission at delivery.** A held wake goes into its batch only while its server is still
-  configured, still grants what it came by (``channels.incoming``, ``pushEvents``) and, for a
-  message, still registers its channel. One that fails is dropped from the batch: it wakes no
+  configured, still grants what it came by (``channels.incoming``, ``pushEvents``), still
+  registers its channel (a message's, or the one a push names) and, for a push naming no
+  channel, is still connected. One that fails is dropped from the batch: it wakes no
   one (and so sets no turn's channel or default), is logged (``gate.held.dropped``), counted,
   and acked in the journal so it never comes back.
 - **Durable or bounded.** Every held wake is an unacked delivery in the journal; only the timers
@@ -31,6 +32,7 @@ import attrs
 import trio
 
 from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing.gate_batches import AgentGate, Batch
 from mcpl_router.routing.gating import Decision, GateFacts, ResolvedRule, WakeGateSpec, decide, resolve_rules
 from mcpl_router.routing.names import Resolved
@@ -38,10 +40,12 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.wakes import REASON_MESSAGE, Wake
 
 from mcpl_router.store.journal import JournalFailure
+from mcpl_router.turns.wakes import NO_FENCE
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.hosts.diversion import WakeDiversion
+    from mcpl_router.turns.wakes import RouteFence
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.registry import ChannelRegistry
     from mcpl_router.routing.router import Router
@@ -79,9 +83,13 @@ class StillAdmitted:
             return "server gone"
         if not link.grant.allows(_FEATURE.get(wake.reason, _PUSH_FEATURE)):
             return "grant withdrawn"
-        if wake.reason == REASON_MESSAGE and (wake.channel is None or not self._registry.is_registered(wake.channel)):
+        if wake.channel is not None:
+            # A message's or a push's channel: its own server must still register it.
+            return None if self._registry.is_registered(wake.channel) else "channel withdrawn"
+        if wake.reason == REASON_MESSAGE:
             return "channel withdrawn"
-        return None
+        # A push naming no channel: its server must still be connected (nothing else vouches).
+        return None if link.state is LinkState.READY else "server disconnected"
 
 
 class JournalSettle:
@@ -138,6 +146,10 @@ class WakeGates:
         self._gates: dict[str, AgentGate] = {}
         self._resolved: dict[str, _Resolved] = {}
         self._to_settle: list[tuple[str, list[int]]] = []
+        #: Which channels a batch's route may be for its agent (the forks install theirs).
+        self.route_fence: RouteFence = NO_FENCE
+        #: A batch went out: its route's wake sets the agent's default channel (the channel tools').
+        self.delivered: Callable[[Wake], None] = lambda _route: None
         self._changed = trio.Event()
         self.counters: dict[str, int] = {}
         self._log = get_logger()
@@ -235,9 +247,12 @@ class WakeGates:
         if not kept:
             self._log.info("gate.batch.empty", agent=batch.agent, cause=batch.cause, dropped=len(dropped))
             return
-        params = batch_params(batch, kept, self._router.names.name_shown)
+        params, route = batch_params(batch, kept, self._router.names.name_shown,
+                                     lambda ref: self.route_fence.may_take_route(batch.agent, ref))
         seqs = tuple(wake.seq for wake in kept)
         if self._deliver(self._target_of(batch, kept), seqs, params):
+            if route is not None:
+                self.delivered(route)
             self._bump(batch.agent, "batches")
             self._log.info("gate.batch.sent", agent=batch.agent, cause=batch.cause, seqs=len(seqs), route_seq=params["seq"],
                            route_server=params["routeServerId"], dropped=len(dropped))
@@ -250,8 +265,8 @@ class WakeGates:
     def _target_of(self, batch: Batch, kept: list[Wake]) -> str:
         """Who a batch wakes: its agent. A conversation fork's messages are the fork's own
         deliveries from the start (hosts/forks.py decides before the commit), so a fork's batch
-        holds only its home's wakes and a trunk's batch none of a channel its fork takes: a
-        batch's route (a ref with its server) reaches a fork only where it is the fork's home."""
+        holds only its home's wakes. A trunk's batch may still hold a channel's messages from
+        before a fork took it: its route never is such a channel (:attr:`route_fence`)."""
         return batch.agent
 
     def _bump(self, agent: str, outcome: str) -> None:
@@ -263,9 +278,18 @@ def _server_of(wake: Wake) -> str:
     return wake.source_server
 
 
-def batch_params(batch: Batch, kept: list[Wake], shown: Callable[[ChannelRef], str]) -> dict[str, Any]:
-    """A batched wake's params (docs/host-api.md): the route's wake, and every conversation held."""
-    route = batch.route(kept)
+def batch_params(
+    batch: Batch, kept: list[Wake], shown: Callable[[ChannelRef], str], may_take: Callable[[ChannelRef], bool] = lambda _ref: True
+) -> tuple[dict[str, Any], Wake | None]:
+    """A batched wake's params (docs/host-api.md), and the wake it routes by (None: no route).
+
+    The route is the newest addressed (else newest) kept wake whose channel the agent may take
+    (``may_take``: a trunk never a channel its fork holds); where none may be taken the batch
+    has no route channel.
+    """
+    takeable = [wake for wake in kept if wake.channel is None or may_take(wake.channel)]
+    route = batch.route(takeable or kept)
+    routed = route if takeable else None
     conversations: dict[tuple[str, str | None], dict[str, Any]] = {}
     for wake in kept:
         server_id = _server_of(wake)
@@ -279,14 +303,14 @@ def batch_params(batch: Batch, kept: list[Wake], shown: Callable[[ChannelRef], s
                 "seqs": [],
             }
         row["seqs"].append(wake.seq)
-    route_channel = None if route.channel is None else {**route.channel.to_wire(), "shown": shown(route.channel)}
+    route_channel = None if routed is None or route.channel is None else {**route.channel.to_wire(), "shown": shown(route.channel)}
     tags = list(dict.fromkeys(tag for wake in kept for tag in wake.tags))
     return {
         "seq": route.seq,
         "agent": batch.agent,
         "reason": REASON_BATCH,
         "channel": route_channel,
-        "routeServerId": _server_of(route),
+        "routeServerId": None if routed is None else _server_of(route),
         "routeChannel": route_channel,
         "routeReason": route.reason,
         "seqs": [wake.seq for wake in kept],
@@ -296,4 +320,4 @@ def batch_params(batch: Batch, kept: list[Wake], shown: Callable[[ChannelRef], s
         "tags": tags,
         "addressed": any(wake.addressed for wake in kept),
         "gate": {"cause": batch.cause, "behaviour": batch.behaviour.to_wire()},
-    }
+    }, routed

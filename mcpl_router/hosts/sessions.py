@@ -369,9 +369,11 @@ class SessionManager:
         self._policies[spec.name] = (generation, spec, policy)
         return policy
 
-    def accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
-        """The event ``seq`` committed: hand its wakes to the agents' owners."""
+    def accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> list[Wake]:
+        """The event ``seq`` committed: hand its wakes to the agents' owners; the wakes that
+        went (or wait for an owner), not those held back (a tune-out's, a gate's)."""
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
+        woken: list[Wake] = []
         for delivery in deliveries:
             wake = Wake(
                 seq=seq,
@@ -386,12 +388,14 @@ class SessionManager:
             self._remember(wake)
             if self._diversion.divert(wake):
                 continue  # held: a tuned-out channel's (tools/tune_out.py) or a wake gate's (hosts/gate.py)
+            woken.append(wake)
             owner = self._owners.get(wake.agent)
             outbox = None if owner is None else self._outboxes.get(owner)
             if outbox is None or not outbox.offer(wake):
                 # Once per wake on the hot path: no bound logger is built unless it is written.
                 reason = "agent not owned" if owner is None else "owner's connection is closing"
                 self._log.info("wake.pending", agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq, reason=reason)
+        return woken
 
     def _facts(self, event: InboundEvent) -> InboundFacts:
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)

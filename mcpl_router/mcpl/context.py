@@ -65,6 +65,8 @@ class HookFacts:
     incoming_message_id: str | None = None
     incoming_thread_id: str | None = None
     default_outgoing: ChannelRef | None = None
+    #: A conversation fork's home: its turn takes no injection namespaced to another channel.
+    fork_home: ChannelRef | None = None
 
 
 @attrs.define
@@ -177,6 +179,10 @@ async def before_inference(
             if not grant.allows(capability):
                 log.warning("context.injection.dropped", server=server, index=index, position=position, reason="not-granted", capability=capability)
                 continue
+            if _another_channels(injection.get("namespace"), server, facts.fork_home, registry):
+                log.info("context.injection.dropped", server=server, index=index, position=position, reason="fork-other-channel",
+                         namespace=injection.get("namespace"))
+                continue
             kept.append(
                 {
                     "serverId": server,
@@ -250,3 +256,13 @@ async def send_lifecycle(
         for link in eligible:
             nursery.start_soon(send_one, link)
     return told
+
+
+def _another_channels(namespace: Any, server_id: str, home: ChannelRef | None, registry: ChannelRegistry) -> bool:
+    """Whether a fork's injection is namespaced to a channel other than its home: the namespace
+    is the id of a channel its own server registers (ids mean channels only on their server,
+    and only registered ones: a namespace like ``project:state`` names no channel and stays)."""
+    if home is None or not isinstance(namespace, str) or not namespace:
+        return False
+    ref = ChannelRef(server_id, namespace)
+    return ref != home and registry.is_registered(ref)

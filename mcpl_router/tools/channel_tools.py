@@ -48,7 +48,8 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
-    from mcpl_router.store.journal import InboundEvent, Journal
+    from mcpl_router.routing.wakes import Wake
+    from mcpl_router.store.journal import Journal
     from mcpl_router.tools.tune_out import TuneOuts
     from mcpl_router.turns import TurnRun, TurnTimings
 
@@ -109,8 +110,8 @@ def _refused(refusal: Refusal) -> dict[str, Any]:
 class ChannelTools:
     """The channel tools of one daemon, and each agent's default channel.
 
-    The daemon wires it as a tool provider and calls :meth:`message_admitted` for each admitted
-    inbound event and :meth:`server_removed` when a server's connection ends.
+    The daemon wires it as a tool provider and calls :meth:`woke` for each wake that goes out
+    (the sessions' and the gates') and :meth:`server_removed` when a server's connection ends.
 
     Args:
         router: the registry (what is registered and open) and the one resolver.
@@ -134,6 +135,7 @@ class ChannelTools:
         timings: TurnTimings,
         tune_outs: TuneOuts,
         fork_home: Callable[[str], ChannelRef | None] = lambda agent: None,
+        may_take: Callable[[str, ChannelRef], bool] = lambda agent, ref: True,
     ) -> None:
         self._router = router
         self._links = links
@@ -142,6 +144,7 @@ class ChannelTools:
         self._timings = timings
         self._tune_outs = tune_outs
         self._fork_home = fork_home
+        self._may_take = may_take
         self.defaults = DefaultChannels()
         #: What each agent last decided for each channel: "open", "closed" or "declined".
         self._desired = DesiredChannels()
@@ -159,27 +162,28 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ daemon events
 
-    def message_admitted(self, seq: int, event: InboundEvent, woken: list[str]) -> None:
-        """An inbound event was journaled: it sets the default channel of each agent it woke.
+    def woke(self, wake: Wake) -> None:
+        """A wake went to its agent (alone, or as a batch's route): it sets the agent's default
+        channel, to the wake's channel on its server.
 
         Only while its channel is registered: a message admitted after its server was removed
-        sets no default. Nor does traffic of a channel the agent tuned out: it is held for a
-        summary, not something the agent is answering.
+        sets no default. Wakes held back (a tuned-out channel's, a gate's until its batch) are
+        never passed here, so they set none; nor does a channel the agent may not take (a
+        trunk's wake from a channel one of its forks holds).
         """
-        if event.channel_id is None:
+        ref = wake.channel
+        if ref is None:
             return
-        ref = ChannelRef(event.server_id, event.channel_id)
-        registered = self._router.registry.is_registered(ref)
+        if not self._may_take(wake.agent, ref):
+            self._log.info("default_channel.not_set", agent=wake.agent, server=ref.server_id, channel=ref.channel_id,
+                           seq=wake.seq, why="fork-holds-it")
+            return
         # A message's own ids, or those a push names in its origin (discord-mcpl's push for a
         # message in a closed channel): the message a decline acknowledges by default.
-        message_id, thread_id = message_ids_of(event.payload)
-        for agent in woken:
-            if ref in self._tune_outs.tuned_out(agent):
-                self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq, why="tuned-out")
-                continue
-            set_ = self.defaults.woke(agent, ref, message_id=message_id, thread_id=thread_id, registered=registered)
-            if not set_:
-                self._log.info("default_channel.not_set", agent=agent, server=ref.server_id, channel=ref.channel_id, seq=seq)
+        message_id, thread_id = message_ids_of(wake.payload)
+        registered = self._router.registry.is_registered(ref)
+        if not self.defaults.woke(wake.agent, ref, message_id=message_id, thread_id=thread_id, registered=registered):
+            self._log.info("default_channel.not_set", agent=wake.agent, server=ref.server_id, channel=ref.channel_id, seq=wake.seq)
 
     def server_removed(self, server_id: str) -> None:
         """A server's connection ended: defaults on it keep their ref, lose message and thread."""

@@ -40,7 +40,7 @@ from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, 
 from mcpl_router.turns.speech import Speech
 from mcpl_router.turns.streams import OutgoingStreams
 from mcpl_router.turns.typing import TypingIndicators
-from mcpl_router.turns.wakes import wake_facts
+from mcpl_router.turns.wakes import NO_FENCE, RouteFence, fenced, wake_facts
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.agents import AgentSpec
@@ -116,6 +116,8 @@ class TurnManager:
         #: The one name table: what each tool name means, for listing and dispatch alike
         #: (:mod:`mcpl_router.tools.table`); the daemon installs the providers.
         self.tools = tools if tools is not None else ToolTable()
+        #: Which channels an agent's turn may take (the forks install theirs).
+        self.route_fence: RouteFence = NO_FENCE
         self.typing = TypingIndicators(links=links, router=router, timings=self.timings)
         self.drafts = DraftBook(journal=journal, names=router.names)
         streams = OutgoingStreams(links)
@@ -203,7 +205,7 @@ class TurnManager:
             )
         sessions = self._sessions
         spec = sessions.require_owner(connection, agent)
-        facts = await wake_facts(sessions.wake, agent, wakes, nothing_done="No turn was opened.")
+        facts = fenced(await wake_facts(sessions.wake, agent, wakes, nothing_done="No turn was opened."), self.route_fence, agent)
         trigger: ChannelRef | None = None
         message_id = thread_id = None
         chosen = trigger_of(facts)
@@ -214,6 +216,10 @@ class TurnManager:
                 trigger = requested_channel(self._router.names, channel)
             except MalformedChannel as exc:
                 raise RpcError(INVALID_PARAMS, str(exc), {"field": "channel"}) from None
+        if trigger is not None and not self.route_fence.may_take_route(agent, trigger):
+            trigger = message_id = thread_id = None  # a fork's conversation, or not this fork's home
+        # A fork's home always wins: its turn is there even when opened on no wake (fork/close).
+        trigger = trigger or self.route_fence.home_of(agent)
         turn_id, inference_id = self._new_ids()
         turn = Turn(
             turn_id=turn_id,
@@ -289,7 +295,8 @@ class TurnManager:
         """
         run = self.run_for(connection, turn_id)
         turn = run.turn
-        facts = await wake_facts(self._sessions.wake, turn.agent, wakes, nothing_done="The turn was not continued.")
+        facts = fenced(await wake_facts(self._sessions.wake, turn.agent, wakes, nothing_done="The turn was not continued."),
+                       self.route_fence, turn.agent)
         async with run.lock:
             if run.finished:
                 raise _not_open(turn_id)  # ended while its wakes were read
@@ -334,6 +341,7 @@ class TurnManager:
             incoming_message_id=turn.trigger_message_id,
             incoming_thread_id=turn.trigger_thread_id,
             default_outgoing=turn.routing.locus,
+            fork_home=self.route_fence.home_of(turn.agent),
         )
         result = await before_inference(
             list(self._links.values()),

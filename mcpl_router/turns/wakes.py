@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final, Protocol
+
+import attrs
 
 from mcpl_router.jsonrpc import RpcError
 from mcpl_router.routing import texts
+from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import WakeFact
 from mcpl_router.routing.wakes import Wake
 from mcpl_router.turns.run import WAKE_UNKNOWN
 
-__all__ = ["message_ids_of", "wake_fact", "wake_facts"]
+__all__ = ["NO_FENCE", "RouteFence", "fenced", "message_ids_of", "wake_fact", "wake_facts"]
 
 #: A wake of an agent by seq, None when unknown or acked and gone (``SessionManager.wake``).
 WakeOf = Callable[[int, str], Awaitable[Wake | None]]
@@ -64,3 +67,35 @@ async def wake_facts(wake_of: WakeOf, agent: str, wakes: Sequence[int], *, nothi
             )
         facts.append(wake_fact(wake))
     return facts
+
+
+class RouteFence(Protocol):
+    """Which channels an agent's turn may take as its own (the conversation forks').
+
+    A fork takes only its home; a trunk takes no channel one of its forks holds (seed 000:
+    ``mayTakeGateRoute``), so a trunk's batch or turn never speaks into a fork's conversation.
+    """
+
+    def home_of(self, agent: str) -> ChannelRef | None: ...
+
+    def may_take_route(self, agent: str, ref: ChannelRef) -> bool: ...
+
+
+class _NoFence:
+    def home_of(self, agent: str) -> ChannelRef | None:
+        return None
+
+    def may_take_route(self, agent: str, ref: ChannelRef) -> bool:
+        return True
+
+
+NO_FENCE: Final = _NoFence()
+
+
+def fenced(facts: Sequence[WakeFact], fence: RouteFence, agent: str) -> list[WakeFact]:
+    """``facts`` with each channel ``agent`` may not take cleared: the wake is still answered,
+    but it gives the turn no channel (and so no server to post or type on)."""
+    return [
+        fact if fact.channel is None or fence.may_take_route(agent, fact.channel) else attrs.evolve(fact, channel=None)
+        for fact in facts
+    ]

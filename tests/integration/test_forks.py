@@ -403,3 +403,63 @@ async def reply_on(client: RouterClient, agent: str, seqs: list[int], text: str)
     await client.call("turn/round", {"turnId": turn["turnId"], "round": 1})
     await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
     return turn
+
+
+@ORDERS
+async def test_a_trunks_batch_held_before_its_fork_took_the_channel_never_routes_there(tmp_path: Path, first: str) -> None:
+    """An unaddressed message on a's general is held in the trunk's debounce; a mention there
+    spawns the fork homed on a:general before the batch falls due. The trunk's batch carries the
+    held message but no route, and a turn the trunk opens on it has no channel: the trunk never
+    speaks into its fork's conversation (seed 000: mayTakeGateRoute)."""
+    fork = "kai-a-general-1"
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), gated_forking_host(daemon) as (client, spawned):
+            await ambient(servers["a"], "before the fork")
+            await wait_until(lambda: daemon.gates.statistics()["held"].get(AGENT) == 1, timeout=10)
+            await message(servers["a"], "general", "hey kai", "chat:mention")
+            got = await wakes_until(client, {AGENT, fork})
+            [batch] = [w for w in got if w["agent"] == AGENT]
+            assert texts(batch) == ["before the fork"]
+            assert batch["routeChannel"] is None and batch["channel"] is None and batch["routeServerId"] is None
+            turn = await client.call("turn/open", {"agent": AGENT, "wakes": batch["seqs"]})
+            assert turn["channel"] is None
+            await client.call("turn/text", {"turnId": turn["turnId"], "round": 1, "delta": "trunk words"})
+            await client.call("turn/round", {"turnId": turn["turnId"], "round": 1})
+            closed = await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+            assert closed["receipt"]["delivered"] == [] and len(closed["drafts"]) == 1
+            # The fork, opened on no wake (as to answer its closure prompt), is in its home.
+            own = await client.call("turn/open", {"agent": fork})
+            assert own["channel"] == {"serverId": "a", "channelId": "general", "shown": "a:general"}
+            await client.call("turn/text", {"turnId": own["turnId"], "round": 1, "delta": "fork words"})
+            await client.call("turn/close", {"turnId": own["turnId"], "outcome": "completed"})
+            assert await published(servers["a"]) == [("general", "fork words")]
+            assert await published(servers["b"]) == []
+            # Nor does the trunk's default point into the fork's home.
+            assert daemon.channel_tools.defaults.get(AGENT) is None
+
+
+@ORDERS
+async def test_a_forks_context_takes_no_injection_namespaced_to_another_channel(tmp_path: Path, first: str) -> None:
+    """A fork homed on b:dm-1: b's injection for its ``general`` (a channel b registers) is not
+    the fork's; b's for ``dm-1`` (its home) and a module namespace (no channel) are; a's for
+    ``dm-1`` (a's dm-1 is another channel with the home's id) is not."""
+    injections = [
+        {"namespace": "dm-1", "position": "beforeUser", "content": "home"},
+        {"namespace": "general", "position": "beforeUser", "content": "another channel"},
+        {"namespace": "project:state", "position": "beforeUser", "content": "module"},
+    ]
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, first) as (daemon, servers), forking_host(daemon) as (client, spawned):
+            for server in servers.values():
+                await server.configure(before_inference={"injections": injections})
+            fork, wake = await fork_for(daemon, client, spawned, servers["b"], "b", "hi from b")
+            turn = await client.call("turn/open", {"agent": fork, "wakes": [wake["seq"]]})
+            context = await client.call("turn/context", {"turnId": turn["turnId"]})
+            got = [(i["serverId"], i["namespace"], i["content"]) for i in context["injections"]["beforeUser"]]
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+            # The trunk's own turn still takes everything.
+            trunk = await client.call("turn/open", {"agent": AGENT})
+            everything = await client.call("turn/context", {"turnId": trunk["turnId"]})
+            await client.call("turn/close", {"turnId": trunk["turnId"], "outcome": "completed"})
+    assert sorted(got) == [("a", "project:state", "module"), ("b", "dm-1", "home"), ("b", "project:state", "module")]
+    assert len(everything["injections"]["beforeUser"]) == 6

@@ -132,3 +132,46 @@ async def test_a_deferred_wake_survives_a_restart_and_comes_with_the_next_wake(t
                     assert [m["content"][0]["text"] for m in batch["messages"]] == ["deferred", "now"]
                     assert batch["routeServerId"] == "a"
                     assert [row["serverId"] for row in batch["conversations"]] == ["b", "a"]
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_a_held_wake_that_is_dropped_never_set_the_default_channel(tmp_path: Path, first: str) -> None:
+    """A mention on a:general goes out (a's general is the default); one on b:general is held,
+    then dropped when b withdraws it: the default stays a's, so a publish naming no channel
+    goes to a, not refused as a gone b:general."""
+    agent = gated([{"channels": ["b:general"], "behaviour": {"debounce": {"ms": 500}}}])
+    with trio.fail_after(60):
+        async with two_servers_sharing_general(tmp_path, first) as (daemon, servers), host(daemon, agent) as client:
+            await mention(servers["a"], "on a")
+            assert (await next_wake(client))["channel"]["serverId"] == "a"
+            await mention(servers["b"], "held on b")
+            await wait_until(lambda: daemon.gates.statistics()["held"].get(AGENT) == 1, timeout=10)
+            assert daemon.channel_tools.defaults.get(AGENT).ref.server_id == "a"  # not set while held
+            await servers["b"].withdraw(["general"])
+            await wait_until(lambda: daemon.gates.counters.get("dropped") == 1, timeout=10)
+            turn = await client.call("turn/open", {"agent": AGENT})
+            sent = await client.call("turn/tool", {"turnId": turn["turnId"], "callId": "c1", "name": "channel_publish",
+                                                    "arguments": {"content": "by default"}})
+            assert not sent.get("isError"), sent
+            await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
+            published = [e["params"]["content"][0]["text"] for e in await servers["a"].recorded("channels/publish")]
+            assert published == ["by default"]
+            assert await servers["b"].recorded("channels/publish") == []
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_a_held_push_naming_a_channel_its_server_withdrew_is_dropped(tmp_path: Path, first: str) -> None:
+    """The admission check at delivery is by the push's channel too, on its own server."""
+    agent = gated([{"kinds": ["push"], "behaviour": {"debounce": {"ms": 500}}}])
+    with trio.fail_after(60), capture_logs() as logs:
+        async with two_servers_sharing_general(tmp_path, first) as (daemon, servers), host(daemon, agent) as client:
+            await servers["b"].push("ev-1", origin={"mcplChannelId": "general"}, payload={"content": [{"type": "text", "text": "p"}]},
+                                    tags=["chat:mention"])
+            await wait_until(lambda: daemon.gates.statistics()["held"].get(AGENT) == 1, timeout=10)
+            await servers["b"].withdraw(["general"])
+            await wait_until(lambda: daemon.gates.counters.get("dropped") == 1, timeout=10)
+            await mention(servers["a"], "on a")
+            direct = await next_wake(client)  # the push never came
+            assert direct["reason"] == "message" and direct["channel"]["serverId"] == "a"
+    [dropped] = [entry for entry in logs if entry["event"] == "gate.held.dropped"]
+    assert (dropped["server"], dropped["channel"], dropped["reason"]) == ("b", "general", "channel withdrawn")
