@@ -214,6 +214,9 @@ async def test_a_fork_homed_on_b_general_cannot_close_or_post_to_a_general_and_i
                     assert refused["isError"] and refused["reason"] == "fork-not-home", (name, arguments, refused)
                     assert "b:general" in refused["content"][0]["text"]
                     assert refused["structuredContent"]["serverId"] == "b"
+                    # It quotes what was asked for, as given.
+                    assert refused["structuredContent"]["asked"] == {"channelId": arguments["channelId"], "serverId": arguments.get("serverId")}
+                    assert arguments["channelId"] in refused["content"][0]["text"]
             # A serverId alone must be the home's.
             refused = await tool(client, tid, "channel_publish", {"serverId": "a", "content": "leak"})
             assert refused["reason"] == "fork-not-home"
@@ -254,6 +257,11 @@ async def test_with_b_gone_a_forks_home_is_refused_as_gone_with_nothing_posted_o
                 assert gone["isError"] and gone["reason"] == "fork-home-gone", (name, gone)
                 text = gone["content"][0]["text"]
                 assert 'no longer registered by server "b"' in text and "until its server registers it again" in text
+            # b's connection gone as well (not only the channel withdrawn): the same refusal.
+            await servers["b"].disconnect()
+            await wait_until(lambda: daemon.links["b"].state.value != "ready", timeout=10)
+            gone = await tool(client, tid, "channel_publish", {"channelId": "general", "content": "x"})
+            assert gone["isError"] and gone["reason"] == "fork-home-gone", gone
             await client.call("turn/close", {"turnId": tid, "outcome": "completed"})
             # a's general, with the same id, took nothing; nor did b.
             assert await published(servers["a"]) == [] and await servers["a"].recorded("channels/close") == []
