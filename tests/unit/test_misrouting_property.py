@@ -32,6 +32,7 @@ import collections
 import itertools
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,14 @@ def registered(daemon: Daemon) -> list[ChannelRef]:
     return [entry.ref for entry in daemon.router.registry.all_entries()]
 
 
-def oracle_name(daemon: Daemon, name: str, trigger: ChannelRef | None) -> ChannelRef | None:
-    """The one channel a name means (in a turn with ``trigger``), or None when it is refused."""
+def oracle_name(daemon: Daemon, name: str, own: Sequence[ChannelRef] = ()) -> ChannelRef | None:
+    """The one channel a name means (in a turn whose own channels, ``wasIn``, are ``own``), or
+    None when it is refused. The id of exactly one own channel means it (refused once its server
+    withdrew it); an id two own channels share means neither, and is read as any name."""
     refs = registered(daemon)
-    if trigger is not None and name == trigger.channel_id:
-        return trigger if trigger in refs else None
+    mine = [ref for ref in own if ref.channel_id == name]
+    if len(mine) == 1:
+        return mine[0] if mine[0] in refs else None
     matches = {ref for ref in refs if ref.channel_id == name or ref.qualified_name == name}
     return next(iter(matches)) if len(matches) == 1 else None
 
@@ -155,6 +159,8 @@ class World:
     connection: HostConnection
     markers: itertools.count[int] = attrs.field(factory=itertools.count)
     seqs: list[int] = attrs.field(factory=list)
+    #: Each message's channel, by its seq (what a turn continued on it re-pins to).
+    seq_refs: dict[int, ChannelRef] = attrs.field(factory=dict)
     message_ids: itertools.count[int] = attrs.field(factory=itertools.count)
 
     def marker(self) -> str:
@@ -218,11 +224,12 @@ async def do_message(world: World, server_id: str, channel_id: str) -> None:
     [recorded] = await world.daemon.journal.record_inbound([(event, deliveries)])
     world.daemon._accepted(recorded.seq, event, deliveries)
     world.seqs.append(recorded.seq)
+    world.seq_refs[recorded.seq] = ChannelRef(server_id, channel_id)
 
 
 async def do_host_publish(world: World, name: str) -> None:
     marker = world.marker()
-    expected = oracle_name(world.daemon, name, None)
+    expected = oracle_name(world.daemon, name)
     params = HostPublishParams(agent="ag-locus", channel=name, content=f"{marker} from the host")
     try:
         await publish_for_agent(world.daemon, params)
@@ -255,6 +262,7 @@ async def do_turn(world: World, mode: str, wake_pick: int | None, steps: list[tu
     turn_id = opened["turnId"]
     channel = opened.get("channel")
     trigger = None if channel is None else ChannelRef(channel["serverId"], channel["channelId"])
+    own: list[ChannelRef] = [] if trigger is None else [trigger]
     mark = world.mark()
     checks: list[tuple[str, ChannelRef | None, str]] = []
     reached: set[ChannelRef] = set() if trigger is None else {trigger}
@@ -280,7 +288,7 @@ async def do_turn(world: World, mode: str, wake_pick: int | None, steps: list[tu
             else:
                 text = f">>{name} {marker} targeted"  # not a target in these modes: plain text
             if mode in ("explicit", "hybrid"):
-                expected = oracle_name(daemon, name, trigger)
+                expected = oracle_name(daemon, name, own)
                 if mode == "hybrid":
                     pin, held = expected, expected is None
             elif mode == "locus":
@@ -301,10 +309,28 @@ async def do_turn(world: World, mode: str, wake_pick: int | None, steps: list[tu
                 expected = oracle_pair(daemon, server_id, name)
                 arguments = {"channelId": name, "serverId": server_id, "content": f"{marker} published"}
             else:
-                expected = oracle_name(daemon, name, trigger)
+                expected = oracle_name(daemon, name, own)
                 arguments = {"channelId": name, "content": f"{marker} published"}
             await daemon.turns.round(world.connection, turn_id, round_, [{"name": "channel_publish", "arguments": arguments}])
             await daemon.turns.tool(world.connection, turn_id, call_id=f"c{round_}", name="channel_publish", arguments=arguments, caller_turn_id=turn_id)
+        elif kind == "continue":
+            # A message arrives mid-turn and the host continues the turn on it: the turn re-pins
+            # there, on the message's server (its id now means that channel within the turn).
+            seen = len(world.seqs)
+            await do_message(world, step[1], step[2])
+            if len(world.seqs) == seen:
+                continue  # not registered: no message, nothing to continue on
+            seq = world.seqs[-1]
+            await daemon.turns.continue_(world.connection, turn_id, wakes=[seq])
+            trigger = world.seq_refs[seq]
+            own = own if trigger in own else [*own, trigger]
+            reached.add(trigger)  # typing follows the start
+            # Then a publish by the bare id: the turn's own channel, whoever else has the id.
+            expected = oracle_name(daemon, trigger.channel_id, own)
+            arguments = {"channelId": trigger.channel_id, "content": f"{marker} by its id"}
+            await daemon.turns.round(world.connection, turn_id, round_, [{"name": "channel_publish", "arguments": arguments}])
+            await daemon.turns.tool(world.connection, turn_id, call_id=f"c{round_}", name="channel_publish", arguments=arguments,
+                                    caller_turn_id=turn_id)
         elif kind == "withdraw":
             await do_withdraw(world, step[1], step[2])
             continue
@@ -336,9 +362,10 @@ turn_steps = st.lists(
         st.tuples(st.just("publish"), ids, servers),
         st.tuples(st.just("withdraw"), servers, ids),
         st.tuples(st.just("remove"), servers),
+        st.tuples(st.just("continue"), servers, ids),
     ),
     min_size=1,
-    max_size=4,
+    max_size=5,
 )
 register_op = st.tuples(st.just("register"), servers, ids)
 message_op = st.tuples(st.just("message"), servers, ids)
