@@ -276,6 +276,10 @@ class ChannelNames:
                         found[ref] = None
         return sorted(found, key=registry.order_of)
 
+    def picks_alone(self, name: str, ref: ChannelRef) -> bool:
+        """Whether ``name`` picks ``ref`` and no other channel. O(1), however many share it."""
+        return self._sole(name) == ref
+
     def pick_name(self, ref: ChannelRef) -> str | None:
         """The name that picks ``ref`` alone: its id, else its qualified name, else None.
 
@@ -319,7 +323,7 @@ class ChannelNames:
         *,
         not_done: str = texts.NOTHING_DONE,
         server_id_accepted: bool = True,
-        _counted: bool = True,
+        counted: bool = True,
     ) -> Resolved | Refusal:
         """The one channel a name (and optional server) picks, or a refusal saying why not.
 
@@ -332,9 +336,12 @@ class ChannelNames:
             not_done: what the caller did not do, for the refusal ("Nothing was sent.").
             server_id_accepted: whether the caller's schema takes a ``serverId``; when not, a
                 channel no string picks alone is said to be one no channelId reaches.
+            counted: whether a refusal counts in :attr:`refusals` (``/metrics``). False for a
+                name the daemon only tries (explain; a token it might offer an agent), so the
+                count stays one of names agents and hosts gave.
         """
         result = self._channel_named(name, server_id, not_done, server_id_accepted)
-        if _counted and isinstance(result, Refusal):
+        if counted and isinstance(result, Refusal):
             self.refusals[result.kind] += 1
         return result
 
@@ -544,7 +551,7 @@ class ChannelNames:
         """
         name = name or ""
         server_id = server_id or None
-        result = self.channel_named(name, server_id, _counted=False)
+        result = self.channel_named(name, server_id, counted=False)
         matches = self._matches(name)
         if server_id is not None:
             pair = ChannelRef(server_id, name)
