@@ -53,6 +53,7 @@ MATCH_PAIR: Final = "server-and-id"
 # Rules and refusal kinds (stable strings: hosts and tests match on them).
 RULE_EXACT_PAIR: Final = "exact-pair"
 RULE_ONE_MATCH: Final = "one-match"
+RULE_QUALIFIED_PAIR: Final = "qualified-pair"
 KIND_AMBIGUOUS: Final = "ambiguous"
 KIND_UNKNOWN: Final = "unknown"
 KIND_NOT_ON_SERVER: Final = "not-on-server"
@@ -364,6 +365,33 @@ class ChannelNames:
                 name, candidates, not_done=not_done, server_id_accepted=server_id_accepted
             )
         return self._refuse_unknown(name, not_done)
+
+    def channel_qualified(self, name: str, *, not_done: str = texts.NOTHING_DONE) -> Resolved | Refusal:
+        """The one registered pair whose ``serverId:channelId`` is ``name``, the qualified
+        reading alone: never a channel whose id is ``name``, nor a DM's label.
+
+        For a name that must say its server: a gate rule's channel entry
+        (docs/wake-policy.md), where a discord-style bare id such as ``discord:123:456`` would
+        otherwise mean whichever server registers that id. Matched against the registered
+        pairs, never split at a colon, since server ids and channel ids both hold colons. Two
+        pairs with one qualified name (a's ``b:room`` and a:b's ``room``) are refused as
+        :meth:`refuse_ambiguous` refuses them; none is ``unknown``, saying where a channel has
+        ``name`` as its id. A refusal is counted as :meth:`channel_named`'s are.
+        """
+        registry = self.registry
+        refs = sorted(registry.refs_with_qualified_name(name), key=registry.order_of) if name else []
+        if len(refs) == 1:
+            return Resolved(refs[0], RULE_QUALIFIED_PAIR)
+        if refs:
+            refusal = self.refuse_ambiguous(name, refs, not_done=not_done)
+        elif not name:
+            refusal = Refusal(KIND_NO_NAME, texts.no_name(not_done), (), "", None)
+        else:
+            holders = sorted(registry.refs_with_id(name), key=registry.order_of)
+            text = texts.no_qualified_pair(name, [ref.server_id for ref in holders], not_done)
+            refusal = Refusal(KIND_UNKNOWN, text, (), name, None)
+        self.refusals[refusal.kind] += 1
+        return refusal
 
     def channel_on_server(
         self, name: str, server_id: str, *, not_done: str = texts.NOTHING_DONE
