@@ -113,15 +113,26 @@ def _channels(rule: Section, server_ids: Sequence[str] | None) -> tuple[ChannelM
         if isinstance(entry, str):
             if is_glob(entry):
                 out.append(ChannelMatch(pattern=entry))
-            elif ":" in entry.strip(":"):
-                out.append(ChannelMatch(name=entry))
-            else:
+            elif ":" not in entry.strip(":"):
                 rule.problems.error(
                     where,
                     f"{json.dumps(entry)} names no server: a bare channel id would mean any server's channel with that id.",
                     f'Write it with its server, e.g. "{server_ids[0] if server_ids else "server"}:{entry}", '
                     'or as a ref { serverId = "...", channelId = "..." }.',
                 )
+            elif server_ids is not None and not _begins_with_a_server(entry, server_ids):
+                # Read only as serverId:channelId (never as a bare id, which a discord id
+                # such as "discord:123:456" is, colons and all), this entry could never match.
+                known = ", ".join(server_ids) or "none yet"
+                rule.problems.error(
+                    where,
+                    f"{json.dumps(entry)} is no configured server's qualified name: an entry is read as"
+                    " serverId:channelId, never as a bare channel id, and it begins with no server in mcplServers.",
+                    f'Write it with its server, e.g. "{server_ids[0] if server_ids else "server"}:{entry}", '
+                    f'or as a ref {{ serverId = "...", channelId = "..." }}. Configured servers: {known}.',
+                )
+            else:
+                out.append(ChannelMatch(name=entry))
         elif isinstance(entry, Mapping):
             ref = Section.of(rule.problems, entry, where, "channel ref", ("serverId", "channelId"))
             if ref is None:
@@ -137,6 +148,17 @@ def _channels(rule: Section, server_ids: Sequence[str] | None) -> tuple[ChannelM
         else:
             rule.problems.error(where, f"expected a channel, got {show_value(entry)}.", _CHANNEL_FIX)
     return tuple(out)
+
+
+def _begins_with_a_server(entry: str, server_ids: Sequence[str]) -> bool:
+    """Whether some configured server's pairs could have ``entry`` as ``serverId:channelId``.
+
+    Any configured server the entry begins with, followed by a colon, counts: not only the part
+    before its first colon, since server ids hold colons too (``a:b``'s ``room`` and ``a``'s
+    ``b:room`` are both ``a:b:room``). At runtime the entry is matched against the registered
+    pairs, never split, as the resolver matches qualified names.
+    """
+    return any(entry.startswith(f"{server_id}:") and len(entry) > len(server_id) + 1 for server_id in server_ids)
 
 
 def _behaviour(section: Section, name: str) -> Behaviour:

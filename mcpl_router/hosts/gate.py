@@ -215,17 +215,22 @@ class WakeGates:
         generation = self._router.registry.generation
         cached = self._resolved.get(wake.agent)
         if cached is None or cached.generation != generation or cached.spec is not spec:
-            cached = _Resolved(generation, spec, resolve_rules(spec, self._channel_named))
+            cached = _Resolved(generation, spec, resolve_rules(spec, self._pair_named))
             self._resolved[wake.agent] = cached
         facts = GateFacts(wake.reason, server_id, wake.channel, wake.tags)
         return decide(cached.rules, spec.default, facts)
 
-    def _channel_named(self, name: str) -> ChannelRef | None:
-        resolved = self._router.names.channel_named(name, not_done="The gate rule's entry matches nothing.")
+    def _pair_named(self, name: str) -> ChannelRef | None:
+        # The qualified reading alone: a gate entry must say its server, so a bare id (a
+        # discord id holds colons too) never matches whichever server registers it.
+        names = self._router.names
+        resolved = names.channel_qualified(name, not_done="The gate rule's entry matches nothing.")
         if isinstance(resolved, Resolved):
             return resolved.ref
+        registry = names.registry
+        id_on = [ref.server_id for ref in sorted(registry.refs_with_id(name), key=registry.order_of)]
         self._log.info("gate.channel.unresolved", name=name, kind=resolved.kind,
-                       candidates=[ref.qualified_name for ref in resolved.candidates])
+                       candidates=[ref.qualified_name for ref in resolved.candidates], idOn=id_on)
         return None
 
     def _send(self, batch: Batch, gate: AgentGate) -> None:

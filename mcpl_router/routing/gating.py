@@ -15,9 +15,12 @@ A rule matches when every matcher it gives matches (a list matches when any entr
   ``namespace:*`` (as in :func:`~mcpl_router.routing.tags.tag_matches`), or a glob.
 - ``servers``: the event's source server.
 - ``channels``: a ref ``{serverId, channelId}`` (that exact pair); a qualified name
-  ``server:channel``, resolved by the one resolver when decided (a name that picks no channel,
-  or several, matches nothing: never a bare id meaning any server's); or a glob over qualified
-  names (``a:*``, ``*:general``), matched against the event's ref as ``serverId:channelId``.
+  ``server:channel``, matched when decided against the registered pairs' ``serverId:channelId``
+  only (:meth:`ChannelNames.channel_qualified <mcpl_router.routing.names.ChannelNames.channel_qualified>`):
+  a name that is one pair's matches it, one that is no pair's or several's matches nothing, and
+  it is never read as a bare id, which would mean whichever server registers it (discord's
+  ids are ``discord:<guild>:<channel>``, colons and all); or a glob over qualified names
+  (``a:*``, ``*:general``), matched against the event's ref as ``serverId:channelId``.
 - ``kinds``: ``message`` or ``push``.
 
 The first matching rule decides; none matching, the gate's ``default``.
@@ -156,9 +159,10 @@ class Decision:
     rule: int | None
 
 
-def resolve_rules(spec: WakeGateSpec, channel_named: Callable[[str], ChannelRef | None]) -> tuple[ResolvedRule, ...]:
-    """``spec``'s rules with each qualified name resolved by ``channel_named`` (the one
-    resolver: a name picking no channel alone gives None, and the entry then matches nothing)."""
+def resolve_rules(spec: WakeGateSpec, pair_named: Callable[[str], ChannelRef | None]) -> tuple[ResolvedRule, ...]:
+    """``spec``'s rules with each qualified name resolved by ``pair_named``: the one registered
+    pair whose ``serverId:channelId`` it is, else None, and the entry then matches nothing (the
+    shell passes the resolver's qualified reading, never one that takes a bare id)."""
     resolved = []
     for index, rule in enumerate(spec.rules):
         refs = set()
@@ -166,7 +170,7 @@ def resolve_rules(spec: WakeGateSpec, channel_named: Callable[[str], ChannelRef 
             if match.ref is not None:
                 refs.add(match.ref)
             elif match.name is not None:
-                ref = channel_named(match.name)
+                ref = pair_named(match.name)
                 if ref is not None:
                     refs.add(ref)
         resolved.append(ResolvedRule(index, rule, frozenset(refs)))

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
 from mcpl_router.routing import texts
+from mcpl_router.routing.name_results import Candidate, ChannelRow, Explanation, Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelEntry, ChannelRegistry
 
@@ -53,6 +54,7 @@ MATCH_PAIR: Final = "server-and-id"
 # Rules and refusal kinds (stable strings: hosts and tests match on them).
 RULE_EXACT_PAIR: Final = "exact-pair"
 RULE_ONE_MATCH: Final = "one-match"
+RULE_QUALIFIED_PAIR: Final = "qualified-pair"
 KIND_AMBIGUOUS: Final = "ambiguous"
 KIND_UNKNOWN: Final = "unknown"
 KIND_NOT_ON_SERVER: Final = "not-on-server"
@@ -65,124 +67,6 @@ UNKNOWN_LISTING_CAP: Final = 10
 
 #: Where a DM descriptor's ``address`` names its recipient (``<@id>`` targets).
 RECIPIENT_KEYS: tuple[str, ...] = ("userId", "recipientId", "user")
-
-
-@attrs.frozen
-class Resolved:
-    """A name that picks exactly one channel; ``rule`` says how (``exact-pair``, ``one-match``)."""
-
-    ref: ChannelRef
-    rule: str
-
-
-@attrs.frozen
-class Refusal:
-    """A name that picks no single channel, with the text the agent reads.
-
-    ``kind`` is a stable machine string (``ambiguous``, ``unknown``, ``not-on-server``,
-    ``qualified-with-server``, ``no-name``); ``candidates`` are the channels the refusal names,
-    in registration order.
-    """
-
-    kind: str
-    text: str
-    candidates: tuple[ChannelRef, ...] = ()
-    name: str = ""
-    server_id: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The refusal as JSON: kind, text, candidates as refs."""
-        return {
-            "kind": self.kind,
-            "text": self.text,
-            "candidates": [ref.to_wire() for ref in self.candidates],
-        }
-
-
-@attrs.frozen
-class ChannelRow:
-    """One row of ``channel_list``.
-
-    ``name`` is present (not None) only where the channel's id names another channel too, and
-    then it is the qualified name, which picks this row alone; where no string picks the row
-    alone it stays None and ``shown`` has the id-and-server form. ``shown`` is always
-    :meth:`ChannelNames.name_shown`.
-    """
-
-    server_id: str
-    channel_id: str
-    label: str
-    type: str
-    direction: str
-    open: bool
-    lazy: bool
-    name: str | None
-    shown: str
-
-    @property
-    def ref(self) -> ChannelRef:
-        """The row's channel."""
-        return ChannelRef(self.server_id, self.channel_id)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The row as JSON, ``name`` only where it is present."""
-        row: dict[str, Any] = {
-            "serverId": self.server_id,
-            "channelId": self.channel_id,
-            "label": self.label,
-            "type": self.type,
-            "direction": self.direction,
-            "open": self.open,
-            "lazy": self.lazy,
-            "shown": self.shown,
-        }
-        if self.name is not None:
-            row["name"] = self.name
-        return row
-
-
-@attrs.frozen
-class Candidate:
-    """A channel a name reached, how it matched, and how it is named."""
-
-    ref: ChannelRef
-    matched_by: tuple[str, ...]
-    shown: str
-    picks_alone: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The candidate as JSON."""
-        return {
-            **self.ref.to_wire(),
-            "matchedBy": list(self.matched_by),
-            "shown": self.shown,
-            "picksAlone": self.picks_alone,
-        }
-
-
-@attrs.frozen
-class Explanation:
-    """How a name resolves and why: candidates, the rule that picked or refused, the refusal."""
-
-    name: str
-    server_id: str | None
-    rule: str
-    rule_text: str
-    resolved: ChannelRef | None
-    refusal: Refusal | None
-    candidates: tuple[Candidate, ...]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The explanation as JSON (for the CLI's ``explain`` and the host API's)."""
-        return {
-            "name": self.name,
-            "serverId": self.server_id,
-            "rule": self.rule,
-            "ruleText": self.rule_text,
-            "resolved": self.resolved.to_wire() if self.resolved is not None else None,
-            "refusal": self.refusal.to_dict() if self.refusal is not None else None,
-            "candidates": [candidate.to_dict() for candidate in self.candidates],
-        }
 
 
 @attrs.frozen(eq=False)
@@ -276,6 +160,10 @@ class ChannelNames:
                         found[ref] = None
         return sorted(found, key=registry.order_of)
 
+    def picks_alone(self, name: str, ref: ChannelRef) -> bool:
+        """Whether ``name`` picks ``ref`` and no other channel. O(1), however many share it."""
+        return self._sole(name) == ref
+
     def pick_name(self, ref: ChannelRef) -> str | None:
         """The name that picks ``ref`` alone: its id, else its qualified name, else None.
 
@@ -319,7 +207,7 @@ class ChannelNames:
         *,
         not_done: str = texts.NOTHING_DONE,
         server_id_accepted: bool = True,
-        _counted: bool = True,
+        counted: bool = True,
     ) -> Resolved | Refusal:
         """The one channel a name (and optional server) picks, or a refusal saying why not.
 
@@ -332,9 +220,12 @@ class ChannelNames:
             not_done: what the caller did not do, for the refusal ("Nothing was sent.").
             server_id_accepted: whether the caller's schema takes a ``serverId``; when not, a
                 channel no string picks alone is said to be one no channelId reaches.
+            counted: whether a refusal counts in :attr:`refusals` (``/metrics``). False for a
+                name the daemon only tries (explain; a token it might offer an agent), so the
+                count stays one of names agents and hosts gave.
         """
         result = self._channel_named(name, server_id, not_done, server_id_accepted)
-        if _counted and isinstance(result, Refusal):
+        if counted and isinstance(result, Refusal):
             self.refusals[result.kind] += 1
         return result
 
@@ -357,6 +248,33 @@ class ChannelNames:
                 name, candidates, not_done=not_done, server_id_accepted=server_id_accepted
             )
         return self._refuse_unknown(name, not_done)
+
+    def channel_qualified(self, name: str, *, not_done: str = texts.NOTHING_DONE) -> Resolved | Refusal:
+        """The one registered pair whose ``serverId:channelId`` is ``name``, the qualified
+        reading alone: never a channel whose id is ``name``, nor a DM's label.
+
+        For a name that must say its server: a gate rule's channel entry
+        (docs/wake-policy.md), where a discord-style bare id such as ``discord:123:456`` would
+        otherwise mean whichever server registers that id. Matched against the registered
+        pairs, never split at a colon, since server ids and channel ids both hold colons. Two
+        pairs with one qualified name (a's ``b:room`` and a:b's ``room``) are refused as
+        :meth:`refuse_ambiguous` refuses them; none is ``unknown``, saying where a channel has
+        ``name`` as its id. A refusal is counted as :meth:`channel_named`'s are.
+        """
+        registry = self.registry
+        refs = sorted(registry.refs_with_qualified_name(name), key=registry.order_of) if name else []
+        if len(refs) == 1:
+            return Resolved(refs[0], RULE_QUALIFIED_PAIR)
+        if refs:
+            refusal = self.refuse_ambiguous(name, refs, not_done=not_done)
+        elif not name:
+            refusal = Refusal(KIND_NO_NAME, texts.no_name(not_done), (), "", None)
+        else:
+            holders = sorted(registry.refs_with_id(name), key=registry.order_of)
+            text = texts.no_qualified_pair(name, [ref.server_id for ref in holders], not_done)
+            refusal = Refusal(KIND_UNKNOWN, text, (), name, None)
+        self.refusals[refusal.kind] += 1
+        return refusal
 
     def channel_on_server(
         self, name: str, server_id: str, *, not_done: str = texts.NOTHING_DONE
@@ -544,7 +462,7 @@ class ChannelNames:
         """
         name = name or ""
         server_id = server_id or None
-        result = self.channel_named(name, server_id, _counted=False)
+        result = self.channel_named(name, server_id, counted=False)
         matches = self._matches(name)
         if server_id is not None:
             pair = ChannelRef(server_id, name)

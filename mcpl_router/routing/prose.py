@@ -52,6 +52,7 @@ __all__ = [
     "resolve_target",
     "split_envelopes",
     "substitute_unsent",
+    "target_token",
 ]
 
 #: The prefix of an explicit-mode envelope line, and of a hybrid-mode one.
@@ -170,13 +171,37 @@ class Target:
 
 
 def candidate_tokens(names: ChannelNames, refs: Sequence[ChannelRef], prefix: str) -> tuple[str, ...]:
-    """Each candidate written as one token the grammar accepts, those no string picks left out."""
+    """Each candidate written as one token the grammar accepts (:func:`target_token`), those
+    no token reaches alone left out."""
     tokens = []
     for ref in refs[:CANDIDATE_CAP]:
-        picked = names.pick_name(ref)
-        if is_target_token(picked):
-            tokens.append(prefix + picked)  # type: ignore[operator]
+        token = target_token(names, ref)
+        if token is not None:
+            tokens.append(prefix + token)
     return tuple(tokens)
+
+
+def target_token(names: ChannelNames, ref: ChannelRef) -> str | None:
+    """The token a ``>>``/``>>>`` line names ``ref`` by, or None where no token reaches it alone.
+
+    Its id, else its qualified name ``serverId:channelId``, each taken only where it is one
+    target token (:func:`is_target_token`), the resolver answers it with ``ref`` alone, and
+    speech reads it as ``ref`` too (:func:`_read_target`: a line reads ``#x`` as a label, ``@x``
+    as the name ``x``). The first check is O(1) and skips the second's refusal texts for a
+    shared id, which a bounce would build for each candidate. The qualified name comes
+    second, and not only where the id is shared: an id the line reads another way
+    (``skip_reply`` is private speech, ``#x`` a label, an id with a space two words) leaves
+    the channel reachable as ``a:skip_reply``, and offering nothing would say it isn't.
+    Outside any turn's own channels, since a bounce's resend and an invitation's reply may be
+    written in a later turn. The bounce's candidates and example and the invitation's reply
+    all take their token here, so none offers a token that reaches another channel.
+    """
+    for token in (ref.channel_id, ref.qualified_name):
+        if is_target_token(token) and names.picks_alone(token, ref):
+            found = _read_target(token, names, counted=False)
+            if isinstance(found, Resolved) and found.ref == ref:
+                return token
+    return None
 
 
 def resolve_target(
@@ -202,32 +227,7 @@ def resolve_target(
     if routing is not None:
         found = own_channel_named(routing, token, names.registry, not_done=texts.DRAFTS_NOTHING_SENT)
     if found is None:
-        if token.startswith("<@") and token.endswith(">") and len(token) > 3:
-            # A DM by its recipient's id: one person may have a DM on each server.
-            dms = names.dms_of_recipient(token[2:-1])
-            if len(dms) == 1:
-                found = Resolved(dms[0], "dm-recipient")
-            elif dms:
-                found = names.refuse_ambiguous(token, dms, not_done=texts.DRAFTS_NOTHING_SENT)
-            else:
-                found = names.channel_named(token, not_done=texts.DRAFTS_NOTHING_SENT)
-        elif token.startswith("#") and len(token) > 1:
-            labelled = names.channels_labelled(token[1:])
-            if len(labelled) == 1:
-                found = Resolved(labelled[0], "label")
-            elif labelled:
-                found = names.refuse_ambiguous(token, labelled, not_done=texts.DRAFTS_NOTHING_SENT)
-            else:
-                found = names.channel_named(token[1:], not_done=texts.DRAFTS_NOTHING_SENT)
-        else:
-            name = token[1:] if token.startswith("@") and len(token) > 1 else token
-            found = names.channel_named(name, not_done=texts.DRAFTS_NOTHING_SENT)
-            if isinstance(found, Refusal) and found.kind == KIND_UNKNOWN and name == token:
-                labelled = names.channels_labelled(token)
-                if len(labelled) == 1:
-                    found = Resolved(labelled[0], "label")
-                elif labelled:
-                    found = names.refuse_ambiguous(token, labelled, not_done=texts.DRAFTS_NOTHING_SENT)
+        found = _read_target(token, names)
     if isinstance(found, Resolved):
         if not takes_posts(found.ref):
             return Target(why=texts.BOUNCE_TAKES_NO_POSTS, text=texts.bounce_why_takes_no_posts(names.name_shown(found.ref)))
@@ -241,6 +241,41 @@ def resolve_target(
     if found.kind == KIND_UNKNOWN:
         return Target(why=texts.BOUNCE_UNKNOWN_TARGET, text=texts.bounce_why_unknown(token))
     return Target(why=found.kind, text=found.text, candidates=candidate_tokens(names, found.candidates, prefix))
+
+
+def _read_target(token: str, names: ChannelNames, *, counted: bool = True) -> Resolved | Refusal:
+    """A target token's forms (``<@id>``, ``#label``, ``@person``, a name or bare label) through
+    the one resolver, past ``skip_reply`` and the turn's own channels.
+
+    One reading for :func:`resolve_target` and :func:`target_token`, so a token offered to the
+    agent is read as the agent's line will be. ``counted``: whether a refusal counts in the
+    resolver's metrics (False for a token only tried).
+    """
+    not_done = texts.DRAFTS_NOTHING_SENT
+    if token.startswith("<@") and token.endswith(">") and len(token) > 3:
+        # A DM by its recipient's id: one person may have a DM on each server.
+        dms = names.dms_of_recipient(token[2:-1])
+        if len(dms) == 1:
+            return Resolved(dms[0], "dm-recipient")
+        if dms:
+            return names.refuse_ambiguous(token, dms, not_done=not_done)
+        return names.channel_named(token, not_done=not_done, counted=counted)
+    if token.startswith("#") and len(token) > 1:
+        labelled = names.channels_labelled(token[1:])
+        if len(labelled) == 1:
+            return Resolved(labelled[0], "label")
+        if labelled:
+            return names.refuse_ambiguous(token, labelled, not_done=not_done)
+        return names.channel_named(token[1:], not_done=not_done, counted=counted)
+    name = token[1:] if token.startswith("@") and len(token) > 1 else token
+    found = names.channel_named(name, not_done=not_done, counted=counted)
+    if isinstance(found, Refusal) and found.kind == KIND_UNKNOWN and name == token:
+        labelled = names.channels_labelled(token)
+        if len(labelled) == 1:
+            return Resolved(labelled[0], "label")
+        if labelled:
+            return names.refuse_ambiguous(token, labelled, not_done=not_done)
+    return found
 
 
 # ---------------------------------------------------------------------- the locus
@@ -428,21 +463,26 @@ def decide_hybrid(
     return segments
 
 
-def example_target(candidates: Sequence[str], prefix: str, fallback: str | None) -> str:
-    """The target written in a bounce's resend example: the first candidate, else ``fallback``
-    where it reads as one target token (a name with a space, or ``skip_reply``, would make the
-    example say something else), else a placeholder."""
+def example_target(
+    candidates: Sequence[str], prefix: str, names: ChannelNames, fallback: ChannelRef | None
+) -> str:
+    """The target written in a bounce's resend example: the first candidate, else the token
+    that reaches ``fallback`` (the turn's trigger) alone (:func:`target_token`: its id, else its
+    qualified name), else a placeholder, since a token read another way (``skip_reply``, a
+    name with a space) would make the example say something else."""
     if candidates:
         return candidates[0][len(prefix):]
-    return fallback if fallback is not None and is_target_token(fallback) else "<channel>"
+    token = target_token(names, fallback) if fallback is not None else None
+    return token if token is not None else "<channel>"
 
 
 # ---------------------------------------------------------------------- the invitation
 
 
 def is_target_token(picked: str | None) -> bool:
-    """Whether a channel's picking name can be written as one ``>>``/``>>>`` target token."""
-    return picked is not None and picked != SKIP_REPLY and not any(char.isspace() for char in picked)
+    """Whether a string can be written as one ``>>``/``>>>`` target token: not empty, not
+    ``skip_reply`` (which the line reads as private speech), no whitespace (which ends it)."""
+    return picked is not None and picked not in ("", SKIP_REPLY) and not any(char.isspace() for char in picked)
 
 
 def invitation_text(
@@ -457,10 +497,12 @@ def invitation_text(
 
     The first option reaches that channel alone in the agent's mode
     (:meth:`ProseMode.invitation_reply <mcpl_router.routing.modes.ProseMode.invitation_reply>`):
-    a ``>>``/``>>>`` token, the turn's plain text, a ``channel_publish`` call with the name that
-    picks it alone, or a note that no name does (then: a server's send tool).
+    a ``>>``/``>>>`` line with :func:`target_token`'s token, the turn's plain text, a
+    ``channel_publish`` call with the name that picks it alone (a ``channelId`` is no target
+    line, so ``skip_reply`` or a name with a space is fine there), or a note that no name does
+    (then: a server's send tool).
     """
-    reply = mode.invitation_reply(names.pick_name(ref), may_publish=may_publish)
+    reply = mode.invitation_reply(names.pick_name(ref), token=target_token(names, ref), may_publish=may_publish)
     return texts.invitation(author, names.name_shown(ref), reply, channel_id=ref.channel_id, server_id=ref.server_id)
 
 

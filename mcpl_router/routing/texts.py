@@ -106,6 +106,23 @@ def unknown_name(name: str, shown: Sequence[str], more: int, not_done: str) -> s
     )
 
 
+def no_qualified_pair(name: str, id_on: Sequence[str], not_done: str) -> str:
+    """A name read only as ``serverId:channelId`` (a gate rule's entry) that no pair has.
+
+    ``id_on``: the servers with a channel whose id is ``name``, which that reading never takes.
+    """
+    text = f"No channel's serverId:channelId is {quoted(name)}. {not_done}"
+    if id_on:
+        servers = ", ".join(quoted(server_id) for server_id in id_on)
+        where = f"server {servers}" if len(id_on) == 1 else f"servers {servers}"
+        first = id_on[0]
+        text += (
+            f" {quoted(name)} is the id of a channel on {where}, not a qualified name:"
+            f" write it with its server, e.g. {quoted(f'{first}:{name}')}."
+        )
+    return text
+
+
 def not_on_server(name: str, server_id: str, places: Sequence[str], not_done: str) -> str:
     """A ``serverId`` given with an id that server doesn't have.
 
@@ -165,6 +182,8 @@ _RULE_TEXTS: Final = {
     " or a DM's label",
     "ambiguous": "more than one channel answers to the name, so it is refused, naming each"
     " candidate by the name that picks it alone, or by its route where no name does",
+    "qualified-pair": "exactly one registered pair's serverId:channelId is the name (a gate"
+    " rule's channel entry is read that way only)",
     "unknown": "no channel answers to the name",
     "not-on-server": "serverId with channelId names exactly that pair, and that server has no"
     " such channel",

@@ -431,8 +431,7 @@ class Speech:
             draft = self._drafts.new(run, text, prose.REASON_BOUNCED, target=target, detail=why)
             if replaces is not None:
                 self._drafts.dismiss(replaces)
-        fallback = self._router.names.pick_name(turn.routing.trigger) if turn.routing.trigger else None
-        example = prose.example_target(candidates, prefix, fallback)
+        example = prose.example_target(candidates, prefix, self._router.names, turn.routing.trigger)
         run.notices.append(texts.bounce(len(text), why_text, draft.draft_id, candidates, prefix=prefix, example_target=example))
         streak = self._bounce_streak.get(turn.agent, 0) + 1
         self._bounce_streak[turn.agent] = streak

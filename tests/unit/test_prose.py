@@ -348,20 +348,117 @@ async def test_a_draft_left_sending_by_a_stopped_daemon_is_unconfirmed_at_the_ne
     assert kept == untouched
 
 
-def test_a_bounce_example_is_always_one_target_token_that_is_not_skip_reply() -> None:
+def _resend_target(names: ChannelNames, ref: ChannelRef, prefix: str = prose.EXPLICIT) -> str | None:
+    """The target a bounce's resend example names, read back from its text as a line reads it."""
+    example = prose.example_target((), prefix, names, ref)
+    advice = texts.bounce(5, "why.", "d-abcde", (), prefix=prefix, example_target=example)
+    [resend] = [line for line in advice.split("\n") if line.startswith("To send them")]
+    line = resend.removeprefix("To send them, write a line ").split(" (the draft")[0]
+    return prose.split_envelopes(line, prefix)[0].target
+
+
+def test_a_bounce_example_is_one_target_token_that_is_not_skip_reply_and_falls_back_to_the_qualified_name() -> None:
     """A resend example must say "send it there": never ``skip_reply`` (which dismisses the
-    draft), never a name with a space (which would parse as another target)."""
+    draft), never a name with a space (which would parse as another target). A channel whose id
+    is ``skip_reply`` is still reached alone by ``a:skip_reply``, so that is offered (seed 000:
+    the qualified name is tried last, for a channel whose id isn't a target); a channel whose
+    every name has a space gets the placeholder."""
     registry = ChannelRegistry()
     for channel_id in ("skip_reply", "my room", "lounge"):
         assert registry.register("a", [channel_descriptor(channel_id)], FULL)[0].accepted
     names = ChannelNames(registry)
-    refs = [ChannelRef("a", "skip_reply"), ChannelRef("a", "my room"), ChannelRef("a", "lounge")]
-    assert prose.candidate_tokens(names, refs, prose.EXPLICIT) == (">>lounge",)
-    assert prose.example_target((), prose.EXPLICIT, names.pick_name(refs[0])) == "<channel>"
-    assert prose.example_target((), prose.EXPLICIT, names.pick_name(refs[1])) == "<channel>"
-    assert prose.example_target((), prose.EXPLICIT, names.pick_name(refs[2])) == "lounge"
-    for example in ("skip_reply", "my room"):
-        advice = texts.bounce(5, "why.", "d-abcde", (), example_target=prose.example_target((), prose.EXPLICIT, example))
-        [resend] = [line for line in advice.split("\n") if line.startswith("To send them")]
-        target = prose.split_envelopes(resend.removeprefix("To send them, write a line ").split(" (the draft")[0], prose.EXPLICIT)[0].target
-        assert target == "<channel>"
+    skip, room, lounge = ChannelRef("a", "skip_reply"), ChannelRef("a", "my room"), ChannelRef("a", "lounge")
+    assert [prose.target_token(names, ref) for ref in (skip, room, lounge)] == ["a:skip_reply", None, "lounge"]
+    assert prose.candidate_tokens(names, [skip, room, lounge], prose.EXPLICIT) == (">>a:skip_reply", ">>lounge")
+    assert prose.candidate_tokens(names, [skip, room, lounge], prose.PIN) == (">>>a:skip_reply", ">>>lounge")
+    assert prose.example_target((), prose.EXPLICIT, names, skip) == "a:skip_reply"
+    assert prose.example_target((), prose.EXPLICIT, names, room) == "<channel>"
+    assert prose.example_target((), prose.EXPLICIT, names, lounge) == "lounge"
+    assert prose.example_target((), prose.EXPLICIT, names, None) == "<channel>"
+    # The first candidate still wins over the trigger.
+    assert prose.example_target((">>lounge",), prose.EXPLICIT, names, skip) == "lounge"
+    # Read back from the bounce's text, the example's line is a target the resolver takes to
+    # that channel, in both prefixes; the placeholder is no channel.
+    for prefix in (prose.EXPLICIT, prose.PIN):
+        assert _resend_target(names, skip, prefix) == "a:skip_reply"
+        assert prose.resolve_target("a:skip_reply", names, None, prefix=prefix).ref == skip
+        assert _resend_target(names, room, prefix) == "<channel>"
+    assert prose.resolve_target("skip_reply", names, None).skip  # the id itself is private speech
+
+
+def test_the_invitation_reply_reaches_a_skip_reply_channel_by_its_qualified_name() -> None:
+    """On main's rule the explicit and hybrid invitations said no name reaches a channel whose
+    id is ``skip_reply``, though ``>>a:skip_reply`` resolves to it."""
+    registry = ChannelRegistry()
+    for channel_id in ("skip_reply", "my room"):
+        assert registry.register("a", [channel_descriptor(channel_id)], FULL)[0].accepted
+    names = ChannelNames(registry)
+    skip, room = ChannelRef("a", "skip_reply"), ChannelRef("a", "my room")
+
+    def reply(mode: str, ref: ChannelRef, *, may_publish: bool = True) -> str:
+        text = prose.invitation_text(mode_named(mode), names, ref, "Dee", may_publish=may_publish)
+        return next(line for line in text.split("\n") if line.startswith("1. "))
+
+    assert reply("explicit", skip) == "1. Reply without joining: " + texts.invitation_reply_prefix(">>a:skip_reply")
+    assert reply("hybrid", skip) == "1. Reply without joining: " + texts.invitation_reply_prefix(">>> a:skip_reply")
+    # A channelId is no target line: there the id picks it alone, as before.
+    assert reply("named", skip) == "1. Reply without joining: " + texts.invitation_reply_publish("skip_reply")
+    assert reply("locus", skip) == "1. Reply without joining: " + texts.invitation_reply_locus()
+    # An id with a space: its qualified name has the space too, so no line reaches it.
+    for mode in ("explicit", "hybrid"):
+        assert reply(mode, room) == "1. Reply without joining: " + texts.INVITATION_REPLY_NONE
+    assert reply("named", room) == "1. Reply without joining: " + texts.invitation_reply_publish("my room")
+
+
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")], ids=["a-first", "b-first"])
+def test_a_skip_reply_id_two_servers_share_is_offered_by_each_qualified_name(order: tuple[str, str]) -> None:
+    registry = ChannelRegistry()
+    for server_id in order:
+        assert registry.register(server_id, [channel_descriptor("skip_reply"), channel_descriptor("general")], FULL)[0].accepted
+    names = ChannelNames(registry)
+    a_skip, b_skip = ChannelRef("a", "skip_reply"), ChannelRef("b", "skip_reply")
+    assert prose.target_token(names, a_skip) == "a:skip_reply" and prose.target_token(names, b_skip) == "b:skip_reply"
+    assert prose.target_token(names, A_GENERAL) == "a:general" and prose.target_token(names, B_GENERAL) == "b:general"
+    # Candidates in the order given (the refusal's: registration order), each one token.
+    refs = sorted([a_skip, b_skip], key=registry.order_of)
+    assert prose.candidate_tokens(names, refs, prose.EXPLICIT) == tuple(f">>{ref.qualified_name}" for ref in refs)
+    for ref in (a_skip, b_skip):
+        assert prose.resolve_target(ref.qualified_name, names, None).ref == ref
+        assert prose.example_target((), prose.PIN, names, ref) == ref.qualified_name
+        text = prose.invitation_text(mode_named("explicit"), names, ref, None, may_publish=True)
+        assert texts.invitation_reply_prefix(f">>{ref.qualified_name}") in text
+    # Trying tokens counts no refusal: /metrics counts names agents and hosts gave.
+    assert names.refusals == {}
+
+
+@pytest.mark.parametrize("order", [("a", "c", "a:b"), ("a:b", "c", "a")], ids=["a-first", "a:b-first"])
+def test_a_channel_no_token_reaches_alone_is_offered_by_none(order: tuple[str, ...]) -> None:
+    """a's ``b:room`` shares its id with c's and its qualified name ``a:b:room`` with a:b's
+    ``room``: no token reaches it alone, so it is not offered, and the invitation says so."""
+    registry = ChannelRegistry()
+    for server_id in order:
+        channel_id = "room" if server_id == "a:b" else "b:room"
+        assert registry.register(server_id, [channel_descriptor(channel_id)], FULL)[0].accepted
+    names = ChannelNames(registry)
+    lonely = ChannelRef("a", "b:room")
+    assert prose.target_token(names, lonely) is None
+    assert prose.target_token(names, ChannelRef("c", "b:room")) == "c:b:room"
+    assert prose.candidate_tokens(names, [lonely, ChannelRef("c", "b:room")], prose.EXPLICIT) == (">>c:b:room",)
+    assert prose.example_target((), prose.EXPLICIT, names, lonely) == "<channel>"
+    assert texts.INVITATION_REPLY_NONE in prose.invitation_text(mode_named("explicit"), names, lonely, None, may_publish=True)
+
+
+def test_a_token_the_line_reads_another_way_falls_back_to_the_qualified_name() -> None:
+    """An id beginning ``#`` or ``@`` is read by the line as a label or a DM's label, not as
+    itself; its qualified name is a plain name, which the line reads as that channel."""
+    registry = ChannelRegistry()
+    assert registry.register("a", [channel_descriptor("#lobby"), channel_descriptor("@robin")], FULL)[0].accepted
+    assert registry.register("b", [{**channel_descriptor("c1"), "label": "lobby"}], FULL)[0].accepted
+    names = ChannelNames(registry)
+    lobby, robin = ChannelRef("a", "#lobby"), ChannelRef("a", "@robin")
+    assert prose.resolve_target("#lobby", names, None).ref == ChannelRef("b", "c1")  # a label
+    assert prose.target_token(names, lobby) == "a:#lobby"
+    assert prose.resolve_target("a:#lobby", names, None).ref == lobby
+    assert prose.resolve_target("@robin", names, None).ref is None  # "robin" names nothing
+    assert prose.target_token(names, robin) == "a:@robin"
+    assert prose.resolve_target("a:@robin", names, None).ref == robin

@@ -86,7 +86,7 @@ def test_channel_entries_name_one_server_in_both_registration_orders(order: str)
     router = router_with(order)
 
     def channel_named(name: str) -> ChannelRef | None:
-        resolved = router.names.channel_named(name, not_done="")
+        resolved = router.names.channel_qualified(name, not_done="")
         return resolved.ref if isinstance(resolved, Resolved) else None
 
     for entry in (ChannelMatch(name="b:general"), ChannelMatch(ref=B_GENERAL), ChannelMatch(pattern="b:*")):
@@ -102,6 +102,93 @@ def test_channel_entries_name_one_server_in_both_registration_orders(order: str)
     spec = WakeGateSpec(rules=(GateRule(Behaviour(DEFER), channels=(ChannelMatch(name="general"),)),))
     rules = resolve_rules(spec, channel_named)
     assert rules[0].refs == frozenset()
+
+
+def _register(router: Router, server_id: str, *channel_ids: str) -> None:
+    descriptors = [channel_descriptor(channel_id) for channel_id in channel_ids]
+    assert all(result.accepted for result in router.registry.register(server_id, descriptors, RegistrationPolicy.permissive()))
+
+
+def _pair_named(router: Router) -> Any:
+    def pair_named(name: str) -> ChannelRef | None:
+        resolved = router.names.channel_qualified(name, not_done="")
+        return resolved.ref if isinstance(resolved, Resolved) else None
+
+    return pair_named
+
+
+@pytest.mark.parametrize("servers", [("a", "discord"), ("discord", "a")], ids=["a-first", "discord-first"])
+def test_a_name_entry_is_only_ever_a_registered_pair_never_a_bare_id(servers: tuple[str, str]) -> None:
+    """Issue 13: ``"discord:123:456"``, a discord-style bare id, was read as the id of whichever
+    one server registered it. A name entry matches only the pair whose ``serverId:channelId``
+    it is, in both registration orders."""
+    router = Router()
+    bare = ChannelRef("a", "discord:123:456")
+    _register(router, "a", "discord:123:456")
+    spec = WakeGateSpec(rules=(GateRule(Behaviour(DEFER), channels=(ChannelMatch(name="discord:123:456"),)),))
+    # Only a registers the id: the entry is no pair's, and matches nothing.
+    assert resolve_rules(spec, _pair_named(router))[0].refs == frozenset()
+    assert isinstance(router.names.channel_named("discord:123:456"), Resolved)  # a tool's name reads it so
+    # a's pair, written with its server, matches it.
+    qualified = WakeGateSpec(rules=(GateRule(Behaviour(DEFER), channels=(ChannelMatch(name="a:discord:123:456"),)),))
+    assert resolve_rules(qualified, _pair_named(router))[0].refs == frozenset({bare})
+    # Server "discord" registering "123:456" makes the entry that pair, never a's id, in
+    # either order: where channel_named would refuse the name as two channels'.
+    router = Router()
+    for server_id in servers:
+        _register(router, server_id, "discord:123:456" if server_id == "a" else "123:456")
+    pair = ChannelRef("discord", "123:456")
+    rules = resolve_rules(spec, _pair_named(router))
+    assert rules[0].refs == frozenset({pair})
+    assert decide(rules, spec.default, GateFacts(REASON_MESSAGE, "discord", pair, ())).rule == 0
+    assert decide(rules, spec.default, GateFacts(REASON_MESSAGE, "a", bare, ())).rule is None
+    assert not isinstance(router.names.channel_named("discord:123:456"), Resolved)
+
+
+@pytest.mark.parametrize("servers", [("a", "a:b"), ("a:b", "a")], ids=["a-first", "a:b-first"])
+def test_a_qualified_name_two_pairs_share_matches_neither_and_a_ref_names_each(servers: tuple[str, str]) -> None:
+    """a's ``b:room`` and a:b's ``room`` are both ``a:b:room``: never split at a colon, so the
+    entry is two pairs' and matches neither; a ref names each."""
+    router = Router()
+    for server_id in servers:
+        _register(router, server_id, "b:room" if server_id == "a" else "room")
+    a_room, ab_room = ChannelRef("a", "b:room"), ChannelRef("a:b", "room")
+    refusal = router.names.channel_qualified("a:b:room")
+    assert not isinstance(refusal, Resolved) and set(refusal.candidates) == {a_room, ab_room}
+    spec = WakeGateSpec(rules=(
+        GateRule(Behaviour(DEFER), channels=(ChannelMatch(name="a:b:room"),)),
+        GateRule(Behaviour(DEBOUNCE, ms=10), channels=(ChannelMatch(ref=ab_room),)),
+    ))
+    rules = resolve_rules(spec, _pair_named(router))
+    assert rules[0].refs == frozenset()
+    assert decide(rules, spec.default, GateFacts(REASON_MESSAGE, "a", a_room, ())).rule is None
+    assert decide(rules, spec.default, GateFacts(REASON_MESSAGE, "a:b", ab_room, ())).rule == 1
+
+
+async def test_the_shell_holds_by_the_pair_and_logs_a_bare_id_with_the_servers_that_have_it(
+    autojump_clock: trio.abc.Clock, order: str
+) -> None:
+    from structlog.testing import capture_logs
+
+    spec = WakeGateSpec(rules=(GateRule(Behaviour(DEFER), channels=(ChannelMatch(name="discord:1:2"), ChannelMatch(name="b:general"))),))
+    parts = StandIns(spec, order)
+    _register(parts.router, "a", "discord:1:2")
+    with capture_logs() as logs:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(parts.gates.run)
+            assert not parts.gates.divert(wake(1, ChannelRef("a", "discord:1:2")))  # a bare id: not held
+            assert not parts.gates.divert(wake(2, A_GENERAL))
+            assert parts.gates.divert(wake(3, B_GENERAL))
+            nursery.cancel_scope.cancel()
+    [unresolved] = [log for log in logs if log["event"] == "gate.channel.unresolved"]
+    assert unresolved["name"] == "discord:1:2" and unresolved["kind"] == "unknown" and unresolved["idOn"] == ["a"]
+    assert router_text(parts.router, "discord:1:2").endswith('write it with its server, e.g. "a:discord:1:2".')
+
+
+def router_text(router: Router, name: str) -> str:
+    refusal = router.names.channel_qualified(name)
+    assert not isinstance(refusal, Resolved)
+    return refusal.text
 
 
 # -- held state (pure, time passed in) ---------------------------------------------------------
@@ -332,6 +419,41 @@ def test_config_problems_name_the_file_key_problem_and_fix() -> None:
     assert 'rules[1].kinds[0]: "mesage" is not an event kind. Did you mean "message"?' in text
     assert "rules[1].behaviour.rate_limit.per: 0 is out of range." in text
     assert 'wakeGate.defualt: "defualt" is not a wakeGate key. Did you mean "default"?' in text
+
+
+@pytest.mark.parametrize("servers", [("a", "discord"), ("discord", "a")], ids=["a-first", "discord-first"])
+def test_a_config_entry_no_configured_server_begins_is_refused(servers: tuple[str, str]) -> None:
+    from mcpl_router.config import ConfigError, parse_config
+
+    def parsed(entries: list[str], server_ids: tuple[str, ...]) -> Any:
+        data = {
+            "mcplServers": {server_id: {"url": f"tcp://127.0.0.1:{index + 1}"} for index, server_id in enumerate(server_ids)},
+            "agents": {"kai": {"wakeGate": {"rules": [{"channels": entries, "behaviour": "defer"}]}}},
+        }
+        return parse_config(data, source="router.toml", base_dir=".")
+
+    with pytest.raises(ConfigError) as raised:
+        parsed(["discord:123:456"], ("a", "b"))
+    text = str(raised.value)
+    assert 'rules[0].channels[0]: "discord:123:456" is no configured server\'s qualified name' in text
+    assert "never as a bare channel id" in text and '"a:discord:123:456"' in text and "Configured servers: a, b." in text
+    # Server "discord" configured, in either order: the entry is its pair's name, accepted.
+    config = parsed(["discord:123:456", "a:discord:123:456", "*:general"], servers)
+    assert [match.name or match.pattern for match in config.agents["kai"].wake_gate.rules[0].channels] == [
+        "discord:123:456", "a:discord:123:456", "*:general"]
+    # A server id with a colon begins a name as any other does; one no server begins is refused.
+    config = parsed(["a:b:room"], ("a:b",))
+    assert config.agents["kai"].wake_gate.rules[0].channels == (ChannelMatch(name="a:b:room"),)
+    with pytest.raises(ConfigError, match='"a:" names no server'):
+        parsed(["a:"], ("a",))
+    # A hello's spec doesn't know the servers: the entry is kept, and matches only a pair.
+    import msgspec
+
+    from mcpl_router.hosts.agents import AgentSpec, AgentSpecParams
+
+    gate = {"rules": [{"channels": ["discord:123:456"], "behaviour": "defer"}]}
+    spec = AgentSpec.from_params(msgspec.convert({"name": AGENT, "wakeGate": gate}, AgentSpecParams))
+    assert spec.wake_gate.rules[0].channels == (ChannelMatch(name="discord:123:456"),)
 
 
 def test_a_hello_spec_reads_the_gate_as_the_config_does() -> None:

@@ -136,9 +136,12 @@ class ProseMode:
         """
         return None
 
-    def invitation_reply(self, picked: str | None, *, may_publish: bool) -> str:
+    def invitation_reply(self, picked: str | None, *, token: str | None, may_publish: bool) -> str:
         """The closed-channel invitation's first option: how this agent reaches that channel
-        alone (``picked``: the one name that picks it, if any)."""
+        alone. ``picked``: the one name that picks it, if any (a ``channelId``); ``token``: the
+        one ``>>``/``>>>`` target token that reaches it alone, if any
+        (:func:`~mcpl_router.routing.prose.target_token`), which may be its qualified name
+        where ``picked`` is its id: ``skip_reply`` is a fine ``channelId`` and no target."""
         if may_publish and picked is not None:
             return texts.invitation_reply_publish(picked)
         return texts.INVITATION_REPLY_NONE

@@ -26,9 +26,11 @@ class ExplicitMode(ProseMode):
         # A send in the round silences nothing here: every word already says where it goes.
         return prose.decide_explicit(text, state, resolve)
 
-    def invitation_reply(self, picked: str | None, *, may_publish: bool) -> str:
-        if prose.is_target_token(picked):
-            return texts.invitation_reply_prefix(f"{prose.EXPLICIT}{picked}")
+    def invitation_reply(self, picked: str | None, *, token: str | None, may_publish: bool) -> str:
+        # The token, not ``picked``: for a channel whose id is skip_reply, ``picked`` is that id,
+        # which the line reads as private speech; the token is then its qualified name.
+        if token is not None:
+            return texts.invitation_reply_prefix(f"{prose.EXPLICIT}{token}")
         return texts.INVITATION_REPLY_NONE
 
     def receipt(self, facts: ReceiptFacts) -> str | None:

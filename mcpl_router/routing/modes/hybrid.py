@@ -26,9 +26,11 @@ class HybridMode(LocusMode):
     ) -> list[prose.Segment]:
         return prose.decide_hybrid(text, state, locus, resolve, silenced)
 
-    def invitation_reply(self, picked: str | None, *, may_publish: bool) -> str:
-        if prose.is_target_token(picked):
-            return texts.invitation_reply_prefix(f"{prose.PIN} {picked}")
+    def invitation_reply(self, picked: str | None, *, token: str | None, may_publish: bool) -> str:
+        # The token, not ``picked``: for a channel whose id is skip_reply, ``picked`` is that id,
+        # which the line reads as private speech; the token is then its qualified name.
+        if token is not None:
+            return texts.invitation_reply_prefix(f"{prose.PIN} {token}")
         return texts.INVITATION_REPLY_NONE
 
 

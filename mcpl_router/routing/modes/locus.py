@@ -31,7 +31,7 @@ class LocusMode(ProseMode):
             return texts.speech_held(competing)
         return texts.SPEECH_NO_DESTINATION_HELD
 
-    def invitation_reply(self, picked: str | None, *, may_publish: bool) -> str:
+    def invitation_reply(self, picked: str | None, *, token: str | None, may_publish: bool) -> str:
         return texts.invitation_reply_locus()
 
 

@@ -23,7 +23,7 @@ class NamedMode(ProseMode):
     def system_lines(self, *, may_publish: bool, subagent: bool) -> list[str]:
         return [texts.named_line(may_publish=may_publish, subagent=subagent)]
 
-    def invitation_reply(self, picked: str | None, *, may_publish: bool) -> str:
+    def invitation_reply(self, picked: str | None, *, token: str | None, may_publish: bool) -> str:
         if may_publish and picked is not None:
             return texts.invitation_reply_publish(picked)
         return texts.INVITATION_REPLY_SEND_TOOL
