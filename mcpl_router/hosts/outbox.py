@@ -49,6 +49,10 @@ class _Cursor:
     replaying: bool = True
     #: Counts wakes offered while replaying, so a page read meanwhile can't miss one.
     offers: int = 0
+    #: The wakes offered while replaying, in seq order (at most the window's worth; None once
+    #: more came): when a page shows the journal exhausted, these are what it may not have
+    #: held, so the replay ends on them instead of reading again while traffic keeps coming.
+    offered: deque[Wake] | None = attrs.field(factory=deque)
     sent: int = 0
     #: Seqs a gate's batched wake carries (hosts/gate.py): the replay skips them.
     batched: set[int] = attrs.field(factory=set)
@@ -136,16 +140,27 @@ class HostOutbox:
             return False
         if cursor.replaying:
             cursor.offers += 1  # the replay reads it from the journal, in order
+            self._keep_offered(cursor, wake)
         elif len(self._in_flight) + len(self._fresh) < self.window:
             self._fresh.append(wake)
         else:
             # The window is full: from here this agent's wakes come from the journal, in order.
             cursor.replaying = True
             cursor.offers += 1
+            cursor.offered = deque()
+            self._keep_offered(cursor, wake)
             self._fresh = deque(w for w in self._fresh if w.agent != wake.agent)
             self._log.info("wake.window.full", agent=wake.agent, window=self.window, seq=wake.seq)
         self._poke()
         return True
+
+    def _keep_offered(self, cursor: _Cursor, wake: Wake) -> None:
+        # Bounded by the window: past it the replay reads them all back from the journal.
+        if cursor.offered is not None:
+            if len(cursor.offered) < self.window:
+                cursor.offered.append(wake)
+            else:
+                cursor.offered = None
 
     def notify(self, method: str, params: Any) -> bool:
         """Queue a notification; False when the queue is full (the caller disconnects)."""
@@ -163,6 +178,10 @@ class HostOutbox:
             self._in_flight.discard((seq, agent))
             if cursor is not None:
                 cursor.batched.discard(seq)
+        if cursor is not None and cursor.offered:
+            # An acked wake is never sent again, even one the replay kept in memory.
+            done = set(seqs)
+            cursor.offered = deque(wake for wake in cursor.offered if wake.seq not in done)
         self._poke()
 
     def close(self) -> None:
@@ -244,12 +263,32 @@ class HostOutbox:
                     return False
                 self._counts["wakes_replayed"] += 1
                 progressed = True
-            if len(page) < limit and cursor.offers == offers:
+            if len(page) < limit and (cursor.offers == offers or self._end_on_offered(cursor)):
                 cursor.replaying = False
+                cursor.offered = deque()
                 self._log.info("wake.replay.caught_up", agent=agent, sent=cursor.sent, through=cursor.sent_through)
+                progressed = True
             elif page:
                 progressed = True
         return progressed
+
+    def _end_on_offered(self, cursor: _Cursor) -> bool:
+        """The page just read found the journal exhausted, but wakes were offered meanwhile:
+        end the replay on the offered ones if every one is known and they fit the window.
+
+        Each offered wake was committed before it was offered, so any committed before the
+        read's snapshot is in the page or already sent (its seq at most ``sent_through``); the
+        rest committed after it, with higher seqs, and are in ``offered`` in seq order. Any
+        wake committed later is offered after this, fresh, behind them.
+        """
+        offered = cursor.offered
+        if offered is None:
+            return False
+        unsent = [wake for wake in offered if wake.seq > cursor.sent_through]
+        if len(self._in_flight) + len(self._fresh) + len(unsent) > self.window:
+            return False
+        self._fresh.extend(unsent)
+        return True
 
     async def _send_wake(self, wake: Wake, cursor: _Cursor) -> bool:
         cursor.sent_through = max(cursor.sent_through, wake.seq)
