@@ -62,6 +62,9 @@ def _one_per_agent(deliveries: Sequence[Delivery]) -> list[Delivery]:
 class _Op:
     done: trio.Event = attrs.field(factory=trio.Event)
     error: BaseException | None = None
+    #: Told once the op is settled (None: durable; else the failure), on the trio thread right
+    #: after ``committed``: an answer pushed from here needs no task waiting on ``done``.
+    on_done: Callable[[JournalFailure | None], None] | None = None
 
     def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
         raise NotImplementedError
@@ -289,6 +292,12 @@ class JournalWriter:
                 except Exception:
                     self._log.exception("journal.committed_callback.crashed", op=type(op).__name__)
             op.done.set()
+            if op.on_done is not None:
+                failure = None if op.error is None else JournalFailure(str(op.error))
+                try:
+                    op.on_done(failure)
+                except Exception:
+                    self._log.exception("journal.done_callback.crashed", op=type(op).__name__)
         return kept
 
     def _commit_in_thread(self, batch: list[_Op]) -> None:
@@ -341,15 +350,18 @@ class JournalWriter:
         self,
         events: Sequence[tuple[InboundEvent, Sequence[Delivery]]],
         on_committed: Callable[[list[Recorded]], None] | None = None,
+        *,
+        on_done: Callable[[JournalFailure | None], None] | None = None,
     ) -> Callable[[], Any]:
         """Queue a batch (each event with the agents it wakes) for the next group commit.
 
         Returns ``wait``: awaiting it gives the batch's :class:`Recorded` list once it is
         durable, or raises :class:`JournalFailure`. ``on_committed`` is called with the same
         list on the trio thread right after the commit, in commit order across batches (wakes
-        go out from there, in seq order). Waits only while the write queue is full.
+        go out from there, in seq order); ``on_done`` right after it, and also on a failure
+        (with the :class:`JournalFailure`). Waits only while the write queue is full.
         """
-        op = await self._submit(_InboundOp(events=events, on_committed=on_committed))
+        op = await self._submit(_InboundOp(events=events, on_committed=on_committed, on_done=on_done))
         assert isinstance(op, _InboundOp)
 
         async def wait() -> list[Recorded]:
