@@ -94,10 +94,13 @@ SQL_INSERT_EVENT: Final = (
     "INSERT INTO inbound (server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 SQL_INSERT_DELIVERY: Final = "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)"
-SQL_ACK_DELIVERY: Final = "UPDATE deliveries SET acked = 1 WHERE agent = ? AND seq = ? AND acked = 0"
-SQL_ACK_EVENT: Final = (
-    "UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0"
-    " AND NOT EXISTS (SELECT 1 FROM deliveries WHERE seq = ? AND acked = 0)"
+#: An ack of many seqs (a JSON array) in one statement: each seq is an index lookup.
+SQL_ACK_DELIVERIES: Final = (
+    "UPDATE deliveries SET acked = 1 WHERE agent = ? AND acked = 0 AND seq IN (SELECT value FROM json_each(?))"
+)
+SQL_ACK_EVENTS: Final = (
+    "UPDATE inbound SET acked = 1 WHERE seq IN (SELECT value FROM json_each(?)) AND acked = 0"
+    " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.seq = inbound.seq AND d.acked = 0)"
 )
 SQL_UNACKED_DELIVERIES: Final = (
     "SELECT d.agent, d.reason, d.tags, d.addressed, i.seq, i.server, i.channel, i.kind, i.payload, i.received_at"
@@ -125,8 +128,8 @@ SQL_ADD_FORK_GENERATION: Final = "INSERT OR IGNORE INTO fork_generations (agent,
 #: Every statement above that runs per message, per ack or per turn (for the query-plan test).
 HOT_STATEMENTS: Final = {
     "find duplicate": (SQL_FIND_DUPLICATE, ("s", "message", "k")),
-    "ack delivery": (SQL_ACK_DELIVERY, ("kai", 1)),
-    "ack event": (SQL_ACK_EVENT, (1, 1)),
+    "ack deliveries": (SQL_ACK_DELIVERIES, ("kai", "[1, 2]")),
+    "ack events": (SQL_ACK_EVENTS, ("[1, 2]",)),
     "unacked deliveries": (SQL_UNACKED_DELIVERIES, ("kai", 0, 100)),
     "one delivery": (SQL_DELIVERY, ("kai", 1)),
     "one event": (SQL_EVENT, (1,)),
