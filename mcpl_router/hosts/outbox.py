@@ -1,9 +1,10 @@
 """What the daemon owes one host connection: its notifications in order, and its wakes paced.
 
-Wakes are **flow-controlled**, not queued: at most ``window`` wakes are outstanding (sent and not
-acked) per connection. A fresh wake goes straight out while the connection keeps up; past the
-window it stays where it already is, durable in the journal, and the outbox reads it back in
-seq order, a page at a time, as acks make room. A backlog of any size (the 20,000 unacked wakes
+Wakes are **flow-controlled**: at most ``window`` wakes are outstanding (sent and not acked)
+per connection. A fresh wake goes straight out while the connection keeps up; past the window
+it waits in memory, up to ``fresh_limit`` wakes, and past that it stays where it already is,
+durable in the journal, and the outbox reads it back in seq order, a page at a time, as acks
+make room. A backlog of any size (the 20,000 unacked wakes
 of a host that was away) is replayed the same way after ``session/hello``, so a host that reads
 and acks gets every wake, once, in order, and is never disconnected for the size of its backlog.
 
@@ -31,10 +32,16 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.store.journal import Journal, StoredDelivery
 
-#: Wakes outstanding (sent, not acked) per connection before the rest wait in the journal.
+#: Wakes outstanding (sent, not acked) per connection; the rest wait.
 WAKE_WINDOW: Final = 1024
+#: Fresh wakes that wait in memory for room in the window, per connection; past this they wait
+#: in the journal and are read back (a host that falls this far behind costs a read per page,
+#: not memory). Without it a host a little behind kept every wake on the journal-read path.
+FRESH_LIMIT: Final = 4096
 #: Wakes read back from the journal per query.
 REPLAY_PAGE: Final = 256
+#: Notifications queued without yielding before the sender lets the other tasks run.
+BURST: Final = 64
 #: Other notifications waiting for one connection before it counts as not reading.
 NOTICE_LIMIT: Final = 4096
 
@@ -49,7 +56,7 @@ class _Cursor:
     replaying: bool = True
     #: Counts wakes offered while replaying, so a page read meanwhile can't miss one.
     offers: int = 0
-    #: The wakes offered while replaying, in seq order (at most the window's worth; None once
+    #: The wakes offered while replaying, in seq order (at most :data:`FRESH_LIMIT`; None once
     #: more came): when a page shows the journal exhausted, these are what it may not have
     #: held, so the replay ends on them instead of reading again while traffic keeps coming.
     offered: deque[Wake] | None = attrs.field(factory=deque)
@@ -90,6 +97,7 @@ class HostOutbox:
         wake_of: Callable[[StoredDelivery], Wake],
         held: Callable[[Wake], bool],
         window: int = WAKE_WINDOW,
+        fresh_limit: int = FRESH_LIMIT,
     ) -> None:
         self.connection = connection
         self._journal = journal
@@ -97,6 +105,7 @@ class HostOutbox:
         self._wake_of = wake_of
         self._held = held
         self.window = window
+        self.fresh_limit = fresh_limit
         self._cursors: dict[str, _Cursor] = {}
         self._in_flight: set[tuple[int, str]] = set()
         self._fresh: deque[Wake] = deque()
@@ -106,6 +115,7 @@ class HostOutbox:
         self._changed = trio.Event()
         self.closed = False
         self._counts = {"wakes_sent": 0, "wakes_replayed": 0}
+        self._burst = 0
         self._log = get_logger(connection=connection.id)
 
     # -- what the sessions tell it -------------------------------------------------------------
@@ -141,10 +151,11 @@ class HostOutbox:
         if cursor.replaying:
             cursor.offers += 1  # the replay reads it from the journal, in order
             self._keep_offered(cursor, wake)
-        elif len(self._in_flight) + len(self._fresh) < self.window:
+        elif len(self._fresh) < self.fresh_limit:
             self._fresh.append(wake)
         else:
-            # The window is full: from here this agent's wakes come from the journal, in order.
+            # The window is full and so is the memory behind it: from here this agent's wakes
+            # come from the journal, in order.
             cursor.replaying = True
             cursor.offers += 1
             cursor.offered = deque()
@@ -155,9 +166,9 @@ class HostOutbox:
         return True
 
     def _keep_offered(self, cursor: _Cursor, wake: Wake) -> None:
-        # Bounded by the window: past it the replay reads them all back from the journal.
+        # Bounded: past it the replay reads them all back from the journal.
         if cursor.offered is not None:
-            if len(cursor.offered) < self.window:
+            if len(cursor.offered) < self.fresh_limit:
                 cursor.offered.append(wake)
             else:
                 cursor.offered = None
@@ -209,7 +220,8 @@ class HostOutbox:
             await self._changed.wait()
             self._changed = trio.Event()
             while not self.closed and await self._send_some():
-                pass
+                # What a pass queued without waiting: the others run before the next one.
+                await trio.lowlevel.checkpoint()
 
     async def _send_some(self) -> bool:
         """Send what is owed and fits; True if anything went out (there may be more)."""
@@ -274,7 +286,7 @@ class HostOutbox:
 
     def _end_on_offered(self, cursor: _Cursor) -> bool:
         """The page just read found the journal exhausted, but wakes were offered meanwhile:
-        end the replay on the offered ones if every one is known and they fit the window.
+        end the replay on the offered ones if every one is known and they fit in memory.
 
         Each offered wake was committed before it was offered, so any committed before the
         read's snapshot is in the page or already sent (its seq at most ``sent_through``); the
@@ -285,7 +297,7 @@ class HostOutbox:
         if offered is None:
             return False
         unsent = [wake for wake in offered if wake.seq > cursor.sent_through]
-        if len(self._in_flight) + len(self._fresh) + len(unsent) > self.window:
+        if len(self._fresh) + len(unsent) > self.fresh_limit:
             return False
         self._fresh.extend(unsent)
         return True
@@ -298,7 +310,19 @@ class HostOutbox:
         return await self._send("wake", self._render(wake))
 
     async def _send(self, method: str, params: Any) -> bool:
-        if await self.connection.notify(method, params):
+        # Queued straight into the connection's outbox while it has room: a commit's worth of
+        # wakes goes out in one burst (and one write), not one scheduler round trip each. A
+        # checkpoint every BURST keeps a long burst from holding the other tasks up.
+        sent = self.connection.notify_nowait(method, params)
+        if sent is None:
+            sent = await self.connection.notify(method, params)
+            self._burst = 0
+        else:
+            self._burst += 1
+            if self._burst >= BURST:
+                self._burst = 0
+                await trio.lowlevel.checkpoint()
+        if sent:
             return True
         # Gone: what it was owed that matters (its wakes) stays unacked in the journal.
         self.closed = True
