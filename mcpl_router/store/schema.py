@@ -93,6 +93,20 @@ SQL_FIND_DUPLICATE: Final = "SELECT seq, digest FROM inbound WHERE server = ? AN
 SQL_INSERT_EVENT: Final = (
     "INSERT INTO inbound (server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+#: The latest row under each of many dedup keys (a JSON array) of one server and kind: a commit's
+#: duplicate check in one statement (each key an index search; ``digest`` is the latest row's).
+SQL_FIND_DUPLICATES: Final = (
+    "SELECT dedup, MAX(seq), digest FROM inbound WHERE server = ? AND kind = ? AND dedup IN (SELECT value FROM json_each(?))"
+    " GROUP BY dedup"
+)
+#: The highest seq ever given (pruning may have deleted it; AUTOINCREMENT never gives it again):
+#: a commit numbers its events after it. Once per commit; sqlite_sequence has a row per table.
+SQL_LAST_SEQ_GIVEN: Final = (
+    "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'inbound'), 0), COALESCE((SELECT MAX(seq) FROM inbound), 0))"
+)
+SQL_INSERT_EVENT_AT: Final = (
+    "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 SQL_INSERT_DELIVERY: Final = "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)"
 #: An ack of many seqs (a JSON array) in one statement: each seq is an index lookup.
 SQL_ACK_DELIVERIES: Final = (
@@ -128,6 +142,7 @@ SQL_ADD_FORK_GENERATION: Final = "INSERT OR IGNORE INTO fork_generations (agent,
 #: Every statement above that runs per message, per ack or per turn (for the query-plan test).
 HOT_STATEMENTS: Final = {
     "find duplicate": (SQL_FIND_DUPLICATE, ("s", "message", "k")),
+    "find duplicates": (SQL_FIND_DUPLICATES, ("s", "message", '["k", "l"]')),
     "ack deliveries": (SQL_ACK_DELIVERIES, ("kai", "[1, 2]")),
     "ack events": (SQL_ACK_EVENTS, ("[1, 2]",)),
     "unacked deliveries": (SQL_UNACKED_DELIVERIES, ("kai", 0, 100)),

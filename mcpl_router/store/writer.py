@@ -33,8 +33,11 @@ from mcpl_router.store.schema import (
     SQL_ACK_DELIVERIES,
     SQL_ACK_EVENTS,
     SQL_FIND_DUPLICATE,
+    SQL_FIND_DUPLICATES,
     SQL_INSERT_DELIVERY,
     SQL_INSERT_EVENT,
+    SQL_INSERT_EVENT_AT,
+    SQL_LAST_SEQ_GIVEN,
 )
 
 __all__ = ["MAX_BATCH_OPS", "SHUTDOWN_COMMIT_TIMEOUT", "WRITE_QUEUE", "JournalWriter"]
@@ -117,6 +120,45 @@ class _InboundOp(_Op):
                 [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries)],
             )
             self.results.append(Recorded(seq=seq, duplicate=False, reused_id=row is not None))
+
+    @staticmethod
+    def apply_together(ops: Sequence[_InboundOp], db: sqlite3.Connection, journal: JournalWriter) -> None:
+        """A commit's inbound ops at once: what :meth:`apply` does for each, in a handful of
+        statements for the whole group instead of three per event (each a trip through the
+        GIL the trio thread holds): one duplicate lookup per server and kind, the events
+        numbered after the last seq given, and two ``executemany``. An event sees the ones
+        before it in the group, as it would in the file.
+        """
+        now = time.time()
+        encode = journal._encoder.encode
+        keys: dict[tuple[str, str], set[str]] = {}
+        for op in ops:
+            op.results = []
+            for event, _ in op.events:
+                keys.setdefault((event.server_id, event.kind), set()).add(event.dedup_key)
+        latest: dict[tuple[str, str, str], tuple[int, bytes | None]] = {}
+        for (server, kind), dedups in keys.items():
+            for dedup, seq, digest in db.execute(SQL_FIND_DUPLICATES, (server, kind, encode(sorted(dedups)))):
+                latest[(server, kind, dedup)] = (int(seq), digest)
+        seq = int(db.execute(SQL_LAST_SEQ_GIVEN).fetchone()[0])
+        events: list[tuple[Any, ...]] = []
+        deliveries_rows: list[tuple[Any, ...]] = []
+        for op in ops:
+            for event, deliveries in op.events:
+                digest = event.digest if event.digest is not None else content_digest(event.payload)
+                key = (event.server_id, event.kind, event.dedup_key)
+                prior = latest.get(key)
+                if prior is not None and (prior[1] is None or prior[1] == digest):
+                    op.results.append(Recorded(seq=prior[0], duplicate=True))
+                    continue
+                seq += 1
+                events.append((seq, event.server_id, event.channel_id, event.kind, event.dedup_key, digest,
+                               encode(event.payload), now, 0 if deliveries else 1))
+                deliveries_rows.extend((d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries))
+                latest[key] = (seq, digest)
+                op.results.append(Recorded(seq=seq, duplicate=False, reused_id=prior is not None))
+        db.executemany(SQL_INSERT_EVENT_AT, events)
+        db.executemany(SQL_INSERT_DELIVERY, deliveries_rows)
 
     def committed(self, journal: JournalWriter) -> None:
         for (_event, deliveries), recorded in zip(self.events, self.results, strict=True):
@@ -329,8 +371,21 @@ class JournalWriter:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
+            if not isolate_all:
+                # The inbound ops first, together: none fails alone, and one that fails makes
+                # the batch run again isolated, one op at a time in queue order. Their seqs
+                # are given before anything else in the transaction writes, which only the
+                # order of statements within one commit sees.
+                inbound = [op for op in batch if isinstance(op, _InboundOp)]
+                if inbound:
+                    try:
+                        _InboundOp.apply_together(inbound, db, self)
+                    except sqlite3.IntegrityError as exc:
+                        raise _Unisolated from exc
             for op in batch:
                 op.error = None
+                if not isolate_all and isinstance(op, _InboundOp):
+                    continue
                 if not (isolate_all or op.isolated):
                     try:
                         op.apply(db, self)

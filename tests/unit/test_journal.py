@@ -203,3 +203,23 @@ async def test_an_op_run_outside_a_savepoint_that_fails_fails_alone(tmp_path: Pa
             await broken.wait()
         assert [r.seq for r in await after()] == [2]
         assert journal.unacked_count("kai") == 2
+
+
+async def test_one_commit_sees_its_own_events_and_never_gives_a_pruned_seq_again(tmp_path: Path) -> None:
+    """A commit's inbound events are written together: a re-send within it is a duplicate of
+    the first, a new message under its id is new, and the newest seq, acked and pruned, is
+    not given to the next message."""
+    async with open_journal(tmp_path / "journal.sqlite3", retention=0.05) as journal:
+        first, again, reused, other = await journal.record_inbound(
+            [(message("m-1"), [KAI]), (message("m-1"), [KAI]), (message("m-1", "other words"), [KAI]), (message("m-2"), [])]
+        )
+        assert (first.duplicate, again.duplicate, again.seq) == (False, True, first.seq)
+        assert not reused.duplicate and reused.reused_id and reused.seq == first.seq + 1
+        assert not other.duplicate and other.seq == reused.seq + 1
+        assert journal.unacked_count("kai") == 2  # m-2 woke nobody
+        await journal.ack_deliveries(["kai"], [first.seq, reused.seq])
+        await trio.sleep(0.1)
+        await journal._prune()
+        assert journal.events() == []
+        [later] = await journal.record_inbound([(message("m-3"), [KAI])])
+        assert later.seq == other.seq + 1
