@@ -83,6 +83,7 @@ class HostOutbox:
         connection: the host connection (``notify`` returns False once it is gone).
         journal: where unsent wakes are read back from.
         render: a wake's notification params (shown names and invitations as of sending).
+        on_sent: told of each wake once it is queued on the connection (for ``/metrics``).
         wake_of: a stored delivery as a wake.
         held: whether a wake read back from the journal is held back (a tuned-out channel's, or
             one a wake gate holds or batches; it stays unacked).
@@ -96,12 +97,14 @@ class HostOutbox:
         render: Callable[[Wake], dict[str, Any]],
         wake_of: Callable[[StoredDelivery], Wake],
         held: Callable[[Wake], bool],
+        on_sent: Callable[[Wake], None] | None = None,
         window: int = WAKE_WINDOW,
         fresh_limit: int = FRESH_LIMIT,
     ) -> None:
         self.connection = connection
         self._journal = journal
         self._render = render
+        self._on_sent = on_sent or (lambda wake: None)
         self._wake_of = wake_of
         self._held = held
         self.window = window
@@ -116,6 +119,7 @@ class HostOutbox:
         self.closed = False
         self._counts = {"wakes_sent": 0, "wakes_replayed": 0}
         self._burst = 0
+        self._sending = False
         self._log = get_logger(connection=connection.id)
 
     # -- what the sessions tell it -------------------------------------------------------------
@@ -151,6 +155,16 @@ class HostOutbox:
         if cursor.replaying:
             cursor.offers += 1  # the replay reads it from the journal, in order
             self._keep_offered(cursor, wake)
+        elif not self._fresh and not self._sending and not self._notices and not self._batches and len(self._in_flight) < self.window:
+            # Nothing ahead of it and no pass under way: queued on the connection now, from
+            # the commit's callback, rather than one scheduler hop later by the sender task.
+            sent = self._send_now(wake, cursor)
+            if sent is None:
+                self._fresh.append(wake)  # the connection's outbox is full: the sender waits
+            elif not sent:
+                self.closed = True
+            else:
+                return True
         elif len(self._fresh) < self.fresh_limit:
             self._fresh.append(wake)
         else:
@@ -225,6 +239,15 @@ class HostOutbox:
 
     async def _send_some(self) -> bool:
         """Send what is owed and fits; True if anything went out (there may be more)."""
+        # While a pass is under way (it may wait with a wake taken out of the queues), a new
+        # wake queues behind it: order is the pass's to keep.
+        self._sending = True
+        try:
+            return await self._send_pass()
+        finally:
+            self._sending = False
+
+    async def _send_pass(self) -> bool:
         progressed = False
         while self._notices:
             method, params = self._notices.popleft()
@@ -303,11 +326,26 @@ class HostOutbox:
         return True
 
     async def _send_wake(self, wake: Wake, cursor: _Cursor) -> bool:
+        self._mark_sent(wake, cursor)
+        if not await self._send("wake", self._render(wake)):
+            return False
+        self._on_sent(wake)
+        return True
+
+    def _send_now(self, wake: Wake, cursor: _Cursor) -> bool | None:
+        """Queue one wake without waiting: True queued, False the connection is gone, None no
+        room (nothing changed: the wake is the sender's to send)."""
+        sent = self.connection.notify_nowait("wake", self._render(wake))
+        if sent:
+            self._mark_sent(wake, cursor)
+            self._on_sent(wake)
+        return sent
+
+    def _mark_sent(self, wake: Wake, cursor: _Cursor) -> None:
         cursor.sent_through = max(cursor.sent_through, wake.seq)
         self._in_flight.add((wake.seq, wake.agent))
         cursor.sent += 1
         self._counts["wakes_sent"] += 1
-        return await self._send("wake", self._render(wake))
 
     async def _send(self, method: str, params: Any) -> bool:
         # Queued straight into the connection's outbox while it has room: a commit's worth of

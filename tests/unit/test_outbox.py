@@ -120,3 +120,48 @@ async def test_a_wake_acked_while_replaying_is_not_sent_from_memory() -> None:
         nursery.cancel_scope.cancel()
     assert connection.sent == [1]
     assert outbox.statistics().replaying == 0
+
+
+class _Recording(_Connection):
+    """Records notices and wakes in the order they were queued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+
+    async def notify(self, method: str, params: Any) -> bool:
+        await trio.lowlevel.checkpoint()
+        self.order.append(method)
+        return True
+
+    def notify_nowait(self, method: str, params: Any) -> bool | None:
+        self.order.append(method)
+        return True
+
+
+async def test_a_wake_with_nothing_ahead_is_queued_at_once_and_one_behind_a_notice_waits_its_turn() -> None:
+    journal = _Journal()
+    connection = _Recording()
+    sent: list[int] = []
+    outbox = HostOutbox(
+        connection,  # type: ignore[arg-type]
+        journal,  # type: ignore[arg-type]
+        render=lambda wake: {"seq": wake.seq},
+        wake_of=lambda stored: _wake(stored.event.seq),
+        held=lambda wake: False,
+        on_sent=lambda wake: sent.append(wake.seq),
+    )
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()  # the replay found nothing: caught up
+        journal.commit(1)
+        outbox.offer(_wake(1))
+        assert connection.order == ["wake"] and sent == [1]  # from the offer itself
+        outbox.notify("server/state", {})
+        journal.commit(2)
+        outbox.offer(_wake(2))
+        assert connection.order == ["wake"]  # behind the notice, for the sender task
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.order == ["wake", "server/state", "wake"] and sent == [1, 2]
+        nursery.cancel_scope.cancel()
