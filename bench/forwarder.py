@@ -74,7 +74,8 @@ async def main(socket_path: str, ports: list[int]) -> None:
         table = MethodTable()
 
         async def hello(_params: Any, _inbound: Inbound) -> Any:
-            return {}
+            # What the typed client requires of a hello answer (it checks daemonVersion).
+            return {"daemonVersion": "forwarder"}
 
         async def ack(_params: Any, _inbound: Inbound) -> Any:
             return {"acked": 0}

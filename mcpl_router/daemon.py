@@ -208,14 +208,11 @@ class Daemon:
         result = await self.inbound.handle(link, inbound)
         if isinstance(result, Deferred):
             # Answered after the journal's group commit: counted when the answer is ready.
-            wait = result.wait
-
-            async def answered() -> Any:
-                answer = await wait()
+            def answered(answer: Any) -> Any:
                 self._answered(link, inbound.method, answer)
                 return answer
 
-            return Deferred(answered)
+            return result.then(answered)
         self._answered(link, inbound.method, result)
         return result
 

@@ -128,6 +128,9 @@ class DaemonMetrics:
         )
         self._configured_agents = configured_agents
         self._labelled_agents: set[str] = set()
+        # The labelled series counted per message, looked up here rather than through
+        # ``labels()`` (a lock and a tuple of strings each time). As bounded as the series.
+        self._series: dict[tuple[Any, ...], Any] = {}
 
     def read_state_from(self, parts: ScrapedParts) -> None:
         """Read ``parts``' state at every scrape (once: the daemon calls it when they exist)."""
@@ -161,7 +164,7 @@ class DaemonMetrics:
             for row in rows:
                 if isinstance(row, Mapping):
                     accepted = bool(row.get("accepted"))
-                    self.inbound.labels(server_id, "accepted" if accepted else "refused", "" if accepted else str(row.get("code", ""))).inc()
+                    self._series_of(self.inbound, server_id, "accepted" if accepted else "refused", "" if accepted else str(row.get("code", ""))).inc()
         elif method in ("channels/register", "channels/changed"):
             for row in rows:
                 if isinstance(row, Mapping):
@@ -199,7 +202,14 @@ class DaemonMetrics:
         self.wake_gate.labels(self.agent_label(agent), outcome).inc()
 
     def wake_sent(self, agent: str) -> None:
-        self.wakes_sent.labels(self.agent_label(agent)).inc()
+        self._series_of(self.wakes_sent, self.agent_label(agent)).inc()
+
+    def _series_of(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = metric.labels(*labels)
+        return series
 
     def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None:
         # An ack names seqs, not agents: with several agents the count goes to "*".

@@ -38,3 +38,14 @@ class HostConnection:
             get_logger(connection=self.id).info("host.notify.undeliverable", method=method)
             return False
         return True
+
+    def notify_nowait(self, method: str, params: Any) -> bool | None:
+        """Queue a notification without waiting: True queued, False the connection is gone,
+        None no room now (the caller waits with :meth:`notify`)."""
+        if self.peer is None or self.peer.closed:
+            return False
+        try:
+            return True if self.peer.notify_nowait(method, params) else None
+        except PeerClosed:
+            get_logger(connection=self.id).info("host.notify.undeliverable", method=method)
+            return False

@@ -1,9 +1,10 @@
 """What the daemon owes one host connection: its notifications in order, and its wakes paced.
 
-Wakes are **flow-controlled**, not queued: at most ``window`` wakes are outstanding (sent and not
-acked) per connection. A fresh wake goes straight out while the connection keeps up; past the
-window it stays where it already is, durable in the journal, and the outbox reads it back in
-seq order, a page at a time, as acks make room. A backlog of any size (the 20,000 unacked wakes
+Wakes are **flow-controlled**: at most ``window`` wakes are outstanding (sent and not acked)
+per connection. A fresh wake goes straight out while the connection keeps up; past the window
+it waits in memory, up to ``fresh_limit`` wakes, and past that it stays where it already is,
+durable in the journal, and the outbox reads it back in seq order, a page at a time, as acks
+make room. A backlog of any size (the 20,000 unacked wakes
 of a host that was away) is replayed the same way after ``session/hello``, so a host that reads
 and acks gets every wake, once, in order, and is never disconnected for the size of its backlog.
 
@@ -31,10 +32,16 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.store.journal import Journal, StoredDelivery
 
-#: Wakes outstanding (sent, not acked) per connection before the rest wait in the journal.
+#: Wakes outstanding (sent, not acked) per connection; the rest wait.
 WAKE_WINDOW: Final = 1024
+#: Fresh wakes that wait in memory for room in the window, per connection; past this they wait
+#: in the journal and are read back (a host that falls this far behind costs a read per page,
+#: not memory). Without it a host a little behind kept every wake on the journal-read path.
+FRESH_LIMIT: Final = 4096
 #: Wakes read back from the journal per query.
 REPLAY_PAGE: Final = 256
+#: Notifications queued without yielding before the sender lets the other tasks run.
+BURST: Final = 64
 #: Other notifications waiting for one connection before it counts as not reading.
 NOTICE_LIMIT: Final = 4096
 
@@ -49,6 +56,10 @@ class _Cursor:
     replaying: bool = True
     #: Counts wakes offered while replaying, so a page read meanwhile can't miss one.
     offers: int = 0
+    #: The wakes offered while replaying, in seq order (at most :data:`FRESH_LIMIT`; None once
+    #: more came): when a page shows the journal exhausted, these are what it may not have
+    #: held, so the replay ends on them instead of reading again while traffic keeps coming.
+    offered: deque[Wake] | None = attrs.field(factory=deque)
     sent: int = 0
     #: Seqs a gate's batched wake carries (hosts/gate.py): the replay skips them.
     batched: set[int] = attrs.field(factory=set)
@@ -72,6 +83,7 @@ class HostOutbox:
         connection: the host connection (``notify`` returns False once it is gone).
         journal: where unsent wakes are read back from.
         render: a wake's notification params (shown names and invitations as of sending).
+        on_sent: told of each wake once it is queued on the connection (for ``/metrics``).
         wake_of: a stored delivery as a wake.
         held: whether a wake read back from the journal is held back (a tuned-out channel's, or
             one a wake gate holds or batches; it stays unacked).
@@ -85,14 +97,18 @@ class HostOutbox:
         render: Callable[[Wake], dict[str, Any]],
         wake_of: Callable[[StoredDelivery], Wake],
         held: Callable[[Wake], bool],
+        on_sent: Callable[[Wake], None] | None = None,
         window: int = WAKE_WINDOW,
+        fresh_limit: int = FRESH_LIMIT,
     ) -> None:
         self.connection = connection
         self._journal = journal
         self._render = render
+        self._on_sent = on_sent or (lambda wake: None)
         self._wake_of = wake_of
         self._held = held
         self.window = window
+        self.fresh_limit = fresh_limit
         self._cursors: dict[str, _Cursor] = {}
         self._in_flight: set[tuple[int, str]] = set()
         self._fresh: deque[Wake] = deque()
@@ -102,6 +118,8 @@ class HostOutbox:
         self._changed = trio.Event()
         self.closed = False
         self._counts = {"wakes_sent": 0, "wakes_replayed": 0}
+        self._burst = 0
+        self._sending = False
         self._log = get_logger(connection=connection.id)
 
     # -- what the sessions tell it -------------------------------------------------------------
@@ -148,16 +166,38 @@ class HostOutbox:
             return False
         if cursor.replaying:
             cursor.offers += 1  # the replay reads it from the journal, in order
-        elif len(self._in_flight) + len(self._fresh) < self.window:
+            self._keep_offered(cursor, wake)
+        elif not self._fresh and not self._sending and not self._notices and not self._batches and len(self._in_flight) < self.window:
+            # Nothing ahead of it and no pass under way: queued on the connection now, from
+            # the commit's callback, rather than one scheduler hop later by the sender task.
+            sent = self._send_now(wake, cursor)
+            if sent is None:
+                self._fresh.append(wake)  # the connection's outbox is full: the sender waits
+            elif not sent:
+                self.closed = True
+            else:
+                return True
+        elif len(self._fresh) < self.fresh_limit:
             self._fresh.append(wake)
         else:
-            # The window is full: from here this agent's wakes come from the journal, in order.
+            # The window is full and so is the memory behind it: from here this agent's wakes
+            # come from the journal, in order.
             cursor.replaying = True
             cursor.offers += 1
+            cursor.offered = deque()
+            self._keep_offered(cursor, wake)
             self._fresh = deque(w for w in self._fresh if w.agent != wake.agent)
             self._log.info("wake.window.full", agent=wake.agent, window=self.window, seq=wake.seq)
         self._poke()
         return True
+
+    def _keep_offered(self, cursor: _Cursor, wake: Wake) -> None:
+        # Bounded: past it the replay reads them all back from the journal.
+        if cursor.offered is not None:
+            if len(cursor.offered) < self.fresh_limit:
+                cursor.offered.append(wake)
+            else:
+                cursor.offered = None
 
     def notify(self, method: str, params: Any) -> bool:
         """Queue a notification; False when the queue is full (the caller disconnects)."""
@@ -175,6 +215,10 @@ class HostOutbox:
             self._in_flight.discard((seq, agent))
             if cursor is not None:
                 cursor.batched.discard(seq)
+        if cursor is not None and cursor.offered:
+            # An acked wake is never sent again, even one the replay kept in memory.
+            done = set(seqs)
+            cursor.offered = deque(wake for wake in cursor.offered if wake.seq not in done)
         self._poke()
 
     def close(self) -> None:
@@ -202,10 +246,20 @@ class HostOutbox:
             await self._changed.wait()
             self._changed = trio.Event()
             while not self.closed and await self._send_some():
-                pass
+                # What a pass queued without waiting: the others run before the next one.
+                await trio.lowlevel.checkpoint()
 
     async def _send_some(self) -> bool:
         """Send what is owed and fits; True if anything went out (there may be more)."""
+        # While a pass is under way (it may wait with a wake taken out of the queues), a new
+        # wake queues behind it: order is the pass's to keep.
+        self._sending = True
+        try:
+            return await self._send_pass()
+        finally:
+            self._sending = False
+
+    async def _send_pass(self) -> bool:
         progressed = False
         while self._notices:
             method, params = self._notices.popleft()
@@ -256,22 +310,69 @@ class HostOutbox:
                     return False
                 self._counts["wakes_replayed"] += 1
                 progressed = True
-            if len(page) < limit and cursor.offers == offers:
+            if len(page) < limit and (cursor.offers == offers or self._end_on_offered(cursor)):
                 cursor.replaying = False
+                cursor.offered = deque()
                 self._log.info("wake.replay.caught_up", agent=agent, sent=cursor.sent, through=cursor.sent_through)
+                progressed = True
             elif page:
                 progressed = True
         return progressed
 
+    def _end_on_offered(self, cursor: _Cursor) -> bool:
+        """The page just read found the journal exhausted, but wakes were offered meanwhile:
+        end the replay on the offered ones if every one is known and they fit in memory.
+
+        Each offered wake was committed before it was offered, so any committed before the
+        read's snapshot is in the page or already sent (its seq at most ``sent_through``); the
+        rest committed after it, with higher seqs, and are in ``offered`` in seq order. Any
+        wake committed later is offered after this, fresh, behind them.
+        """
+        offered = cursor.offered
+        if offered is None:
+            return False
+        unsent = [wake for wake in offered if wake.seq > cursor.sent_through]
+        if len(self._fresh) + len(unsent) > self.fresh_limit:
+            return False
+        self._fresh.extend(unsent)
+        return True
+
     async def _send_wake(self, wake: Wake, cursor: _Cursor) -> bool:
+        self._mark_sent(wake, cursor)
+        if not await self._send("wake", self._render(wake)):
+            return False
+        self._on_sent(wake)
+        return True
+
+    def _send_now(self, wake: Wake, cursor: _Cursor) -> bool | None:
+        """Queue one wake without waiting: True queued, False the connection is gone, None no
+        room (nothing changed: the wake is the sender's to send)."""
+        sent = self.connection.notify_nowait("wake", self._render(wake))
+        if sent:
+            self._mark_sent(wake, cursor)
+            self._on_sent(wake)
+        return sent
+
+    def _mark_sent(self, wake: Wake, cursor: _Cursor) -> None:
         cursor.sent_through = max(cursor.sent_through, wake.seq)
         self._in_flight.add((wake.seq, wake.agent))
         cursor.sent += 1
         self._counts["wakes_sent"] += 1
-        return await self._send("wake", self._render(wake))
 
     async def _send(self, method: str, params: Any) -> bool:
-        if await self.connection.notify(method, params):
+        # Queued straight into the connection's outbox while it has room: a commit's worth of
+        # wakes goes out in one burst (and one write), not one scheduler round trip each. A
+        # checkpoint every BURST keeps a long burst from holding the other tasks up.
+        sent = self.connection.notify_nowait(method, params)
+        if sent is None:
+            sent = await self.connection.notify(method, params)
+            self._burst = 0
+        else:
+            self._burst += 1
+            if self._burst >= BURST:
+                self._burst = 0
+                await trio.lowlevel.checkpoint()
+        if sent:
             return True
         # Gone: what it was owed that matters (its wakes) stays unacked in the journal.
         self.closed = True

@@ -254,9 +254,10 @@ class SessionManager:
         outbox = HostOutbox(
             connection,
             self._journal,
-            render=self._sending_wake,
+            render=self.wake_params,
             wake_of=_wake_of,
             held=lambda wake: self._diversion.holds(wake),
+            on_sent=lambda wake: self._metrics.wake_sent(wake.agent),
         )
         self._outboxes[connection] = outbox
         if not self._spawn(outbox.run):
@@ -408,11 +409,6 @@ class SessionManager:
             tags=expand_tags(payload.get("tags")),
             is_dm=entry is not None and entry.descriptor.is_dm,
         )
-
-    def _sending_wake(self, wake: Wake) -> dict[str, Any]:
-        """The outbox renders a wake as it sends it: counted here for ``/metrics``."""
-        self._metrics.wake_sent(wake.agent)
-        return self.wake_params(wake)
 
     def wake_params(self, wake: Wake) -> dict[str, Any]:
         """The ``wake`` notification's params."""

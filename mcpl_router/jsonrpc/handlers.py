@@ -16,10 +16,11 @@ from typing import Any, TypeVar
 
 import attrs
 import msgspec
+import trio
 
 from mcpl_router.jsonrpc.envelope import INVALID_PARAMS, METHOD_NOT_FOUND, RequestId, RpcError, describe_decode_failure
 
-__all__ = ["Deferred", "Handler", "Inbound", "LaneOf", "MethodTable"]
+__all__ = ["Deferred", "Deliver", "Handler", "Inbound", "LaneOf", "Later", "MethodTable"]
 
 T = TypeVar("T")
 
@@ -51,11 +52,98 @@ class Inbound:
             raise RpcError(INVALID_PARAMS, f"Invalid params for {self.method}: {detail}", {"detail": detail}) from exc
 
 
+#: How a pushed answer arrives: ``(result, None)`` or ``(None, the exception)``.
+Deliver = Callable[[Any, "Exception | None"], None]
+
+
+class Later:
+    """An answer pushed by whoever settles it (the journal's commit), on the trio thread.
+
+    A :class:`Deferred` made with :meth:`Deferred.pushed` needs no task waiting for it: the
+    peer subscribes and writes the reply as it is settled. Settled before anyone subscribed,
+    it is kept and delivered at subscription. Settled once; later settles are ignored.
+    """
+
+    __slots__ = ("_deliver", "_error", "_result", "_settled")
+
+    def __init__(self) -> None:
+        self._deliver: Deliver | None = None
+        self._settled = False
+        self._result: Any = None
+        self._error: Exception | None = None
+
+    def settle(self, result: Any, error: Exception | None = None) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        deliver, self._deliver = self._deliver, None
+        if deliver is not None:
+            deliver(result, error)
+        else:
+            self._result, self._error = result, error
+
+    def subscribe(self, deliver: Deliver) -> None:
+        if self._settled:
+            result, error = self._result, self._error
+            self._result = self._error = None
+            deliver(result, error)
+        else:
+            self._deliver = deliver
+
+
 @attrs.frozen
 class Deferred:
-    """A handler's answer that comes later: the lane moves on, the reply follows ``wait()``."""
+    """A handler's answer that comes later: the lane moves on, the reply follows ``wait()``.
 
-    wait: Callable[[], Awaitable[Any]]
+    Or, made with :meth:`pushed`, the answer is pushed to the peer when it is settled (no task
+    per answer: the hot path's ``accepted``, answered by the thousand per commit).
+    """
+
+    wait: Callable[[], Awaitable[Any]] | None = None
+    #: The pushed form: subscribe a :data:`Deliver` (called once, on the trio thread).
+    subscribe: Callable[[Deliver], None] | None = None
+
+    @classmethod
+    def pushed(cls, later: Later) -> Deferred:
+        return cls(subscribe=later.subscribe)
+
+    def then(self, fn: Callable[[Any], Any]) -> Deferred:
+        """The same answer passed through ``fn`` (which may raise), in the same form."""
+        subscribe, wait = self.subscribe, self.wait
+        if subscribe is not None:
+
+            def mapped(deliver: Deliver) -> None:
+                def through(result: Any, error: Exception | None) -> None:
+                    if error is None:
+                        try:
+                            result = fn(result)
+                        except Exception as exc:
+                            result, error = None, exc
+                    deliver(result, error)
+
+                subscribe(through)
+
+            return Deferred(subscribe=mapped)
+        assert wait is not None
+
+        async def mapped_wait() -> Any:
+            return fn(await wait())
+
+        return Deferred(mapped_wait)
+
+    async def result(self) -> Any:
+        """Wait for the answer, in either form."""
+        if self.wait is not None:
+            return await self.wait()
+        assert self.subscribe is not None
+        done = trio.Event()
+        box: list[Any] = []
+        self.subscribe(lambda result, error: (box.extend((result, error)), done.set()))
+        await done.wait()
+        result, error = box
+        if error is not None:
+            raise error
+        return result
 
 
 Handler = Callable[[Inbound], Awaitable[Any]]

@@ -86,20 +86,25 @@ class PeerLanes:
 
         async def _enqueue(self, data: bytes) -> None: ...
 
+        def _enqueue_nowait(self, data: bytes) -> bool: ...
+
         def _on_answer(self, envelope: Envelope) -> None: ...
 
     async def _reply(self, reply: ResultOut | ErrorOut) -> None:
-        try:
-            data = encode(reply)
-        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-            # A handler returned something JSON can't carry: a bug, answered as one.
-            self._counts["handler_failures"] += 1
-            self._log.error("jsonrpc.result.unencodable", id=reply.id, error=f"{type(exc).__name__}: {exc}")
-            data = encode(ErrorOut(id=reply.id, error=ErrorObject(code=INTERNAL_ERROR, message="Internal error: the result could not be encoded")))
+        data = self._encode_reply(reply)
         try:
             await self._enqueue(data)
         except PeerClosed:
             self._log.info("jsonrpc.reply.undeliverable", id=reply.id)
+
+    def _encode_reply(self, reply: ResultOut | ErrorOut) -> bytes:
+        try:
+            return encode(reply)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # A handler returned something JSON can't carry: a bug, answered as one.
+            self._counts["handler_failures"] += 1
+            self._log.error("jsonrpc.result.unencodable", id=reply.id, error=f"{type(exc).__name__}: {exc}")
+            return encode(ErrorOut(id=reply.id, error=ErrorObject(code=INTERNAL_ERROR, message="Internal error: the result could not be encoded")))
 
     async def wait_lane_drained(self, key: Hashable) -> None:
         """Wait until every message that arrived so far in lane ``key`` has been handled.
@@ -261,6 +266,10 @@ class PeerLanes:
             return
         if isinstance(result, Deferred):
             await self._acquire(self._deferred_slots)
+            if result.subscribe is not None:
+                # Pushed when settled: no task per answer; the slot is held until then.
+                result.subscribe(lambda answer, error: self._deferred_settled(inbound, answer, error))
+                return
             assert self._nursery is not None
             self._nursery.start_soon(self._finish_deferred, inbound, result)
             return
@@ -270,7 +279,7 @@ class PeerLanes:
     async def _finish_deferred(self, inbound: Inbound, deferred: Deferred) -> None:
         try:
             try:
-                result = await deferred.wait()
+                result = await deferred.result()
             except Exception as exc:
                 await self._answer_failure(inbound, exc)
                 return
@@ -279,19 +288,50 @@ class PeerLanes:
         finally:
             self._deferred_slots.release()
 
+    def _deferred_settled(self, inbound: Inbound, result: Any, error: Exception | None) -> None:
+        """A pushed answer, on the trio thread: queued at once if the outbox has room, else
+        by a task that waits for room (the outbox's bound holds either way)."""
+        self._deferred_slots.release()
+        reply: ResultOut | ErrorOut | None
+        if error is not None:
+            reply = self._failure_reply(inbound, error)
+        else:
+            reply = None if inbound.is_notification else ResultOut(id=inbound.id, result=result)
+        if reply is None:
+            return
+        data = self._encode_reply(reply)
+        try:
+            if self._enqueue_nowait(data):
+                return
+        except PeerClosed:
+            self._log.info("jsonrpc.reply.undeliverable", id=reply.id)
+            return
+        if self._nursery is not None:
+            self._nursery.start_soon(self._send_encoded, reply.id, data)
+
+    async def _send_encoded(self, reply_id: Any, data: bytes) -> None:
+        try:
+            await self._enqueue(data)
+        except PeerClosed:
+            self._log.info("jsonrpc.reply.undeliverable", id=reply_id)
+
     async def _answer_failure(self, inbound: Inbound, exc: Exception) -> None:
+        reply = self._failure_reply(inbound, exc)
+        if reply is not None:
+            await self._reply(reply)
+
+    def _failure_reply(self, inbound: Inbound, exc: Exception) -> ErrorOut | None:
+        """The error answer to ``inbound`` (None for a notification: logged instead)."""
         if isinstance(exc, RpcError):
             if inbound.is_notification:
                 self._log.warning("jsonrpc.notification.refused", method=inbound.method, code=exc.code, detail=exc.message)
-                return
-            await self._reply(ErrorOut(id=inbound.id, error=exc.to_object()))
-            return
+                return None
+            return ErrorOut(id=inbound.id, error=exc.to_object())
         self._counts["handler_failures"] += 1
         self._log.error("jsonrpc.handler.crashed", method=inbound.method, exc_info=exc)
-        if not inbound.is_notification:
-            await self._reply(
-                ErrorOut(
-                    id=inbound.id,
-                    error=ErrorObject(code=INTERNAL_ERROR, message=f"Internal error handling {inbound.method}: {type(exc).__name__}"),
-                )
-            )
+        if inbound.is_notification:
+            return None
+        return ErrorOut(
+            id=inbound.id,
+            error=ErrorObject(code=INTERNAL_ERROR, message=f"Internal error handling {inbound.method}: {type(exc).__name__}"),
+        )

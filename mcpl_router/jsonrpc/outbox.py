@@ -91,6 +91,24 @@ class PeerOutbox:
             self._counts["outbox_high_water_bytes"] = total
         self._outbox_ready.set()
 
+    def _enqueue_nowait(self, data: bytes) -> bool:
+        """Queue one encoded message if there is room now (False: there isn't; nothing queued).
+
+        For answers pushed from a commit on the trio thread: no task waits on them, so none
+        is cancelled; a full outbox sends the caller back to :meth:`_enqueue` in a task.
+        """
+        if self._closed:
+            raise PeerClosed(self._close_reason)
+        if not self._has_room(len(data)):
+            return False
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        total = self._outbox_bytes + self._writing_bytes
+        if total > self._counts["outbox_high_water_bytes"]:
+            self._counts["outbox_high_water_bytes"] = total
+        self._outbox_ready.set()
+        return True
+
     async def _write_loop(self) -> None:
         try:
             await self._write_forever()

@@ -290,6 +290,16 @@ class Peer(PeerLanes, PeerOutbox):
             raise PeerClosed(self._close_reason)
         await self._enqueue(encode(NotificationOut(method=method, params=msgspec.UNSET if params is None else params)))
 
+    def notify_nowait(self, method: str, params: Any = None) -> bool:
+        """Queue a notification if the outbox has room now; False if it hasn't (nothing queued).
+
+        For a sender with a burst to go (a host's wakes): no scheduler round trip per message;
+        it falls back to :meth:`notify` to wait for room, so the outbox's bound holds.
+        """
+        if self._closed:
+            raise PeerClosed(self._close_reason)
+        return self._enqueue_nowait(encode(NotificationOut(method=method, params=msgspec.UNSET if params is None else params)))
+
     # -- answers to our requests (resolved in the read loop, as they arrive) ---------------
 
     def _on_answer(self, envelope: Envelope) -> None:

@@ -15,6 +15,7 @@ import msgspec
 
 from mcpl_router.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, Inbound, RpcError
 from mcpl_router.jsonrpc.envelope import describe_decode_failure
+from mcpl_router.jsonrpc.handlers import Later
 from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.grants import Grant
@@ -242,17 +243,22 @@ class ServerInbound:
                 if not outcome.duplicate:
                     self._on_accepted(outcome.seq, event, deliveries)
 
-        # Queued for the next group commit; this link's next message is dispatched meanwhile,
-        # and "accepted" goes out only once the commit holding these messages is durable.
-        wait = await _submitted(self.journal.submit_inbound(batch, committed))
+        later = Later()
 
-        async def answer() -> Any:
-            await _durable(wait)
+        def done(failure: JournalFailure | None) -> None:
+            # Right after ``committed``, on the trio thread: the answer is pushed to the link's
+            # peer from here, with no task per request waiting for the commit.
+            if failure is not None:
+                later.settle(None, _not_accepted(failure))
+                return
             for slot, message_id, event in pending:
                 results[slot] = {"messageId": message_id, "accepted": True, "conversationId": _conversation_id(event)}
-            return {"results": results}
+            later.settle({"results": results})
 
-        return Deferred(answer)
+        # Queued for the next group commit; this link's next message is dispatched meanwhile,
+        # and "accepted" goes out only once the commit holding these messages is durable.
+        await _submitted(self.journal.submit_inbound(batch, committed, on_done=done))
+        return Deferred.pushed(later)
 
     async def _push(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(PushParams)

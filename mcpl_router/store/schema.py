@@ -116,11 +116,28 @@ SQL_FIND_DUPLICATE: Final = "SELECT seq, digest FROM inbound WHERE server = ? AN
 SQL_INSERT_EVENT: Final = (
     "INSERT INTO inbound (server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
+#: The latest row under each of many dedup keys (a JSON array) of one server and kind: a commit's
+#: duplicate check in one statement (each key an index search; ``digest`` is the latest row's).
+SQL_FIND_DUPLICATES: Final = (
+    "SELECT dedup, MAX(seq), digest FROM inbound WHERE server = ? AND kind = ? AND dedup IN (SELECT value FROM json_each(?))"
+    " GROUP BY dedup"
+)
+#: The highest seq ever given (pruning may have deleted it; AUTOINCREMENT never gives it again):
+#: a commit numbers its events after it. Once per commit; sqlite_sequence has a row per table.
+SQL_LAST_SEQ_GIVEN: Final = (
+    "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'inbound'), 0), COALESCE((SELECT MAX(seq) FROM inbound), 0))"
+)
+SQL_INSERT_EVENT_AT: Final = (
+    "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 SQL_INSERT_DELIVERY: Final = "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)"
-SQL_ACK_DELIVERY: Final = "UPDATE deliveries SET acked = 1 WHERE agent = ? AND seq = ? AND acked = 0"
-SQL_ACK_EVENT: Final = (
-    "UPDATE inbound SET acked = 1 WHERE seq = ? AND acked = 0"
-    " AND NOT EXISTS (SELECT 1 FROM deliveries WHERE seq = ? AND acked = 0)"
+#: An ack of many seqs (a JSON array) in one statement: each seq is an index lookup.
+SQL_ACK_DELIVERIES: Final = (
+    "UPDATE deliveries SET acked = 1 WHERE agent = ? AND acked = 0 AND seq IN (SELECT value FROM json_each(?))"
+)
+SQL_ACK_EVENTS: Final = (
+    "UPDATE inbound SET acked = 1 WHERE seq IN (SELECT value FROM json_each(?)) AND acked = 0"
+    " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.seq = inbound.seq AND d.acked = 0)"
 )
 SQL_UNACKED_DELIVERIES: Final = (
     "SELECT d.agent, d.reason, d.tags, d.addressed, i.seq, i.server, i.channel, i.kind, i.payload, i.received_at"
@@ -178,8 +195,9 @@ SQL_TUNE_OUT_HELD: Final = (
 #: per summary, per saved tune-out at start-up), for the query-plan test.
 HOT_STATEMENTS: Final = {
     "find duplicate": (SQL_FIND_DUPLICATE, ("s", "message", "k")),
-    "ack delivery": (SQL_ACK_DELIVERY, ("kai", 1)),
-    "ack event": (SQL_ACK_EVENT, (1, 1)),
+    "find duplicates": (SQL_FIND_DUPLICATES, ("s", "message", '["k", "l"]')),
+    "ack deliveries": (SQL_ACK_DELIVERIES, ("kai", "[1, 2]")),
+    "ack events": (SQL_ACK_EVENTS, ("[1, 2]",)),
     "unacked deliveries": (SQL_UNACKED_DELIVERIES, ("kai", 0, 100)),
     "one delivery": (SQL_DELIVERY, ("kai", 1)),
     "one event": (SQL_EVENT, (1,)),

@@ -397,6 +397,34 @@ async def test_a_deferred_answer_lets_the_lane_move_on(nursery: trio.Nursery) ->
         assert await remote.receive() == {"jsonrpc": "2.0", "id": 1, "result": "done"}
 
 
+async def test_a_pushed_answer_goes_out_when_settled_with_no_task_waiting(nursery: trio.Nursery) -> None:
+    from mcpl_router.jsonrpc.handlers import Later
+
+    pending: dict[str, Later] = {}
+
+    async def handler(inbound: Inbound) -> object:
+        later = pending[inbound.method] = Later()
+        if inbound.method == "early":
+            later.settle("already")  # settled before the peer subscribed: kept, then delivered
+        return Deferred.pushed(later).then(lambda answer: f"{answer}!")
+
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), handler)
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    with trio.fail_after(5):
+        await remote.send({"jsonrpc": "2.0", "id": 1, "method": "ok"})
+        await remote.send({"jsonrpc": "2.0", "id": 2, "method": "refused"})
+        await remote.send({"jsonrpc": "2.0", "id": 3, "method": "early"})
+        assert await remote.receive() == {"jsonrpc": "2.0", "id": 3, "result": "already!"}
+        await wait_all_tasks_blocked()
+        pending["refused"].settle(None, RpcError(-32000, "no"))
+        pending["ok"].settle("done")
+        assert (await remote.receive())["error"]["code"] == -32000
+        assert await remote.receive() == {"jsonrpc": "2.0", "id": 1, "result": "done!"}
+        assert peer.statistics().handler_failures == 0
+
+
 async def test_nesting_too_deep_is_refused_and_the_connection_stays_up(wired_host) -> None:
     _peer, remote = wired_host
     with trio.fail_after(5):

@@ -366,6 +366,10 @@ class _Connection:
         self.sent.append((method, params))
         return True
 
+    def notify_nowait(self, method: str, params: Any) -> bool | None:
+        self.sent.append((method, params))
+        return True
+
 
 class _Journal:
     """Unacked wakes 1..4 of kai (stand-ins: the outbox's wake_of is the identity here)."""

@@ -1,0 +1,167 @@
+"""The host outbox's replay: it ends even while new wakes keep arriving during each page read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from mcpl_router.hosts.outbox import HostOutbox
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.wakes import Wake
+from mcpl_router.store.records import Delivery, StoredDelivery, StoredEvent
+
+
+class _Journal:
+    """Committed, unacked deliveries; a read takes its snapshot, then yields (as a thread would)."""
+
+    def __init__(self) -> None:
+        self.rows: list[StoredDelivery] = []
+        self.reads = 0
+        self.during_read: Any = None
+
+    def commit(self, seq: int) -> StoredDelivery:
+        row = StoredDelivery(Delivery("kai", "message", (), False), StoredEvent(seq, "s", "general", "message", {"n": seq}, 0.0))
+        self.rows.append(row)
+        return row
+
+    async def unacked_deliveries(self, agent: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredDelivery]:
+        self.reads += 1
+        page = [row for row in self.rows if row.event.seq > after_seq][:limit]
+        if self.during_read is not None:
+            self.during_read()  # committed after the snapshot: not in this page
+        await trio.lowlevel.checkpoint()
+        return page
+
+
+class _Connection:
+    id = 1
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    async def notify(self, method: str, params: Any) -> bool:
+        await trio.lowlevel.checkpoint()
+        self.sent.append(params["seq"])
+        return True
+
+    def notify_nowait(self, method: str, params: Any) -> bool | None:
+        # Room for one in two: both ways of sending are taken.
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls % 2:
+            return None
+        self.sent.append(params["seq"])
+        return True
+
+
+def _wake(seq: int) -> Wake:
+    return Wake(seq=seq, agent="kai", reason="message", channel=ChannelRef("s", "general"), payload={"n": seq}, tags=(), addressed=False)
+
+
+def _outbox(journal: _Journal, connection: _Connection) -> HostOutbox:
+    return HostOutbox(
+        connection,  # type: ignore[arg-type]
+        journal,  # type: ignore[arg-type]
+        render=lambda wake: {"seq": wake.seq},
+        wake_of=lambda stored: _wake(stored.event.seq),
+        held=lambda wake: False,
+    )
+
+
+async def test_replay_ends_while_wakes_keep_coming() -> None:
+    journal = _Journal()
+    connection = _Connection()
+    outbox = _outbox(journal, connection)
+    for seq in range(1, 6):
+        journal.commit(seq)  # a backlog from before the hello
+    next_seq = iter(range(6, 100))
+
+    def arrive() -> None:
+        # A wake committed (and offered) during every read, as under steady traffic.
+        seq = next(next_seq)
+        journal.commit(seq)
+        outbox.offer(_wake(seq))
+
+    journal.during_read = arrive
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert outbox.statistics().replaying == 0
+        journal.during_read = None
+        reads = journal.reads
+        for _ in range(20):
+            arrive()  # fresh now: straight out, no read of the journal
+            await trio.testing.wait_all_tasks_blocked()
+        assert journal.reads == reads
+        nursery.cancel_scope.cancel()
+    assert connection.sent == sorted(set(connection.sent))  # each once, in seq order
+    assert connection.sent == list(range(1, connection.sent[-1] + 1))
+
+
+async def test_a_wake_acked_while_replaying_is_not_sent_from_memory() -> None:
+    journal = _Journal()
+    connection = _Connection()
+    outbox = _outbox(journal, connection)
+    journal.commit(1)
+
+    def arrive() -> None:
+        journal.commit(2)
+        outbox.offer(_wake(2))
+        outbox.acked("kai", [2])  # the host acks it before it was sent (it had it from elsewhere)
+        journal.rows = [row for row in journal.rows if row.event.seq != 2]
+        journal.during_read = None
+
+    journal.during_read = arrive
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert connection.sent == [1]
+    assert outbox.statistics().replaying == 0
+
+
+class _Recording(_Connection):
+    """Records notices and wakes in the order they were queued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[str] = []
+
+    async def notify(self, method: str, params: Any) -> bool:
+        await trio.lowlevel.checkpoint()
+        self.order.append(method)
+        return True
+
+    def notify_nowait(self, method: str, params: Any) -> bool | None:
+        self.order.append(method)
+        return True
+
+
+async def test_a_wake_with_nothing_ahead_is_queued_at_once_and_one_behind_a_notice_waits_its_turn() -> None:
+    journal = _Journal()
+    connection = _Recording()
+    sent: list[int] = []
+    outbox = HostOutbox(
+        connection,  # type: ignore[arg-type]
+        journal,  # type: ignore[arg-type]
+        render=lambda wake: {"seq": wake.seq},
+        wake_of=lambda stored: _wake(stored.event.seq),
+        held=lambda wake: False,
+        on_sent=lambda wake: sent.append(wake.seq),
+    )
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()  # the replay found nothing: caught up
+        journal.commit(1)
+        outbox.offer(_wake(1))
+        assert connection.order == ["wake"] and sent == [1]  # from the offer itself
+        outbox.notify("server/state", {})
+        journal.commit(2)
+        outbox.offer(_wake(2))
+        assert connection.order == ["wake"]  # behind the notice, for the sender task
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.order == ["wake", "server/state", "wake"] and sent == [1, 2]
+        nursery.cancel_scope.cancel()
