@@ -139,6 +139,9 @@ class HostOutbox:
         cursor.sent_through = min(cursor.sent_through, after_seq)
         cursor.replaying = True
         cursor.offers += 1
+        # What was offered meanwhile is not all there is now: the replay reads the journal to
+        # its end rather than ending on the offered wakes.
+        cursor.offered = None
         self._poke()
 
     def remove_agent(self, agent: str) -> None:

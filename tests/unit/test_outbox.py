@@ -165,3 +165,26 @@ async def test_a_wake_with_nothing_ahead_is_queued_at_once_and_one_behind_a_noti
         await trio.testing.wait_all_tasks_blocked()
         assert connection.order == ["wake", "server/state", "wake"] and sent == [1, 2]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_rewind_sends_the_older_wakes_handed_over_and_nothing_twice() -> None:
+    """A fork's spawn failed: wakes 2 and 3 were its, now they are kai's (older than what kai
+    was sent). The rewind reads them back; 1 and 4, sent already, do not go again."""
+    journal = _Journal()
+    connection = _Connection()
+    outbox = _outbox(journal, connection)
+    journal.commit(1)
+    journal.commit(4)
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(connection.sent) == [1, 4]
+        journal.commit(2)
+        journal.commit(3)
+        journal.rows.sort(key=lambda row: row.event.seq)
+        outbox.rewind("kai", 1)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert sorted(connection.sent) == [1, 2, 3, 4] and len(connection.sent) == 4
+    assert outbox.statistics().replaying == 0
