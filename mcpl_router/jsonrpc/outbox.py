@@ -84,6 +84,9 @@ class PeerOutbox:
                     break
         if self._closed:
             raise PeerClosed(self._close_reason)
+        self._queue(data)
+
+    def _queue(self, data: bytes) -> None:
         self._outbox.append(data)
         self._outbox_bytes += len(data)
         total = self._outbox_bytes + self._writing_bytes
@@ -101,12 +104,7 @@ class PeerOutbox:
             raise PeerClosed(self._close_reason)
         if not self._has_room(len(data)):
             return False
-        self._outbox.append(data)
-        self._outbox_bytes += len(data)
-        total = self._outbox_bytes + self._writing_bytes
-        if total > self._counts["outbox_high_water_bytes"]:
-            self._counts["outbox_high_water_bytes"] = total
-        self._outbox_ready.set()
+        self._queue(data)
         return True
 
     async def _write_loop(self) -> None:
