@@ -29,7 +29,7 @@ from mcpl_router.config.paths import default_unix_socket_path, resolve_path, sta
 from mcpl_router.config.section_reader import Section
 
 # sun_path is 108 bytes on Linux and 104 on macOS, each including the terminating NUL.
-_UNIX_SOCKET_MAX_BYTES: Final = 103 if sys.platform == "darwin" else 107
+UNIX_SOCKET_MAX_BYTES: Final = 103 if sys.platform == "darwin" else 107
 
 
 def parse_journal(section: Section, base_dir: Path, env: Mapping[str, str]) -> JournalConfig:
@@ -85,11 +85,11 @@ def parse_host(
         if text is not None:
             unix_socket = resolve_path(text, base_dir, env)
     length = 0 if unix_socket is None else len(os.fsencode(unix_socket))
-    if length > _UNIX_SOCKET_MAX_BYTES:
+    if length > UNIX_SOCKET_MAX_BYTES:
         section.error(
             "unixSocket",
             f"{show_value(str(unix_socket))} is {length} bytes long; a Unix socket path may have at "
-            f"most {_UNIX_SOCKET_MAX_BYTES}.",
+            f"most {UNIX_SOCKET_MAX_BYTES}.",
             "Give a shorter path.",
         )
 

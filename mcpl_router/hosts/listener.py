@@ -11,7 +11,6 @@ import errno
 import os
 import socket
 import stat
-import sys
 from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
+from mcpl_router.config.read_daemon_sections import UNIX_SOCKET_MAX_BYTES
 from mcpl_router.hosts.api import host_methods
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.inference import chunk_lane
@@ -27,8 +27,6 @@ from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.services import HostServices
-
-_SUN_PATH_MAX = 103 if sys.platform == "darwin" else 107  # bytes a sockaddr_un path may hold
 
 
 class SocketSetupError(Exception):
@@ -98,7 +96,7 @@ async def _bind_listening(listener_socket: trio.socket.SocketType, socket_path: 
     second daemon that raced us to the path fails on the link rather than taking it over.
     """
     private = socket_path.with_name(f".{socket_path.name}.{os.getpid()}")
-    direct = len(os.fsencode(str(private))) > _SUN_PATH_MAX  # too long to stage: bind in place
+    direct = len(os.fsencode(str(private))) > UNIX_SOCKET_MAX_BYTES  # too long to stage: bind in place
     bound = socket_path if direct else private
     if not direct:
         private.unlink(missing_ok=True)  # left by an earlier process with our pid
