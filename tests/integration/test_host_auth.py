@@ -159,3 +159,17 @@ async def test_the_socket_file_exists_only_once_it_accepts(short_tmp: Path) -> N
                 await Daemon(config_for(short_tmp / "second", {"unixSocket": str(path), "websocket": False})).run()
             daemon.request_shutdown()
     assert not path.exists()
+
+
+async def test_a_socket_path_too_long_to_stage_is_bound_in_place(short_tmp: Path) -> None:
+    """A path near the limit has no room for the private name: bound where it is, and served."""
+    directory = short_tmp / "run"
+    name = "s" * (107 - len(os.fsencode(str(directory))) - 1)
+    path = directory / name
+    assert len(os.fsencode(str(path))) == 107
+    async with daemon_running(config_for(short_tmp, {"unixSocket": str(path), "websocket": False})) as daemon:
+        assert daemon.host_socket_path == str(path)
+        async with RouterClient.connect_unix(str(path)) as client:
+            assert (await client.call("status"))["version"]
+        assert [entry.name for entry in directory.iterdir()] == [name]
+    assert not path.exists()
