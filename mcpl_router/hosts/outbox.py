@@ -74,6 +74,12 @@ class OutboxStatistics:
     replaying: int
     wakes_sent: int
     wakes_replayed: int
+    #: Wakes kept in memory while their agent's replay reads (the offered shortcut).
+    offered_queued: int = 0
+    #: Times a wake went to the journal because the memory behind the window was full, and
+    #: times a replay's offered memory overflowed (its replay then reads the journal to its end).
+    fresh_spills: int = 0
+    offered_spills: int = 0
 
 
 class HostOutbox:
@@ -117,7 +123,7 @@ class HostOutbox:
         self._batches: deque[tuple[str, tuple[int, ...], dict[str, Any]]] = deque()
         self._changed = trio.Event()
         self.closed = False
-        self._counts = {"wakes_sent": 0, "wakes_replayed": 0}
+        self._counts = {"wakes_sent": 0, "wakes_replayed": 0, "fresh_spills": 0, "offered_spills": 0}
         self._burst = 0
         self._sending = False
         self._log = get_logger(connection=connection.id)
@@ -173,7 +179,13 @@ class HostOutbox:
         elif not self._fresh and not self._sending and not self._notices and not self._batches and len(self._in_flight) < self.window:
             # Nothing ahead of it and no pass under way: queued on the connection now, from
             # the commit's callback, rather than one scheduler hop later by the sender task.
-            sent = self._send_now(wake, cursor)
+            try:
+                sent = self._send_now(wake, cursor)
+            except Exception:
+                # On the commit's callback: a wake that fails to render must not cost the rest of
+                # the commit their offers. The sender task tries it again, in its own task.
+                self._log.exception("wake.send_now.failed", agent=wake.agent, seq=wake.seq)
+                sent = None
             if sent is None:
                 self._fresh.append(wake)  # the connection's outbox is full: the sender waits
             elif not sent:
@@ -189,6 +201,7 @@ class HostOutbox:
             cursor.offers += 1
             cursor.offered = deque()
             self._keep_offered(cursor, wake)
+            self._counts["fresh_spills"] += 1
             self._fresh = deque(w for w in self._fresh if w.agent != wake.agent)
             self._log.info("wake.window.full", agent=wake.agent, window=self.window, seq=wake.seq)
         self._poke()
@@ -201,6 +214,7 @@ class HostOutbox:
                 cursor.offered.append(wake)
             else:
                 cursor.offered = None
+                self._counts["offered_spills"] += 1
 
     def notify(self, method: str, params: Any) -> bool:
         """Queue a notification; False when the queue is full (the caller disconnects)."""
@@ -214,14 +228,18 @@ class HostOutbox:
 
     def acked(self, agent: str, seqs: list[int]) -> None:
         cursor = self._cursors.get(agent)
+        # Acked before it was sent (a host acking what it has from elsewhere): such a wake may
+        # wait in memory (fresh, or offered during a replay) and must never go out after its
+        # ack was answered. Rare, so only then are the queues filtered.
+        early = {seq for seq in seqs if (seq, agent) not in self._in_flight}
         for seq in seqs:
             self._in_flight.discard((seq, agent))
             if cursor is not None:
                 cursor.batched.discard(seq)
-        if cursor is not None and cursor.offered:
-            # An acked wake is never sent again, even one the replay kept in memory.
-            done = set(seqs)
-            cursor.offered = deque(wake for wake in cursor.offered if wake.seq not in done)
+        if early:
+            self._fresh = deque(wake for wake in self._fresh if wake.agent != agent or wake.seq not in early)
+            if cursor is not None and cursor.offered:
+                cursor.offered = deque(wake for wake in cursor.offered if wake.seq not in early)
         self._poke()
 
     def close(self) -> None:
@@ -235,6 +253,7 @@ class HostOutbox:
             fresh_queued=len(self._fresh),
             notices_queued=len(self._notices),
             replaying=sum(1 for cursor in self._cursors.values() if cursor.replaying),
+            offered_queued=sum(len(cursor.offered or ()) for cursor in self._cursors.values()),
             **self._counts,
         )
 
@@ -313,6 +332,8 @@ class HostOutbox:
                     return False
                 self._counts["wakes_replayed"] += 1
                 progressed = True
+            if self._cursors.get(agent) is not cursor:
+                continue  # taken meanwhile: its new connection replays it
             if len(page) < limit and (cursor.offers == offers or self._end_on_offered(cursor)):
                 cursor.replaying = False
                 cursor.offered = deque()

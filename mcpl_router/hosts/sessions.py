@@ -239,6 +239,9 @@ class SessionManager:
                     "freshQueued": stats.fresh_queued,
                     "wakesSent": stats.wakes_sent,
                     "wakesReplayed": stats.wakes_replayed,
+                    "offeredQueued": stats.offered_queued,
+                    "freshSpills": stats.fresh_spills,
+                    "offeredSpills": stats.offered_spills,
                 }
             )
         return rows

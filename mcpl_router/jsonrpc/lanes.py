@@ -290,30 +290,39 @@ class PeerLanes:
 
     def _deferred_settled(self, inbound: Inbound, result: Any, error: Exception | None) -> None:
         """A pushed answer, on the trio thread: queued at once if the outbox has room, else
-        by a task that waits for room (the outbox's bound holds either way)."""
-        self._deferred_slots.release()
+        by a task that waits for room. The deferred slot is held until the answer is queued,
+        so the answers waiting for room stay within the deferred bound (and the lanes wait)."""
         reply: ResultOut | ErrorOut | None
         if error is not None:
             reply = self._failure_reply(inbound, error)
         else:
             reply = None if inbound.is_notification else ResultOut(id=inbound.id, result=result)
         if reply is None:
+            self._deferred_slots.release()
             return
         data = self._encode_reply(reply)
         try:
             if self._enqueue_nowait(data):
+                self._deferred_slots.release()
                 return
         except PeerClosed:
+            self._deferred_slots.release()
             self._log.info("jsonrpc.reply.undeliverable", id=reply.id)
             return
-        if self._nursery is not None:
-            self._nursery.start_soon(self._send_encoded, reply.id, data)
+        if self._nursery is None:
+            # The peer is not running (it stopped): nothing can carry the answer now.
+            self._deferred_slots.release()
+            self._log.warning("jsonrpc.reply.undeliverable", id=reply.id, why="peer-stopped")
+            return
+        self._nursery.start_soon(self._send_encoded, reply.id, data)
 
     async def _send_encoded(self, reply_id: Any, data: bytes) -> None:
         try:
             await self._enqueue(data)
         except PeerClosed:
             self._log.info("jsonrpc.reply.undeliverable", id=reply_id)
+        finally:
+            self._deferred_slots.release()
 
     async def _answer_failure(self, inbound: Inbound, exc: Exception) -> None:
         reply = self._failure_reply(inbound, exc)

@@ -188,3 +188,28 @@ async def test_a_rewind_sends_the_older_wakes_handed_over_and_nothing_twice() ->
         nursery.cancel_scope.cancel()
     assert sorted(connection.sent) == [1, 2, 3, 4] and len(connection.sent) == 4
     assert outbox.statistics().replaying == 0
+
+
+class _Full(_Connection):
+    """The connection's own outbox has no room now: every wake waits for the sender task."""
+
+    def notify_nowait(self, method: str, params: Any) -> bool | None:
+        return None
+
+
+async def test_a_wake_acked_while_it_waits_in_memory_is_never_sent() -> None:
+    journal = _Journal()
+    connection = _Full()
+    outbox = _outbox(journal, connection)
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()  # caught up: nothing in the journal
+        journal.commit(1)
+        journal.commit(2)
+        outbox.offer(_wake(1))
+        outbox.offer(_wake(2))  # both wait in memory for the sender
+        outbox.acked("kai", [1])  # acked before it went out (the host had it from elsewhere)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert connection.sent == [2]
