@@ -115,9 +115,10 @@ def _tune_gc() -> None:
     A message's objects (its task, events, wake, answer) live for a few commits; with the
     default thresholds they survive into the older generations, which are collected every few
     hundred messages (2 ms each) and, now and then, whole (60 ms with a server's worth of
-    channels loaded): the latency's tail. Everything built at start-up (modules, config, the
-    journal's state) is frozen out of the collector's scans, and the young generation is
-    collected less often, so what a message leaves behind dies young.
+    channels loaded): the latency's tail. Everything built before the daemon runs (modules,
+    the parsed config) is frozen out of the collector's scans — what ``Daemon.run`` loads
+    later (the journal's state, the registry) is not — and the young generation is collected
+    less often, so what a message leaves behind dies young.
     """
     import gc
 
