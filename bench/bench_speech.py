@@ -5,14 +5,19 @@
 One fixture server (a process, TCP). Through the **daemon**, each agent runs ``--turns`` turns one
 after another, all agents at once: ``turn/open`` (from its wake: typing starts on the wake's
 channel), ``turn/context`` (``context/beforeInference``, lifecycle ``started``), ``turn/text``,
-``turn/close`` (the publish, typing stop, lifecycle ``completed``). Through the **forwarder**
-(bench/forwarder.py), each ``speak`` call does that same work on the server's wire with no
-routing decision. Sides interleaved and repeated; medians of the per-round ratios.
+``turn/close`` (the publish, the stream's chunk and complete, typing stop, lifecycle
+``completed``). Through the **forwarder** (bench/forwarder.py) the same host calls, made by the
+same client code, put the same messages on the server's wire with no routing decision, and are
+answered with the daemon's own answers (captured from the daemon's first turn in this run): the
+same wire work on both wires. A second reading, **one call**, does that server wire work in one
+``speak`` host call per turn (the forwarder this figure was measured against before). Sides
+interleaved and repeated; medians of the per-round ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +30,30 @@ from mcpl_router.client import RouterClient
 from mcpl_router.logs import configure_logging
 
 
-async def through_daemon(workdir: Path, agents: int, turns: int, tag: str) -> dict[str, float]:
+async def speak_turns(host: RouterClient, agent: str, wake: int, turns: int, capture: dict[str, Any] | None = None) -> None:
+    """``turns`` whole turns of ``agent``, one after another, each opened from ``wake``; the
+    first turn's answers go into ``capture`` when given."""
+    for n in range(turns):
+        opened = await host.call("turn/open", {"agent": agent, "wakes": [wake]})
+        context = await host.call("turn/context", {"turnId": opened["turnId"]})
+        await host.notify("turn/text", {"turnId": opened["turnId"], "round": 1, "delta": f"{agent} says {n}"})
+        closed = await host.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+        if capture is not None and not capture:
+            capture.update(open=opened, context=context, close=closed)
+
+
+async def _timed(proc: trio.Process, agents: int, turns: int, speak: Any) -> dict[str, float]:
+    cpu = cpu_seconds(proc.pid)
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for agent in range(agents):
+            nursery.start_soon(speak, agent)
+    elapsed = time.perf_counter() - start
+    cpu = cpu_seconds(proc.pid) - cpu
+    return {"turns_per_s": agents * turns / elapsed, "turns_per_cpu_s": agents * turns / cpu if cpu else float("nan")}
+
+
+async def through_daemon(workdir: Path, agents: int, turns: int, tag: str, capture: dict[str, Any] | None = None) -> dict[str, float]:
     names = [f"agent{n}" for n in range(agents)]
     async with fixtures_running(workdir, 1) as [fixture], daemon_running(
         workdir, {"s0": {"url": fixture.listen_url}}, tag=tag
@@ -36,62 +64,66 @@ async def through_daemon(workdir: Path, agents: int, turns: int, tag: str) -> di
         while len(wakes) < agents:
             wake = await host.next_wake()
             wakes[wake.agent] = wake.seq
-
-        async def speak(agent: str) -> None:
-            for n in range(turns):
-                opened = await host.call("turn/open", {"agent": agent, "wakes": [wakes[agent]]})
-                await host.call("turn/context", {"turnId": opened["turnId"]})
-                await host.notify("turn/text", {"turnId": opened["turnId"], "round": 1, "delta": f"{agent} says {n}"})
-                await host.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
-
-        cpu = cpu_seconds(proc.pid)
-        start = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for agent in names:
-                nursery.start_soon(speak, agent)
-        elapsed = time.perf_counter() - start
-        cpu = cpu_seconds(proc.pid) - cpu
-    return {"turns_per_s": agents * turns / elapsed, "turns_per_cpu_s": agents * turns / cpu if cpu else float("nan")}
+        return await _timed(proc, agents, turns, lambda n: speak_turns(host, names[n], wakes[names[n]], turns, capture if n == 0 else None))
 
 
-async def through_forwarder(workdir: Path, agents: int, turns: int, tag: str) -> dict[str, float]:
+async def through_forwarder(workdir: Path, agents: int, turns: int, tag: str, answers: Path) -> dict[str, float]:
+    """The same host calls as :func:`through_daemon`, through the same-wire-work forwarder."""
+    async with fixtures_running(workdir, 1) as fixtures, forwarder_running(
+        workdir, fixtures, tag=tag, mode="speech", answers=answers
+    ) as (proc, socket), RouterClient.connect_unix(socket) as host:
+        return await _timed(proc, agents, turns, lambda n: speak_turns(host, f"agent{n}", 1, turns))
+
+
+async def through_one_call(workdir: Path, agents: int, turns: int, tag: str) -> dict[str, float]:
+    """The server wire work of a turn in one ``speak`` host call (the second reading)."""
     async with fixtures_running(workdir, 1) as fixtures, forwarder_running(workdir, fixtures, tag=tag, mode="speech") as (proc, socket), RouterClient.connect_unix(socket) as host:
 
         async def speak(agent: int) -> None:
             for n in range(turns):
                 await host.call("speak", {"server": 0, "channel": "general", "text": f"agent{agent} says {n}"})
 
-        cpu = cpu_seconds(proc.pid)
-        start = time.perf_counter()
-        async with trio.open_nursery() as nursery:
-            for agent in range(agents):
-                nursery.start_soon(speak, agent)
-        elapsed = time.perf_counter() - start
-        cpu = cpu_seconds(proc.pid) - cpu
-    return {"turns_per_s": agents * turns / elapsed, "turns_per_cpu_s": agents * turns / cpu if cpu else float("nan")}
+        return await _timed(proc, agents, turns, speak)
 
 
 async def speech(workdir: Path, agents: int, turns: int, rounds: int) -> dict[str, Any]:
     daemon: list[dict[str, float]] = []
     forwarder: list[dict[str, float]] = []
+    one_call: list[dict[str, float]] = []
+    answers = workdir / "turn-answers.json"
     for round_ in range(rounds):
-        forwarder.append(await through_forwarder(workdir, agents, turns, f"sf{round_}"))
-        daemon.append(await through_daemon(workdir, agents, turns, f"sd{round_}"))
-        print(f"  speech round {round_ + 1}: daemon {daemon[-1]['turns_per_s']:,.0f} turns/s, forwarder {forwarder[-1]['turns_per_s']:,.0f}", flush=True)
+        capture: dict[str, Any] = {}
+        daemon.append(await through_daemon(workdir, agents, turns, f"sd{round_}", capture))
+        if round_ == 0:
+            answers.write_text(json.dumps(capture))
+        forwarder.append(await through_forwarder(workdir, agents, turns, f"sf{round_}", answers))
+        one_call.append(await through_one_call(workdir, agents, turns, f"so{round_}"))
+        print(
+            f"  speech round {round_ + 1}: daemon {daemon[-1]['turns_per_s']:,.0f} turns/s, forwarder {forwarder[-1]['turns_per_s']:,.0f},"
+            f" one call {one_call[-1]['turns_per_s']:,.0f}",
+            flush=True,
+        )
+
+    def medians(side: list[dict[str, float]]) -> dict[str, float]:
+        return {k: median([r[k] for r in side]) for k in side[0]}
+
     return {
         "agents": agents,
-        "daemon": {k: median([r[k] for r in daemon]) for k in daemon[0]},
-        "forwarder": {k: median([r[k] for r in forwarder]) for k in forwarder[0]},
+        "daemon": medians(daemon),
+        "forwarder": medians(forwarder),
+        "one_call": medians(one_call),
         "vs_forwarder": median([d["turns_per_s"] / f["turns_per_s"] for d, f in zip(daemon, forwarder, strict=True)]),
+        "vs_one_call": median([d["turns_per_s"] / f["turns_per_s"] for d, f in zip(daemon, one_call, strict=True)]),
     }
 
 
 def print_speech(figures: dict[str, Any]) -> None:
     print(f"\nSpeech: {figures['agents']} agents at once, whole turns (open, context, text, close)")
     print(f"{'':<12}{'turns/s':>10}{'turns/CPU-s':>13}")
-    for side in ("daemon", "forwarder"):
+    for side in ("daemon", "forwarder", "one_call"):
         print(f"{side:<12}{figures[side]['turns_per_s']:>10,.0f}{figures[side]['turns_per_cpu_s']:>13,.0f}")
-    print(f"daemon ÷ forwarder: {figures['vs_forwarder']:.3f}")
+    print(f"daemon ÷ forwarder (same host calls and server messages): {figures['vs_forwarder']:.3f}")
+    print(f"daemon ÷ one call (the server's messages from one host call a turn): {figures['vs_one_call']:.3f}")
 
 
 async def main(args: argparse.Namespace) -> None:

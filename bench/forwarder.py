@@ -1,15 +1,21 @@
 """The bare forwarder the benchmarks measure the daemon against: the same wire work, no routing.
 
-    python bench/forwarder.py --socket PATH [--mode inbound|speech] PORT [PORT …]
+    python bench/forwarder.py --socket PATH [--mode inbound|speech] [--answers FILE] PORT [PORT …]
 
 It dials each fixture server on 127.0.0.1:PORT (initialize, initialized, featureSets/update),
 and serves hosts on a Unix socket with the same framing as the daemon (ndjson, the same Peer):
 
 - ``channels/incoming`` from a server is answered ``accepted`` at once and forwarded to the
   host as one ``wake`` per message (no grant, registry, journal, dedup or flow control);
-- ``speak {server, channel, text}`` from a host does what a turn costs on the server's wire —
-  ``context/beforeInference``, lifecycle ``started``, typing start, one ``channels/publish``
-  request, typing stop, lifecycle ``completed`` — without a routing decision.
+- a turn through the daemon's own host calls — ``turn/open``, ``turn/context``, ``turn/text``,
+  ``turn/close`` — puts on the server's wire what the daemon puts there for it (typing start,
+  lifecycle ``started``, ``context/beforeInference``, the ``channels/publish`` request, the
+  stream's chunk and complete, typing stop, lifecycle ``completed``) on the first server's
+  ``general``, with no routing decision, and answers each call with the daemon's own answer for
+  it, read from ``--answers`` (captured by the bench from a daemon turn in the same run): the
+  same wire work on both wires;
+- ``speak {server, channel, text}`` does that server wire work in one host call (the figure
+  before the turn calls above were mirrored: kept as a second reading).
 """
 
 from __future__ import annotations
@@ -32,13 +38,28 @@ class Incoming(msgspec.Struct):
     messages: list[dict[str, Any]]
 
 
+class TurnOpen(msgspec.Struct):
+    agent: str
+    wakes: list[int] = []
+
+
+class TurnRef(msgspec.Struct):
+    turnId: str
+
+
+class TurnText(msgspec.Struct):
+    turnId: str
+    delta: str
+    round: int = 1
+
+
 class Speak(msgspec.Struct):
     server: int
     channel: str
     text: str
 
 
-async def main(socket_path: str, ports: list[int]) -> None:
+async def main(socket_path: str, ports: list[int], answers: dict[str, Any]) -> None:
     hosts: list[Peer] = []
     servers: list[Peer] = []
     seqs = itertools.count(1)
@@ -67,7 +88,7 @@ async def main(socket_path: str, ports: list[int]) -> None:
             await server.request(
                 "featureSets/update",
                 {"effectiveCapabilities": ["channels.register", "channels.incoming", "channels.publish", "channels.typing",
-                                           "inferenceLifecycle", "contextHooks.beforeInference.observe"]},
+                                           "channels.streaming", "inferenceLifecycle", "contextHooks.beforeInference.observe"]},
             )
             servers.append(server)
 
@@ -95,7 +116,44 @@ async def main(socket_path: str, ports: list[int]) -> None:
             await server.notify("inference/lifecycle", {"inferenceId": "i", "phase": "completed"})
             return answer
 
+        turns = itertools.count(1)
+        spoken: dict[str, str] = {}
+
+        async def turn_open(params: TurnOpen, _inbound: Inbound) -> Any:
+            turn = f"t-{next(turns)}"
+            await servers[0].notify("channels/typing", {"channelId": "general", "op": "start"})
+            return {**answers.get("open", {}), "turnId": turn, "inferenceId": f"i{turn}"}
+
+        async def turn_context(params: TurnRef, _inbound: Inbound) -> Any:
+            server = servers[0]
+            await server.notify("inference/lifecycle", {"inferenceId": f"i{params.turnId}", "conversationId": "c", "turnIndex": 0, "phase": "started"})
+            await server.request(
+                "context/beforeInference",
+                {"inferenceId": f"i{params.turnId}", "conversationId": "c", "turnIndex": 0, "userMessage": None, "model": None,
+                 "channels": {"incoming": {"channelId": "general", "messageId": "m", "threadId": None},
+                              "defaultOutgoing": {"channelId": "general"}, "candidates": []}},
+            )
+            return answers.get("context", {})
+
+        async def turn_text(params: TurnText, _inbound: Inbound) -> None:
+            spoken[params.turnId] = spoken.get(params.turnId, "") + params.delta
+
+        async def turn_close(params: TurnRef, _inbound: Inbound) -> Any:
+            server = servers[0]
+            text = spoken.pop(params.turnId, "")
+            inference = f"i{params.turnId}"
+            await server.request("channels/publish", {"conversationId": "c", "channelId": "general", "content": [{"type": "text", "text": text}]})
+            await server.notify("channels/outgoing/chunk", {"inferenceId": inference, "conversationId": "c", "channelId": "general", "index": 0, "delta": text})
+            await server.notify("channels/outgoing/complete", {"inferenceId": inference, "conversationId": "c", "channelId": "general", "content": text})
+            await server.notify("channels/typing", {"channelId": "general", "op": "stop"})
+            await server.notify("inference/lifecycle", {"inferenceId": inference, "conversationId": "c", "turnIndex": 0, "phase": "completed"})
+            return answers.get("close", {})
+
         table.add("session/hello", hello)
+        table.add("turn/open", turn_open, TurnOpen, concurrent=True)
+        table.add("turn/context", turn_context, TurnRef, concurrent=True)
+        table.add("turn/text", turn_text, TurnText)
+        table.add("turn/close", turn_close, TurnRef, concurrent=True)
         table.add("wake/ack", ack)
         table.add("speak", speak, Speak, concurrent=True)
 
@@ -117,10 +175,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
     parser.add_argument("--mode", default="inbound")
+    parser.add_argument("--answers", type=Path, help="the daemon's answers to a turn's host calls, as JSON {open, context, close}")
     parser.add_argument("ports", nargs="+", type=int)
     args = parser.parse_args()
     try:
-        trio.run(main, args.socket, args.ports)
+        trio.run(main, args.socket, args.ports, msgspec.json.decode(args.answers.read_bytes()) if args.answers else {})
     except KeyboardInterrupt:
         pass
     finally:

@@ -156,11 +156,15 @@ sys.exit(main())
 
 
 @asynccontextmanager
-async def forwarder_running(workdir: Path, fixtures: list[FixtureProcess], *, tag: str, mode: str = "inbound") -> AsyncIterator[tuple[trio.Process, str]]:
-    """The bare forwarder (bench/forwarder.py) as a process, dialling every fixture."""
+async def forwarder_running(
+    workdir: Path, fixtures: list[FixtureProcess], *, tag: str, mode: str = "inbound", answers: Path | None = None
+) -> AsyncIterator[tuple[trio.Process, str]]:
+    """The bare forwarder (bench/forwarder.py) as a process, dialling every fixture; ``answers``
+    is the daemon's answers to a turn's host calls, for the forwarder to give back."""
     socket = str(workdir / f"fwd-{tag}.sock")
     ports = [str(f.listen_port) for f in fixtures]
-    argv = [sys.executable, str(ROOT / "bench" / "forwarder.py"), "--socket", socket, "--mode", mode, *ports]
+    given = ["--answers", str(answers)] if answers is not None else []
+    argv = [sys.executable, str(ROOT / "bench" / "forwarder.py"), "--socket", socket, "--mode", mode, *given, *ports]
     async with process(argv, workdir / f"forwarder-{tag}.log") as proc:
 
         async def ready() -> bool:

@@ -19,7 +19,7 @@ state it uses is the Peer's.
 
 from __future__ import annotations
 
-import math
+import collections
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
@@ -47,14 +47,24 @@ from mcpl_router.jsonrpc.outbox import PeerClosed
 
 __all__ = ["PeerLanes"]
 
+#: Messages read between scheduling points when they come from the stream's buffer.
+READS_PER_YIELD = 16
+
 
 @attrs.define(eq=False)
 class _Lane:
     key: Hashable
-    send: trio.MemorySendChannel[tuple[Inbound, int]]
-    receive: trio.MemoryReceiveChannel[tuple[Inbound, int]]
+    #: Messages waiting, with their sizes. Unbounded by itself: the connection-wide count is
+    #: the bound. A deque, not a memory channel: a lane is made per turn, and only the
+    #: connection's own lane ever waits for more (on ``arrived``).
+    waiting: collections.deque[tuple[Inbound, int]] = attrs.field(factory=collections.deque)
+    arrived: trio.Event = attrs.field(factory=trio.Event)
     #: Set when the lane's task ends: everything put into it has been handled.
     ended: trio.Event = attrs.field(factory=trio.Event)
+
+    def put(self, item: tuple[Inbound, int]) -> None:
+        self.waiting.append(item)
+        self.arrived.set()
 
 
 class PeerLanes:
@@ -76,6 +86,8 @@ class PeerLanes:
     _queued_bytes: int
     #: Messages being handled right now (in lanes or their own tasks).
     _handling: int
+    #: A message was handed to a task since the read loop last yielded (that task hasn't run).
+    _handed_since_yield: bool
     #: Set when a lane takes a message out (the read loop waits on it while the bound is full).
     _inbound_room: trio.Event
     _lane_slots: trio.Semaphore
@@ -124,6 +136,7 @@ class PeerLanes:
     # -- incoming ----------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        unyielded = 0
         while True:
             try:
                 data = await self._stream.receive_message()
@@ -135,8 +148,17 @@ class PeerLanes:
             except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             await self._on_message(data)
-            # A checkpoint per message keeps one busy peer from starving its neighbours.
-            await trio.lowlevel.checkpoint()
+            # Messages already buffered are read without a scheduling point: one every
+            # READS_PER_YIELD keeps one busy peer from starving its neighbours (a yield per
+            # message cost a turn half a dozen trips through the scheduler).
+            unyielded += 1
+            if unyielded >= READS_PER_YIELD:
+                unyielded = 0
+                await self._yield_to_handlers()
+
+    async def _yield_to_handlers(self) -> None:
+        self._handed_since_yield = False
+        await trio.lowlevel.checkpoint()
 
     async def _on_message(self, data: bytes) -> None:
         if self._stream.line_oriented and data.lstrip()[:1] not in (b"{", b"["):
@@ -162,6 +184,10 @@ class PeerLanes:
                 await self._reply(ErrorOut(id=problem.reply_id, error=problem.error.to_object()))
             return
         if envelope.method is msgspec.UNSET:
+            if self._handed_since_yield:
+                # An answer never overtakes what the peer sent before it: the tasks handed
+                # those messages start before whoever awaits this answer runs.
+                await self._yield_to_handlers()
             self._on_answer(envelope)
             return
         is_notification = envelope.id is msgspec.UNSET
@@ -176,6 +202,7 @@ class PeerLanes:
         if inbound.method in self._concurrent:
             await self._acquire(self._concurrent_slots)
             self._nursery.start_soon(self._handle_concurrent, inbound)
+            self._handed_since_yield = True
             return
         size = len(data)
         if self._queued >= self.limits.inbound_messages or self._queued_bytes + size > self.limits.inbound_bytes:
@@ -191,14 +218,13 @@ class PeerLanes:
         lane = self._lanes.get(key)
         if lane is None:
             await self._acquire(self._lane_slots)
-            # Unbounded by itself: the connection-wide count above is the bound.
-            send, receive = trio.open_memory_channel[tuple[Inbound, int]](math.inf)
-            lane = _Lane(key, send, receive)
+            lane = _Lane(key)
             self._lanes[key] = lane
             self._nursery.start_soon(self._run_lane, lane)
         self._queued += 1
         self._queued_bytes += size
-        lane.send.send_nowait((inbound, size))
+        lane.put((inbound, size))
+        self._handed_since_yield = True
 
     def _skip_line(self, data: bytes) -> None:
         self._counts["skipped_lines"] += 1
@@ -223,19 +249,19 @@ class PeerLanes:
     async def _run_lane(self, lane: _Lane) -> None:
         try:
             while True:
-                try:
-                    inbound, size = lane.receive.receive_nowait()
-                except trio.WouldBlock:
-                    if lane.key is None:
-                        # The connection's own lane (all of a server link's messages) stays for
-                        # the connection's life: no task to start per message.
-                        inbound, size = await lane.receive.receive()
-                    else:
+                if not lane.waiting:
+                    if lane.key is not None:
                         # Idle: the lane ends. No await between the check and the removal, so
                         # the read loop never puts a message into a lane that is gone.
                         if self._lanes.get(lane.key) is lane:
                             del self._lanes[lane.key]
                         return
+                    # The connection's own lane (all of a server link's messages) stays for
+                    # the connection's life: no task to start per message.
+                    while not lane.waiting:
+                        lane.arrived = trio.Event()
+                        await lane.arrived.wait()
+                inbound, size = lane.waiting.popleft()
                 self._queued -= 1
                 self._queued_bytes -= size
                 self._inbound_room.set()

@@ -67,6 +67,18 @@ UNKNOWN_LISTING_CAP: Final = 10
 
 #: Where a DM descriptor's ``address`` names its recipient (``<@id>`` targets).
 RECIPIENT_KEYS: tuple[str, ...] = ("userId", "recipientId", "user")
+#: Shown names remembered for one registry generation at most; past this many the memory
+#: starts again (a turn asks for the same few half a dozen times).
+SHOWN_NAMES_KEPT: Final = 4096
+
+
+@attrs.define
+class _ShownNames:
+    """What ``name_shown`` answered, valid while the registry's ``generation`` stands (every
+    change to what is registered bumps it, and a shown name is read from nothing else)."""
+
+    generation: int = -1
+    names: dict[ChannelRef, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(eq=False)
@@ -76,6 +88,7 @@ class ChannelNames:
     registry: ChannelRegistry
     #: Refusals by ``kind`` since start (the daemon's ``/metrics`` reads them); explain's not counted.
     refusals: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    _shown: _ShownNames = attrs.field(factory=_ShownNames, init=False)
 
     # ------------------------------------------------------------------ the one resolver
 
@@ -187,6 +200,16 @@ class ChannelNames:
         another channel now answers to the id, or the id-and-server form where something
         answers to both, so what is shown never names another channel.
         """
+        memo, generation = self._shown, self.registry.generation
+        if memo.generation != generation or len(memo.names) >= SHOWN_NAMES_KEPT:
+            memo.names.clear()
+            memo.generation = generation
+        shown = memo.names.get(ref)
+        if shown is None:
+            shown = memo.names[ref] = self._name_shown_now(ref)
+        return shown
+
+    def _name_shown_now(self, ref: ChannelRef) -> str:
         if self.registry.is_registered(ref):
             picked = self.pick_name(ref)
             if picked is not None:

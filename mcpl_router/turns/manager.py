@@ -109,6 +109,7 @@ class TurnManager:
         #: Recently ended turns, newest last (a script left running may still call tools in one).
         self._ended: collections.OrderedDict[str, TurnRun] = collections.OrderedDict()
         self._ids = itertools.count(1)
+        self._id_salt = secrets.token_hex(4)  # ids unique across restarts; not a getrandom a turn
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None
         #: The reaction a provider-refused turn's latest inbound message gets (not for named).
@@ -156,9 +157,7 @@ class TurnManager:
         return run
 
     def _new_ids(self) -> tuple[str, str]:
-        n = next(self._ids)
-        token = secrets.token_hex(4)
-        return f"t-{n}-{token}", f"inf-{n}-{token}"
+        return f"t-{(n := next(self._ids))}-{self._id_salt}", f"inf-{n}-{self._id_salt}"
 
     def open_turns(self) -> list[Turn]:
         """Every open turn (for status and tests)."""
@@ -527,11 +526,14 @@ class TurnManager:
             # Shielded: the stop and the terminal must go out even when the caller is being
             # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
             with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
-                # Concurrently: a typing stop stuck on one server must not cost another server
-                # its lifecycle terminal.
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self.typing.stop, run)
-                    nursery.start_soon(self.lifecycle.end, run, outcome, usage)
+                # Concurrently where two servers hear the end: one's stuck typing stop must not cost another its terminal.
+                if run.ends_on_one_server():
+                    await self.typing.stop(run)
+                    await self.lifecycle.end(run, outcome, usage)
+                else:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self.typing.stop, run)
+                        nursery.start_soon(self.lifecycle.end, run, outcome, usage)
         finally:
             if acquired:
                 run.lock.release()

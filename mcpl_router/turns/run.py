@@ -125,6 +125,17 @@ class TurnRun:
         peer = None if self.connection is None else self.connection.peer
         return peer is not None and peer.closed
 
+    def ends_on_one_server(self) -> bool:
+        """Whether the turn's end (typing stop, streams' completes, lifecycle terminal) goes to
+        one server at most: known only once ``started`` has been sent wherever it went."""
+        if self.started is not None and not self.started_done.is_set():
+            return False
+        servers = {ref.server_id for ref in self.streams}
+        servers.update(self.started or ())
+        if self.typing_sent is not None:
+            servers.add(self.typing_sent[0].server_id)
+        return len(servers) <= 1
+
     def count_silent(self, action: SilentAction) -> None:
         """Count words a mode never posts (``suppressed`` or ``kept``)."""
         if action == "kept":

@@ -296,6 +296,27 @@ def test_name_shown_is_the_qualified_name_where_the_id_is_shared(reverse: bool) 
     assert names.name_shown(B_GEN) == "b:general"
 
 
+def test_a_shown_name_follows_each_registry_change_however_often_it_was_asked(reverse: bool) -> None:
+    # name_shown remembers its answers for one registry generation: each change must show.
+    names = names_for([("a", {"id": "general"})], reverse)
+    registry = names.registry
+    assert [names.name_shown(A_GEN) for _ in range(3)] == ["general"] * 3
+    assert registry.register("b", [{"id": "general"}], FULL)[0].accepted
+    assert names.name_shown(A_GEN) == "a:general"
+    assert names.name_shown(B_GEN) == "b:general"
+    registry.withdraw("b", ["general"])
+    assert names.name_shown(A_GEN) == "general"
+    assert names.name_shown(B_GEN) == "b:general"  # gone, and its id names a's channel
+    registry.remove_server("a")
+    assert names.name_shown(B_GEN) == "general"  # now nothing answers to it
+    assert registry.register("b", [{"id": "a:general"}], FULL)[0].accepted
+    assert names.name_shown(ChannelRef("b", "a:general")) == "a:general"
+    assert registry.register("a", [{"id": "general"}], FULL)[0].accepted
+    # "a:general" is now a's qualified name too: b's channel is shown by its own.
+    assert names.name_shown(ChannelRef("b", "a:general")) == "b:a:general"
+    assert names.name_shown(A_GEN) == "general"
+
+
 def test_name_shown_for_a_channel_no_longer_registered(reverse: bool) -> None:
     names = names_for(TWO_GENERALS, reverse)
     names.registry.withdraw("b", ["general"])

@@ -508,3 +508,34 @@ async def test_two_peers_talk_and_every_message_says_jsonrpc_2_0(nursery: trio.N
         assert refused.value.code == -32017
     assert wire and all(json.loads(data)["jsonrpc"] == "2.0" for data in wire)
     assert not any(b'"params"' in data for data in wire if b'"method":"ping"' in data)
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["in-a-lane", "in-its-own-task"])
+async def test_an_answer_never_overtakes_the_notifications_sent_before_it(nursery: trio.Nursery, concurrent: bool) -> None:
+    """Buffered messages are read without a yield each: the tasks handed the notifications that
+    came first must still have started before whoever awaits the answer runs."""
+    left, right = trio.testing.memory_stream_pair()
+    seen: list[int] = []
+    table = MethodTable()
+
+    class Note(msgspec.Struct):
+        n: int
+
+    async def note(params: Note, _inbound: Inbound) -> None:
+        seen.append(params.n)
+
+    table.add("note", note, Note, concurrent=concurrent)
+    peer = Peer(NdjsonStream(left, left), table, request_timeout=5, concurrent_methods=table.concurrent_methods)
+    await nursery.start(peer.run)
+    remote = Remote(right)
+
+    async def answer_after_notes() -> None:
+        request = await remote.receive()
+        # One write: every note and the answer arrive in one read, buffered together.
+        lines = [{"jsonrpc": "2.0", "method": "note", "params": {"n": n}} for n in range(5)]
+        lines.append({"jsonrpc": "2.0", "id": request["id"], "result": "done"})
+        await remote.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+    nursery.start_soon(answer_after_notes)
+    assert await peer.request("go") == "done"
+    assert sorted(seen) == [0, 1, 2, 3, 4]
