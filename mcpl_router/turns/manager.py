@@ -35,6 +35,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, call_scope, requested_channel, trigger_of
 from mcpl_router.tools import ToolCall, ToolTable, agent_may_call, tool_result
 from mcpl_router.turns.drafts import DraftBook, receipt_of
+from mcpl_router.turns.keeper import TurnKeepers
 from mcpl_router.turns.lifecycle import REFUSAL_REACTION, InferenceLifecycle
 from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, TurnRun, TurnTimings, Timing
 from mcpl_router.turns.speech import Speech
@@ -126,6 +127,7 @@ class TurnManager:
             router=router, links=links, journal=journal, drafts=self.drafts, typing=self.typing, streams=streams, timings=self.timings
         )
         self.lifecycle = InferenceLifecycle(links=links, streams=streams, notify_agent=sessions.notify_agent)
+        self.keepers = TurnKeepers(self)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the turns' keeper tasks (and the hosts' typing leases) until cancelled."""
@@ -133,6 +135,7 @@ class TurnManager:
             self._nursery = nursery
             try:
                 await nursery.start(self.typing.run)
+                await nursery.start(self.keepers.run)
                 task_status.started()
                 await trio.sleep_forever()
             finally:
@@ -257,11 +260,7 @@ class TurnManager:
             if old is not None:
                 log.info("turn.superseded", superseded=superseded.turn_id)
                 await self.finish(old, "aborted", why="superseded")
-        if self._nursery is not None:
-            self._nursery.start_soon(self._keep, run, name=f"turn-keeper:{turn_id}")
-        else:
-            # No manager nursery (a TurnManager driven directly by a unit test).
-            trio.lowlevel.spawn_system_task(self._keep, run, name=f"turn-keeper:{turn_id}")
+        self.keepers.opened(run)
         locus = turn.routing.locus
         routing_line = mode.routing_line(
             self._shown(locus) if locus else None, competing, held_ambiguous=state.held_reason == prose.REASON_AMBIGUOUS
@@ -514,7 +513,7 @@ class TurnManager:
         self._ended[turn.turn_id] = run
         while len(self._ended) > ENDED_TURNS_KEPT:
             self._ended.popitem(last=False)
-        run.cancel.cancel()
+        self.keepers.ended(run)
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
         acquired = False
         with trio.CancelScope(shield=True, deadline=trio.current_time() + self.speech.longest_publish() + FINISH_GRACE):
@@ -569,32 +568,3 @@ class TurnManager:
     def channels_removed(self, refs: Sequence[ChannelRef]) -> None:
         """Channels withdrawn (or their server gone): only those channels' typing is forgotten."""
         self.typing.withdrawn(refs, self._runs.values())
-
-    # ------------------------------------------------------------------ the keeper
-
-    async def _keep(self, run: TurnRun) -> None:
-        """Refresh the turn's typing and watch its lease and connection until the turn ends."""
-        turn = run.turn
-        try:
-            with run.cancel:
-                while True:
-                    now = trio.current_time()
-                    if run.host_gone:
-                        await self.finish(run, "aborted", why="host-gone")
-                        return
-                    if now >= run.lease_deadline:
-                        self._log.warning("turn.lease.expired", agent=turn.agent, turn=turn.turn_id, lease=self.lease)
-                        await self.finish(run, "aborted", why="lease-expired")
-                        return
-                    moved = run.typing_sent is not None and run.typing_sent[0] != turn.routing.typing_channel
-                    if moved or (turn.routing.typing_channel is not None and now >= run.next_typing):
-                        await self.typing.refresh(run)
-                        run.next_typing = trio.current_time() + self.typing_interval
-                    wake_at = min(run.lease_deadline, now + self.connection_poll)
-                    if turn.routing.typing_channel is not None:
-                        wake_at = min(wake_at, run.next_typing)
-                    await trio.sleep_until(wake_at)
-        except Exception:
-            # A keeper's exception must not end the manager's nursery: log it, end the turn.
-            self._log.exception("turn.keeper.crashed", agent=turn.agent, turn=turn.turn_id)
-            await self.finish(run, "failed", why="keeper-crashed")

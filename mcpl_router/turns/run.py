@@ -87,7 +87,9 @@ class TurnRun:
     connection: HostConnection | None
     mode: ProseMode
     lease_deadline: float
+    #: The keeper's scope, and the scope of the typing start the turn opens with.
     cancel: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    first_typing: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     lock: trio.Lock = attrs.field(factory=trio.Lock)
     # Where a typing "start" went (and in which transport epoch), so "stop" goes exactly there.
     typing_sent: tuple[ChannelRef, int] | None = None

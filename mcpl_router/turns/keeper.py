@@ -1,0 +1,118 @@
+"""What keeps an open turn: its typing refreshed, its lease and its host's connection watched.
+
+A turn's keeper task starts only once the turn has lived its *first look* (the shortest of the
+connection poll, the typing interval and the lease): before then nothing a keeper watches can
+fall due, and most turns of a busy daemon have ended by then, with no keeper's task, sleep or
+cancellation spent on them. The typing start a turn opens with goes out at once, in a short task
+of its own (never in the host's call: a server slow to read must not hold ``turn/open``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from mcpl_router.logs import get_logger
+
+if TYPE_CHECKING:
+    from mcpl_router.turns.manager import TurnManager
+    from mcpl_router.turns.run import TurnRun
+
+__all__ = ["TurnKeepers"]
+
+
+class TurnKeepers:
+    """Starts each open turn's keeper when it is first due, and runs the keepers."""
+
+    def __init__(self, manager: TurnManager) -> None:
+        self._manager = manager
+        self._log = get_logger()
+        self._nursery: trio.Nursery | None = None
+        # Turns opened and not yet kept, in open order, each with when its keeper starts.
+        self._waiting: dict[str, tuple[TurnRun, float]] = {}
+        self._arrived = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start keepers as they fall due, until cancelled (the keepers run in this nursery)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await self._start_when_due(nursery)
+            finally:
+                self._nursery = None
+
+    async def _start_when_due(self, nursery: trio.Nursery) -> None:
+        while True:
+            if not self._waiting:
+                self._arrived = trio.Event()
+                await self._arrived.wait()
+                continue
+            # The oldest first: with the timings unchanged, first opened is first due.
+            turn_id, (run, due) = next(iter(self._waiting.items()))
+            if trio.current_time() < due:
+                await trio.sleep_until(due)
+                continue
+            del self._waiting[turn_id]
+            if not run.finished:
+                nursery.start_soon(self.keep, run, name=f"turn-keeper:{turn_id}")
+
+    def opened(self, run: TurnRun) -> None:
+        """A turn opened: its typing starts now, its keeper once it is first due."""
+        manager = self._manager
+        nursery = self._nursery
+        if nursery is None:
+            # No running keepers (a TurnManager driven directly by a unit test): keep it now.
+            trio.lowlevel.spawn_system_task(self.keep, run, name=f"turn-keeper:{run.turn.turn_id}")
+            return
+        if run.turn.routing.typing_channel is not None:
+            nursery.start_soon(self._first_typing, run, name=f"turn-typing:{run.turn.turn_id}")
+        first_look = min(manager.connection_poll, manager.typing_interval, manager.lease)
+        self._waiting[run.turn.turn_id] = (run, trio.current_time() + first_look)
+        self._arrived.set()
+
+    def ended(self, run: TurnRun) -> None:
+        """A turn ended: a keeper not started yet never will be; a running one is cancelled."""
+        self._waiting.pop(run.turn.turn_id, None)
+        run.first_typing.cancel()
+        run.cancel.cancel()
+
+    async def _first_typing(self, run: TurnRun) -> None:
+        manager = self._manager
+        # Set before the send, so a keeper starting meanwhile doesn't start it twice.
+        run.next_typing = trio.current_time() + manager.typing_interval
+        try:
+            with run.first_typing:
+                await manager.typing.refresh(run)
+        except Exception:
+            self._log.exception("turn.typing.crashed", agent=run.turn.agent, turn=run.turn.turn_id)
+
+    async def keep(self, run: TurnRun) -> None:
+        """Refresh the turn's typing and watch its lease and connection until the turn ends."""
+        manager = self._manager
+        turn = run.turn
+        log: Any = self._log
+        try:
+            with run.cancel:
+                while True:
+                    now = trio.current_time()
+                    if run.host_gone:
+                        await manager.finish(run, "aborted", why="host-gone")
+                        return
+                    if now >= run.lease_deadline:
+                        log.warning("turn.lease.expired", agent=turn.agent, turn=turn.turn_id, lease=manager.lease)
+                        await manager.finish(run, "aborted", why="lease-expired")
+                        return
+                    moved = run.typing_sent is not None and run.typing_sent[0] != turn.routing.typing_channel
+                    if moved or (turn.routing.typing_channel is not None and now >= run.next_typing):
+                        await manager.typing.refresh(run)
+                        run.next_typing = trio.current_time() + manager.typing_interval
+                    wake_at = min(run.lease_deadline, now + manager.connection_poll)
+                    if turn.routing.typing_channel is not None:
+                        wake_at = min(wake_at, run.next_typing)
+                    await trio.sleep_until(wake_at)
+        except Exception:
+            # A keeper's exception must not end the keepers' nursery: log it, end the turn.
+            log.exception("turn.keeper.crashed", agent=turn.agent, turn=turn.turn_id)
+            await manager.finish(run, "failed", why="keeper-crashed")
