@@ -62,7 +62,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print("latency…", flush=True)
         results["latency"] = await bench_inbound.latency(workdir, (200, 500, 1000, 2000), 1.5 if quick else 4.0)
         print("speech…", flush=True)
-        results["speech"] = await bench_speech.speech(workdir, 10, 20 if quick else 100, 1 if quick else 3)
+        results["speech"] = await bench_speech.speech(workdir, 10, 20 if quick else 200, 1 if quick else 5)
         print("startup…", flush=True)
         results["startup"] = await bench_startup.startup(workdir, 20 if quick else 50, 1 if quick else 3)
     print("scale…", flush=True)

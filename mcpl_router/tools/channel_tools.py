@@ -150,6 +150,8 @@ class ChannelTools:
         self._desired = DesiredChannels()
         for agent, server_id, channel_id in journal.declines():
             self._desired.decide(agent, ChannelRef(server_id, channel_id), DECLINED)
+        # The specs read nothing but the mode's one flag: built once per value, not per turn.
+        self._specs: dict[bool, list[ToolSpec]] = {}
         self._log = get_logger()
 
     # ------------------------------------------------------------------ queries (invitations)
@@ -201,53 +203,10 @@ class ChannelTools:
 
     def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
         named = agent.mode.sends_only_where_named
-        publish_props = {
-            "channelId": _channel_id(),
-            "threadId": {**_STRING, "description": "Post into this thread of the channel. Optional."},
-            "content": {**_STRING, "description": "The message to post."},
-            "text": {**_STRING, "description": "The message to post (the same as content)."},
-        }
-        return [
-            {"name": "channel_list", "description": texts.CHANNEL_LIST_DESCRIPTION, "inputSchema": _schema({})},
-            {
-                "name": "channel_open",
-                "description": texts.CHANNEL_OPEN_DESCRIPTION,
-                "inputSchema": _schema(
-                    {
-                        "channelId": _channel_id(),
-                        "serverId": _SERVER_ID,
-                        "backscroll": {"type": "integer", "minimum": 0, "description": "How many recent messages to fetch. Optional."},
-                        "beforeMessageId": {**_STRING, "description": "Fetch the backscroll before this message. Optional."},
-                        "setSpeechTarget": {"type": "boolean", "default": True, "description": "Make it where your plain speech lands for the rest of this turn."},
-                        "threadId": {**_STRING, "description": "Open this thread of the channel. Optional."},
-                    },
-                    ("channelId",),
-                ),
-            },
-            {
-                "name": "channel_close",
-                "description": texts.CHANNEL_CLOSE_DESCRIPTION,
-                "inputSchema": _schema({"channelId": _channel_id(), "serverId": _SERVER_ID}, ("channelId",)),
-            },
-            {
-                "name": "channel_decline",
-                "description": texts.CHANNEL_DECLINE_DESCRIPTION,
-                "inputSchema": _schema(
-                    {
-                        "channelId": _channel_id(),
-                        "serverId": _SERVER_ID,
-                        "acknowledge": {**_STRING, "description": "An emoji to acknowledge the inviting message with. Optional."},
-                        "messageId": {**_STRING, "description": "The message to acknowledge (default: the latest that woke you there)."},
-                    },
-                    ("channelId",),
-                ),
-            },
-            {
-                "name": "channel_publish",
-                "description": texts.CHANNEL_PUBLISH_NAMED_DESCRIPTION if named else texts.CHANNEL_PUBLISH_DESCRIPTION,
-                "inputSchema": _schema(publish_props, ("channelId", "content") if named else ("content",)),
-            },
-        ]
+        specs = self._specs.get(named)
+        if specs is None:
+            specs = self._specs[named] = _channel_tool_specs(named)
+        return specs
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         handler = {
@@ -541,3 +500,54 @@ class ChannelTools:
         if delivery.outcome == "unknown":
             return tool_result(texts.publish_unconfirmed(shown), reason=REASON_UNCONFIRMED, data=data)
         return tool_result(texts.publish_failed(shown, delivery.reason), error=True, reason=delivery.reason, data=data)
+
+
+def _channel_tool_specs(named: bool) -> list[ToolSpec]:
+    """The channel tools' specs; ``named``: the mode posts plain speech only where named."""
+    publish_props = {
+        "channelId": _channel_id(),
+        "threadId": {**_STRING, "description": "Post into this thread of the channel. Optional."},
+        "content": {**_STRING, "description": "The message to post."},
+        "text": {**_STRING, "description": "The message to post (the same as content)."},
+    }
+    return [
+        {"name": "channel_list", "description": texts.CHANNEL_LIST_DESCRIPTION, "inputSchema": _schema({})},
+        {
+            "name": "channel_open",
+            "description": texts.CHANNEL_OPEN_DESCRIPTION,
+            "inputSchema": _schema(
+                {
+                    "channelId": _channel_id(),
+                    "serverId": _SERVER_ID,
+                    "backscroll": {"type": "integer", "minimum": 0, "description": "How many recent messages to fetch. Optional."},
+                    "beforeMessageId": {**_STRING, "description": "Fetch the backscroll before this message. Optional."},
+                    "setSpeechTarget": {"type": "boolean", "default": True, "description": "Make it where your plain speech lands for the rest of this turn."},
+                    "threadId": {**_STRING, "description": "Open this thread of the channel. Optional."},
+                },
+                ("channelId",),
+            ),
+        },
+        {
+            "name": "channel_close",
+            "description": texts.CHANNEL_CLOSE_DESCRIPTION,
+            "inputSchema": _schema({"channelId": _channel_id(), "serverId": _SERVER_ID}, ("channelId",)),
+        },
+        {
+            "name": "channel_decline",
+            "description": texts.CHANNEL_DECLINE_DESCRIPTION,
+            "inputSchema": _schema(
+                {
+                    "channelId": _channel_id(),
+                    "serverId": _SERVER_ID,
+                    "acknowledge": {**_STRING, "description": "An emoji to acknowledge the inviting message with. Optional."},
+                    "messageId": {**_STRING, "description": "The message to acknowledge (default: the latest that woke you there)."},
+                },
+                ("channelId",),
+            ),
+        },
+        {
+            "name": "channel_publish",
+            "description": texts.CHANNEL_PUBLISH_NAMED_DESCRIPTION if named else texts.CHANNEL_PUBLISH_DESCRIPTION,
+            "inputSchema": _schema(publish_props, ("channelId", "content") if named else ("content",)),
+        },
+    ]

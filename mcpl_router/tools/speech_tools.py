@@ -87,13 +87,20 @@ class SpeechTools:
     def __init__(self, *, speech: Speech, drafts: DraftBook) -> None:
         self._speech = speech
         self._draft_book = drafts
+        # The specs read only the mode's wording: built once per mode, not per turn.
+        self._specs: dict[tuple[bool, str, str, str], list[ToolSpec]] = {}
         self._log = get_logger()
 
     def tool_names(self) -> Iterable[ToolName]:
         return _NAMES
 
     def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
-        return tool_specs(run.mode)
+        mode = run.mode
+        key = (mode.speaks, mode.skip_reply_description, mode.think_description, mode.sleep_description)
+        specs = self._specs.get(key)
+        if specs is None:
+            specs = self._specs[key] = tool_specs(mode)
+        return specs
 
     def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """A drafts ``resend`` posts: its round's plain text is held (send-silencing)."""
