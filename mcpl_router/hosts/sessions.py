@@ -19,6 +19,7 @@ its wakes stay unacked in the journal and come back when it reconnects.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
@@ -117,7 +118,8 @@ class SessionManager:
         # Each agent's resolved wake policy, with the registry generation it was resolved at.
         self._policies: dict[str, tuple[int, AgentSpec, WakePolicy]] = {}
         # The newest wakes by (seq, agent), oldest first, at most RECENT_WAKES (turn/open reads).
-        self._recent: dict[tuple[int, str], Wake] = {}
+        # An OrderedDict: dropping a plain dict's oldest key scans the holes earlier drops left.
+        self._recent: collections.OrderedDict[tuple[int, str], Wake] = collections.OrderedDict()
         # Counters over every host connection that has closed (live ones are read when asked).
         self._closed_totals = {"connections": 0, "stalledDisconnects": 0, "outboxFullDisconnects": 0,
                                "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
@@ -222,7 +224,7 @@ class SessionManager:
         # The wakes turn/open asks for are almost always the newest: keep a bounded few.
         self._recent[(wake.seq, wake.agent)] = wake
         if len(self._recent) > RECENT_WAKES:
-            del self._recent[next(iter(self._recent))]
+            self._recent.popitem(last=False)
 
     def outbox_statistics(self) -> list[dict[str, Any]]:
         """Each connection's wake window and queues (for ``status``)."""

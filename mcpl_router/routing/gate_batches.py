@@ -22,7 +22,7 @@ Everything held is still an unacked delivery in the journal: this state is only 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Final
 
@@ -91,7 +91,8 @@ class AgentGate:
         # Per rate-limited rule: when its recent wakes went out (oldest first).
         self._sent: dict[int | None, deque[float]] = {}
         self._held: set[int] = set()
-        self._passed: dict[int, None] = {}
+        # An OrderedDict: dropping a plain dict's oldest key scans the holes earlier drops left.
+        self._passed: OrderedDict[int, None] = OrderedDict()
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -186,7 +187,7 @@ class AgentGate:
         if not self._deferred:
             self._passed[wake.seq] = None
             if len(self._passed) > PASSED_MEMORY:
-                del self._passed[next(iter(self._passed))]
+                self._passed.popitem(last=False)
             return Offer(True)
         self._held.add(wake.seq)
         bucket = _Bucket(behaviour, 0.0, [wake])

@@ -9,6 +9,7 @@ of its own (never in the host's call: a server slow to read must not hold ``turn
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -29,8 +30,9 @@ class TurnKeepers:
         self._manager = manager
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None
-        # Turns opened and not yet kept, in open order, each with when its keeper starts.
-        self._waiting: dict[str, tuple[TurnRun, float]] = {}
+        # Turns opened and not yet kept, in open order, each with when its keeper starts (an
+        # OrderedDict: most leave early, and a plain dict's first key is found past their holes).
+        self._waiting: collections.OrderedDict[str, tuple[TurnRun, float]] = collections.OrderedDict()
         self._arrived = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -54,7 +56,7 @@ class TurnKeepers:
             if trio.current_time() < due:
                 await trio.sleep_until(due)
                 continue
-            del self._waiting[turn_id]
+            self._waiting.popitem(last=False)
             if not run.finished:
                 nursery.start_soon(self.keep, run, name=f"turn-keeper:{turn_id}")
 
