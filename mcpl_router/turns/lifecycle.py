@@ -81,7 +81,8 @@ class InferenceLifecycle:
         await self._streams.complete(run)
         if run.started is None:
             return
-        await run.started_done.wait()
+        if not run.started_done.is_set():
+            await run.started_done.wait()
         turn = run.turn
         params: dict[str, Any] = {
             "inferenceId": turn.inference_id,

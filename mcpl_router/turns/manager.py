@@ -515,10 +515,13 @@ class TurnManager:
             self._ended.popitem(last=False)
         self.keepers.ended(run)
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
-        acquired = False
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + self.speech.longest_publish() + FINISH_GRACE):
-            await run.lock.acquire()
-            acquired = True
+        acquired = not run.lock.locked()
+        if acquired:
+            run.lock.acquire_nowait()  # the common case: no round is being routed
+        else:
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.speech.longest_publish() + FINISH_GRACE):
+                await run.lock.acquire()
+                acquired = True
         if not acquired:
             log.warning("turn.finish.lock_timeout", why=why)
         try:
