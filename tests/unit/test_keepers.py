@@ -1,0 +1,91 @@
+"""A turn's keeper starts when it is first due: a short turn spends none; a long one is kept.
+
+Stand-ins for the manager's timings, typing and finish, on trio's autojump clock (virtual time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from mcpl_router.routing.modes import mode_named
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.turns import Turn, TurnRouting
+from mcpl_router.turns import TurnRun
+from mcpl_router.turns.keeper import TurnKeepers
+
+GENERAL = ChannelRef("a", "general")
+
+
+class _Typing:
+    def __init__(self) -> None:
+        self.starts: list[tuple[str, float]] = []
+
+    async def refresh(self, run: TurnRun) -> None:
+        self.starts.append((run.turn.turn_id, trio.current_time()))
+        run.typing_sent = (GENERAL, 1)
+
+
+class _Manager:
+    connection_poll = 0.5
+    typing_interval = 2.0
+    lease = 60.0
+
+    def __init__(self) -> None:
+        self.typing = _Typing()
+        self.ended: list[tuple[str, str]] = []
+        self.keepers = _CountingKeepers(self)
+
+    async def finish(self, run: TurnRun, outcome: str, *, why: str) -> None:
+        run.finished = True
+        self.ended.append((run.turn.turn_id, why))
+        self.keepers.ended(run)
+
+
+class _CountingKeepers(TurnKeepers):
+    def __init__(self, manager: Any) -> None:
+        super().__init__(manager)
+        self.kept: list[str] = []
+
+    async def keep(self, run: TurnRun) -> None:
+        self.kept.append(run.turn.turn_id)
+        await super().keep(run)
+
+
+def _run(turn_id: str) -> TurnRun:
+    turn = Turn(turn_id=turn_id, inference_id=f"i-{turn_id}", agent="ada", routing=TurnRouting.starting_at(GENERAL))
+    return TurnRun(turn=turn, connection=None, mode=mode_named("locus"), lease_deadline=trio.current_time() + 60)
+
+
+async def test_a_turn_ended_before_its_first_look_costs_no_keeper_but_got_its_typing(autojump_clock: trio.abc.Clock) -> None:
+    manager = _Manager()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        run = _run("short")
+        assert run.turn.routing.typing_channel == GENERAL
+        manager.keepers.opened(run)
+        await trio.sleep(0.1)
+        await manager.finish(run, "completed", why="closed")
+        await trio.sleep(10)
+        nursery.cancel_scope.cancel()
+    assert manager.keepers.kept == []
+    assert [turn for turn, _at in manager.typing.starts] == ["short"]  # the opening start, at once
+    assert manager.typing.starts[0][1] < 0.1
+
+
+async def test_a_turn_that_outlives_its_first_look_is_kept(autojump_clock: trio.abc.Clock) -> None:
+    manager = _Manager()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        run = _run("long")
+        opened_at = trio.current_time()
+        manager.keepers.opened(run)
+        await trio.sleep(4.5)  # typing refreshed at 2 s and 4 s
+        run.lease_deadline = trio.current_time()  # then its lease runs out
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert manager.keepers.kept == ["long"]
+    starts = [round(at - opened_at, 1) for _turn, at in manager.typing.starts]
+    assert starts == [0.0, 2.0, 4.0]
+    assert manager.ended == [("long", "lease-expired")]
