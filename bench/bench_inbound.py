@@ -14,7 +14,8 @@ CPU-second of its own process. Sides, interleaved and repeated:
 
 **Latency.** One server paced open-loop at 200, 500, 1,000 and 2,000 msgs/s for ``--seconds``
 each; the host measures each wake's delay from the message's send time (CLOCK_MONOTONIC, shared
-by the processes); p50/p99 through the daemon and through the forwarder, and the added p99.
+by the processes); p50/p99 through the daemon, the daemon with its journal's fsync off, and the
+forwarder, and the added p99 of each daemon.
 
 Prints a table and returns the figures (``bench/run.py`` collects them). Nothing is asserted.
 """
@@ -131,16 +132,21 @@ async def latency(workdir: Path, rates: tuple[int, ...], seconds: float) -> dict
     for rate in rates:
         messages = max(50, int(rate * seconds))
         row: dict[str, Any] = {}
-        for side in ("forwarder", "daemon"):
+        for side in ("forwarder", "daemon", "daemon-no-fsync"):
             tag = f"l{rate}-{side}"
             async with fixtures_running(workdir, 1) as fixtures:
-                context = forwarder_running(workdir, fixtures, tag=tag) if side == "forwarder" else daemon_running(workdir, _servers(fixtures), tag=tag)
+                if side == "forwarder":
+                    context = forwarder_running(workdir, fixtures, tag=tag)
+                else:
+                    context = daemon_running(workdir, _servers(fixtures), tag=tag, fsync=side == "daemon")
                 async with context as (proc, socket):
                     measured = await _drive(socket, proc.pid, fixtures, messages, tag, rate=rate)
             delays = [d * 1000 for d in measured["latencies"]]
             row[side] = {"p50_ms": percentile(delays, 0.5), "p99_ms": percentile(delays, 0.99), "achieved": measured["rate"]}
         row["added_p50_ms"] = row["daemon"]["p50_ms"] - row["forwarder"]["p50_ms"]
         row["added_p99_ms"] = row["daemon"]["p99_ms"] - row["forwarder"]["p99_ms"]
+        # The journal's fsync's share: the same daemon with synchronous=OFF.
+        row["no_fsync_added_p99_ms"] = row["daemon-no-fsync"]["p99_ms"] - row["forwarder"]["p99_ms"]
         rows[str(rate)] = row
         print(f"  latency at {rate}/s: daemon p99 {row['daemon']['p99_ms']:.2f} ms, forwarder p99 {row['forwarder']['p99_ms']:.2f} ms", flush=True)
     return rows
@@ -156,10 +162,13 @@ def print_throughput(figures: dict[str, Any], servers: int, messages: int) -> No
 
 def print_latency(rows: dict[str, Any]) -> None:
     print("\nInbound→wake latency under offered load (open loop, one server)")
-    print(f"{'offered/s':>10}{'daemon p50':>12}{'p99':>9}{'fwd p50':>10}{'p99':>9}{'added p50':>11}{'added p99':>11}  (ms)")
+    print(f"{'offered/s':>10}{'daemon p50':>12}{'p99':>9}{'fwd p50':>10}{'p99':>9}{'added p50':>11}{'added p99':>11}{'no fsync p50':>14}{'p99':>9}{'added p99':>11}  (ms)")
     for rate, row in rows.items():
-        d, f = row["daemon"], row["forwarder"]
-        print(f"{rate:>10}{d['p50_ms']:>12.2f}{d['p99_ms']:>9.2f}{f['p50_ms']:>10.2f}{f['p99_ms']:>9.2f}{row['added_p50_ms']:>11.2f}{row['added_p99_ms']:>11.2f}")
+        d, f, n = row["daemon"], row["forwarder"], row["daemon-no-fsync"]
+        print(
+            f"{rate:>10}{d['p50_ms']:>12.2f}{d['p99_ms']:>9.2f}{f['p50_ms']:>10.2f}{f['p99_ms']:>9.2f}{row['added_p50_ms']:>11.2f}"
+            f"{row['added_p99_ms']:>11.2f}{n['p50_ms']:>14.2f}{n['p99_ms']:>9.2f}{row['no_fsync_added_p99_ms']:>11.2f}"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
