@@ -88,6 +88,8 @@ class PeerLanes:
     _handling: int
     #: A message was handed to a task since the read loop last yielded (that task hasn't run).
     _handed_since_yield: bool
+    #: An answer was resolved since the read loop last yielded (its requester hasn't resumed).
+    _answered_since_yield: bool
     #: Set when a lane takes a message out (the read loop waits on it while the bound is full).
     _inbound_room: trio.Event
     _lane_slots: trio.Semaphore
@@ -157,7 +159,7 @@ class PeerLanes:
                 await self._yield_to_handlers()
 
     async def _yield_to_handlers(self) -> None:
-        self._handed_since_yield = False
+        self._handed_since_yield = self._answered_since_yield = False
         await trio.lowlevel.checkpoint()
 
     async def _on_message(self, data: bytes) -> None:
@@ -189,6 +191,7 @@ class PeerLanes:
                 # those messages start before whoever awaits this answer runs.
                 await self._yield_to_handlers()
             self._on_answer(envelope)
+            self._answered_since_yield = True
             return
         is_notification = envelope.id is msgspec.UNSET
         inbound = Inbound(
@@ -199,6 +202,10 @@ class PeerLanes:
             stamp=self._stamp() if self._stamp is not None else None,
         )
         assert self._nursery is not None
+        if self._answered_since_yield:
+            # Nor does what the peer sent after an answer overtake it: whoever awaited the
+            # answer resumes (and acts on it) before this message's handler starts.
+            await self._yield_to_handlers()
         if inbound.method in self._concurrent:
             await self._acquire(self._concurrent_slots)
             self._nursery.start_soon(self._handle_concurrent, inbound)

@@ -127,6 +127,7 @@ class Peer(PeerLanes, PeerOutbox):
         # Messages being handled right now (in lanes or their own tasks).
         self._handling = 0
         self._handed_since_yield = False
+        self._answered_since_yield = False
         self._inbound_room = trio.Event()
         self._writer_done = False
         self._lane_slots = trio.Semaphore(self.limits.max_lanes)

@@ -68,6 +68,10 @@ class TurnKeepers:
             # No running keepers (a TurnManager driven directly by a unit test): keep it now.
             trio.lowlevel.spawn_system_task(self.keep, run, name=f"turn-keeper:{run.turn.turn_id}")
             return
+        if run.host_gone:
+            # Its host left while it opened: kept now, so it ends at once, with no typing sent.
+            nursery.start_soon(self.keep, run, name=f"turn-keeper:{run.turn.turn_id}")
+            return
         if run.turn.routing.typing_channel is not None:
             nursery.start_soon(self._first_typing, run, name=f"turn-typing:{run.turn.turn_id}")
         first_look = min(manager.connection_poll, manager.typing_interval, manager.lease)
@@ -88,7 +92,9 @@ class TurnKeepers:
             with run.first_typing:
                 await manager.typing.refresh(run)
         except Exception:
-            self._log.exception("turn.typing.crashed", agent=run.turn.agent, turn=run.turn.turn_id)
+            # As a keeper's crash would: logged, and the turn ends.
+            self._log.exception("turn.keeper.crashed", agent=run.turn.agent, turn=run.turn.turn_id)
+            await manager.finish(run, "failed", why="keeper-crashed")
 
     async def keep(self, run: TurnRun) -> None:
         """Refresh the turn's typing and watch its lease and connection until the turn ends."""

@@ -89,3 +89,39 @@ async def test_a_turn_that_outlives_its_first_look_is_kept(autojump_clock: trio.
     starts = [round(at - opened_at, 1) for _turn, at in manager.typing.starts]
     assert starts == [0.0, 2.0, 4.0]
     assert manager.ended == [("long", "lease-expired")]
+
+
+async def test_a_turn_whose_host_left_while_it_opened_ends_at_once_with_no_typing(autojump_clock: trio.abc.Clock) -> None:
+    manager = _Manager()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        run = _run("orphan")
+        run.connection = _GoneConnection()  # type: ignore[assignment]
+        manager.keepers.opened(run)
+        await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert manager.ended == [("orphan", "host-gone")]
+    assert manager.typing.starts == []
+
+
+async def test_a_crash_in_the_opening_typing_start_ends_the_turn_as_a_keepers_would(autojump_clock: trio.abc.Clock) -> None:
+    manager = _Manager()
+
+    async def crash(_run: TurnRun) -> None:
+        raise RuntimeError("boom")
+
+    manager.typing.refresh = crash  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        manager.keepers.opened(_run("crashing"))
+        await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert manager.ended == [("crashing", "keeper-crashed")]
+
+
+class _GonePeer:
+    closed = True
+
+
+class _GoneConnection:
+    peer = _GonePeer()

@@ -539,3 +539,35 @@ async def test_an_answer_never_overtakes_the_notifications_sent_before_it(nurser
     nursery.start_soon(answer_after_notes)
     assert await peer.request("go") == "done"
     assert sorted(seen) == [0, 1, 2, 3, 4]
+
+
+async def test_what_came_after_an_answer_is_handled_after_its_requester_resumed(nursery: trio.Nursery) -> None:
+    """An answer and a notification in one read: whoever awaited the answer acts on it before
+    the notification's handler runs (trio's scheduler may run a pass in either order, so many
+    rounds)."""
+    left, right = trio.testing.memory_stream_pair()
+    seen: list[int] = []
+    table = MethodTable()
+
+    class Note(msgspec.Struct):
+        n: int
+
+    async def note(params: Note, _inbound: Inbound) -> None:
+        seen.append(params.n)
+
+    table.add("note", note, Note)
+    peer = Peer(NdjsonStream(left, left), table, request_timeout=5)
+    await nursery.start(peer.run)
+    remote = Remote(right)
+    for n in range(100):
+
+        async def answer_then_note(n: int = n) -> None:
+            request = await remote.receive()
+            lines = [{"jsonrpc": "2.0", "id": request["id"], "result": "done"}, {"jsonrpc": "2.0", "method": "note", "params": {"n": n}}]
+            await remote.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+        nursery.start_soon(answer_then_note)
+        assert await peer.request("go") == "done"
+        assert n not in seen, f"round {n}: the note was handled before the requester resumed"
+        await wait_all_tasks_blocked()
+        assert seen[-1] == n
