@@ -510,31 +510,40 @@ async def test_two_peers_talk_and_every_message_says_jsonrpc_2_0(nursery: trio.N
     assert not any(b'"params"' in data for data in wire if b'"method":"ping"' in data)
 
 
-@pytest.mark.parametrize("concurrent", [False, True], ids=["in-a-lane", "in-its-own-task"])
-async def test_an_answer_never_overtakes_the_notifications_sent_before_it(nursery: trio.Nursery, concurrent: bool) -> None:
-    """Buffered messages are read without a yield each: the tasks handed the notifications that
-    came first must still have started before whoever awaits the answer runs."""
+class _Note(msgspec.Struct):
+    n: int
+
+
+async def _noting_peer(nursery: trio.Nursery, *, concurrent: bool = False) -> tuple[Peer, Remote, list[int]]:
+    """A peer whose ``note`` notifications record their ``n`` (in a lane, or each in a task)."""
     left, right = trio.testing.memory_stream_pair()
     seen: list[int] = []
     table = MethodTable()
 
-    class Note(msgspec.Struct):
-        n: int
-
-    async def note(params: Note, _inbound: Inbound) -> None:
+    async def note(params: _Note, _inbound: Inbound) -> None:
         seen.append(params.n)
 
-    table.add("note", note, Note, concurrent=concurrent)
+    table.add("note", note, _Note, concurrent=concurrent)
     peer = Peer(NdjsonStream(left, left), table, request_timeout=5, concurrent_methods=table.concurrent_methods)
     await nursery.start(peer.run)
-    remote = Remote(right)
+    return peer, Remote(right), seen
+
+
+async def _send_lines(remote: Remote, lines: list[dict[str, Any]]) -> None:
+    # One write: the lines arrive in one read, buffered together.
+    await remote.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+
+
+@pytest.mark.parametrize("concurrent", [False, True], ids=["in-a-lane", "in-its-own-task"])
+async def test_an_answer_never_overtakes_the_notifications_sent_before_it(nursery: trio.Nursery, concurrent: bool) -> None:
+    """Buffered messages are read without a yield each: the tasks handed the notifications that
+    came first must still have started before whoever awaits the answer runs."""
+    peer, remote, seen = await _noting_peer(nursery, concurrent=concurrent)
 
     async def answer_after_notes() -> None:
         request = await remote.receive()
-        # One write: every note and the answer arrive in one read, buffered together.
-        lines = [{"jsonrpc": "2.0", "method": "note", "params": {"n": n}} for n in range(5)]
-        lines.append({"jsonrpc": "2.0", "id": request["id"], "result": "done"})
-        await remote.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        notes = [{"jsonrpc": "2.0", "method": "note", "params": {"n": n}} for n in range(5)]
+        await _send_lines(remote, [*notes, {"jsonrpc": "2.0", "id": request["id"], "result": "done"}])
 
     nursery.start_soon(answer_after_notes)
     assert await peer.request("go") == "done"
@@ -545,26 +554,12 @@ async def test_what_came_after_an_answer_is_handled_after_its_requester_resumed(
     """An answer and a notification in one read: whoever awaited the answer acts on it before
     the notification's handler runs (trio's scheduler may run a pass in either order, so many
     rounds)."""
-    left, right = trio.testing.memory_stream_pair()
-    seen: list[int] = []
-    table = MethodTable()
-
-    class Note(msgspec.Struct):
-        n: int
-
-    async def note(params: Note, _inbound: Inbound) -> None:
-        seen.append(params.n)
-
-    table.add("note", note, Note)
-    peer = Peer(NdjsonStream(left, left), table, request_timeout=5)
-    await nursery.start(peer.run)
-    remote = Remote(right)
+    peer, remote, seen = await _noting_peer(nursery)
     for n in range(100):
 
         async def answer_then_note(n: int = n) -> None:
             request = await remote.receive()
-            lines = [{"jsonrpc": "2.0", "id": request["id"], "result": "done"}, {"jsonrpc": "2.0", "method": "note", "params": {"n": n}}]
-            await remote.send_raw(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+            await _send_lines(remote, [{"jsonrpc": "2.0", "id": request["id"], "result": "done"}, {"jsonrpc": "2.0", "method": "note", "params": {"n": n}}])
 
         nursery.start_soon(answer_then_note)
         assert await peer.request("go") == "done"
