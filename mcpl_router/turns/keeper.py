@@ -30,8 +30,9 @@ class TurnKeepers:
         self._manager = manager
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None
-        # Turns opened and not yet kept, in open order, each with when its keeper starts (an
-        # OrderedDict: most leave early, and a plain dict's first key is found past their holes).
+        # Turns opened and not yet kept, in open order, each with when its keeper starts: at
+        # most one entry per open turn (an ending turn leaves at once). An OrderedDict: most
+        # leave early, and a plain dict's first key is found past their holes.
         self._waiting: collections.OrderedDict[str, tuple[TurnRun, float]] = collections.OrderedDict()
         self._arrived = trio.Event()
 

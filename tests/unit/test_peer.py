@@ -87,6 +87,14 @@ async def wired(nursery: trio.Nursery):
     return peer, Remote(right)
 
 
+async def _wired_to(nursery: trio.Nursery, handler: Any, **peer_options: Any) -> tuple[Peer, Remote]:
+    """A running peer serving ``handler`` over a memory stream, and the raw other side."""
+    left, right = trio.testing.memory_stream_pair()
+    peer = Peer(NdjsonStream(left, left), handler, **peer_options)
+    await nursery.start(peer.run)
+    return peer, Remote(right)
+
+
 @pytest.fixture
 async def wired_host(nursery: trio.Nursery):
     """A host-style connection: every line must be JSON-RPC (no log lines to skip)."""
@@ -268,10 +276,7 @@ async def test_inbound_order_is_preserved(nursery: trio.Nursery) -> None:
             await trio.sleep(0)
         seen.append(inbound.method)
 
-    left, right = trio.testing.memory_stream_pair()
-    peer = Peer(NdjsonStream(left, left), handler)
-    await nursery.start(peer.run)
-    remote = Remote(right)
+    peer, remote = await _wired_to(nursery, handler)
     methods = [f"m{i}" for i in range(50)]
     with trio.fail_after(5):
         for method in methods:
@@ -385,10 +390,7 @@ async def test_a_deferred_answer_lets_the_lane_move_on(nursery: trio.Nursery) ->
             return Deferred(wait)
         return inbound.method
 
-    left, right = trio.testing.memory_stream_pair()
-    peer = Peer(NdjsonStream(left, left), handler)
-    await nursery.start(peer.run)
-    remote = Remote(right)
+    peer, remote = await _wired_to(nursery, handler)
     with trio.fail_after(5):
         await remote.send({"jsonrpc": "2.0", "id": 1, "method": "later"})
         await remote.send({"jsonrpc": "2.0", "id": 2, "method": "now"})
@@ -408,10 +410,7 @@ async def test_a_pushed_answer_goes_out_when_settled_with_no_task_waiting(nurser
             later.settle("already")  # settled before the peer subscribed: kept, then delivered
         return Deferred.pushed(later).then(lambda answer: f"{answer}!")
 
-    left, right = trio.testing.memory_stream_pair()
-    peer = Peer(NdjsonStream(left, left), handler)
-    await nursery.start(peer.run)
-    remote = Remote(right)
+    peer, remote = await _wired_to(nursery, handler)
     with trio.fail_after(5):
         await remote.send({"jsonrpc": "2.0", "id": 1, "method": "ok"})
         await remote.send({"jsonrpc": "2.0", "id": 2, "method": "refused"})
@@ -516,7 +515,6 @@ class _Note(msgspec.Struct):
 
 async def _noting_peer(nursery: trio.Nursery, *, concurrent: bool = False) -> tuple[Peer, Remote, list[int]]:
     """A peer whose ``note`` notifications record their ``n`` (in a lane, or each in a task)."""
-    left, right = trio.testing.memory_stream_pair()
     seen: list[int] = []
     table = MethodTable()
 
@@ -524,9 +522,8 @@ async def _noting_peer(nursery: trio.Nursery, *, concurrent: bool = False) -> tu
         seen.append(params.n)
 
     table.add("note", note, _Note, concurrent=concurrent)
-    peer = Peer(NdjsonStream(left, left), table, request_timeout=5, concurrent_methods=table.concurrent_methods)
-    await nursery.start(peer.run)
-    return peer, Remote(right), seen
+    peer, remote = await _wired_to(nursery, table, request_timeout=5, concurrent_methods=table.concurrent_methods)
+    return peer, remote, seen
 
 
 async def _send_lines(remote: Remote, lines: list[dict[str, Any]]) -> None:
