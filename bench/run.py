@@ -5,8 +5,9 @@
 Sections (each also runs alone; see its module): inbound throughput against the bare
 forwarder and by journal size (bench_inbound), latency under offered load (bench_inbound),
 speech with 10 agents against a same-wire-work forwarder (bench_speech), memory and listing at
-1k/10k/100k channels (bench_scale), start-to-ready with 50 stdio servers (bench_startup), and the
-limit of a minimal relay (bench_relay). Everything runs on loopback; the machine is noisy, so
+1k/10k/100k channels (bench_scale), start-to-ready with 50 stdio servers (bench_startup), the
+limit of a minimal relay (bench_relay), and the floor under the latency: one durable commit alone
+on this disk (bench_commit). Everything runs on loopback; the machine is noisy, so
 sides are interleaved and repeated and ratios are medians of per-round ratios. Writes the
 figures as JSON and prints each table and the targets. Nothing is asserted.
 """
@@ -27,6 +28,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_commit  # noqa: E402
 import bench_inbound  # noqa: E402
 import bench_relay  # noqa: E402
 import bench_scale  # noqa: E402
@@ -69,6 +71,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     results["scale"] = bench_scale.scale([1000, 10_000] if quick else [1000, 10_000, 100_000])
     print("relay…", flush=True)
     results["relay"] = bench_relay.relay(5000 if quick else 20_000)
+    print("commit floor…", flush=True)
+    results["commit_floor"] = bench_commit.commit_floor(1000, 2.0 if quick else 4.0)
     return results
 
 
@@ -105,6 +109,7 @@ def main() -> None:
     bench_relay.print_relay(results["relay"])
     daemon_cpu = results["inbound"]["daemon@0"]["msgs_per_cpu_s"]
     print(f"daemon inbound: {daemon_cpu:,.0f} msgs per CPU-second ({daemon_cpu / results['relay']['msgs_per_cpu_s']:.3f} of the relay's)")
+    bench_commit.print_commit_floor(results["commit_floor"])
     measured = against_targets(results)
     results["targets"] = {name: {"measured": measured[name], "target": f"{op} {limit}"} for name, (op, limit) in TARGETS.items()}
     print("\nTargets (issue 15)")
@@ -113,6 +118,8 @@ def main() -> None:
         met = value is not None and (value >= limit if op == ">=" else value <= limit)
         shown = "—" if value is None else f"{value:,.3f}"
         print(f"  {name:<40} {shown:>10}  target {op} {limit:<6} {'met' if met else 'MISSED'}")
+    floor = results["commit_floor"]["durable"]["p99_ms"]
+    print(f"  (one durable commit alone on this disk: p99 {floor:.2f} ms, the floor under the added p99)")
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2, default=str))
