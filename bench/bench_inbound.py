@@ -6,11 +6,16 @@
 ``channels/incoming`` requests of one message, 128 outstanding (pipelined), all at once. One
 host on the Unix socket reads every wake and acks every 100 from its own task. A side's rate is
 messages over the time from the first send to the last wake; its CPU cost is messages per
-CPU-second of its own process. Sides, interleaved and repeated:
+CPU-second of its own process, split into its main thread's and its other threads' (the daemon's
+journal commits and reads run there: the journal's share off the trio thread), beside the
+load's own CPU a message (the fixture servers and the bench's host client, on the same cores).
+Sides, interleaved and repeated:
 - the **forwarder** (bench/forwarder.py): answers ``accepted`` and forwards one wake per message;
 - the **daemon** with its journal pre-filled with 0, 50,000 and 200,000 acked rows;
-- the daemon with the journal's fsync off (``synchronous=OFF``): the journal's share;
-- with ``--journal-rounds N``: an empty and a 200,000-row journal alone, alternating N rounds.
+- the daemon with the journal's fsync off (``synchronous=OFF``): the disk's share;
+- with ``--journal-rounds N``: an empty and a 200,000-row journal alone, alternating N rounds;
+- with ``--thread-states``: one more daemon round, its threads sampled every millisecond from
+  ``/proc`` (running or waiting for a core, idle in ``epoll_wait``, waiting for the GIL…).
 
 **Latency.** One server paced open-loop at 200, 500, 1,000 and 2,000 msgs/s for ``--seconds``
 each; the host measures each wake's delay from the message's send time (CLOCK_MONOTONIC, shared
@@ -23,7 +28,10 @@ Prints a table and returns the figures (``bench/run.py`` collects them). Nothing
 from __future__ import annotations
 
 import argparse
+import collections
+import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +60,10 @@ async def _drive(socket: str, pid: int, fixtures: list[Any], messages: int, tag:
         await host.hello("bench", ["bench"])
         result: dict[str, float] = {}
         cpu_before = cpu_seconds(pid)
+        trio_cpu_before = cpu_seconds(pid, main_thread=True)
+        # The load's own cost (the fixture servers, and this process: the host client), which
+        # shares the machine's cores with the side measured.
+        load_before = sum(cpu_seconds(f.process.pid) for f in fixtures) + time.process_time()
         async with trio.open_nursery() as nursery:
 
             async def reader() -> None:
@@ -65,8 +77,19 @@ async def _drive(socket: str, pid: int, fixtures: list[Any], messages: int, tag:
                     options["rate"] = rate
                 nursery.start_soon(lambda f=fixture, o=options: f.flood(messages, **o))
         cpu = cpu_seconds(pid) - cpu_before
+        trio_cpu = cpu_seconds(pid, main_thread=True) - trio_cpu_before
+        load = sum(cpu_seconds(f.process.pid) for f in fixtures) + time.process_time() - load_before
     elapsed = result["done"] - start
-    return {"rate": total / elapsed, "per_cpu_second": total / cpu if cpu else float("nan"), "latencies": latencies}
+    return {
+        "rate": total / elapsed,
+        "per_cpu_second": total / cpu if cpu else float("nan"),
+        # Where a message's CPU goes: the main (trio) thread, and the others (SQLite and fsync
+        # in worker threads: the journal's share beside the trio thread's).
+        "main_thread_us": trio_cpu / total * 1e6,
+        "other_threads_us": (cpu - trio_cpu) / total * 1e6,
+        "load_us": load / total * 1e6,
+        "latencies": latencies,
+    }
 
 
 def _servers(fixtures: list[Any]) -> dict[str, dict[str, Any]]:
@@ -77,6 +100,7 @@ async def throughput(workdir: Path, servers: int, messages: int, rounds: int) ->
     sides = ["forwarder", *(f"daemon@{rows}" for rows in SIZES), "daemon-no-fsync"]
     rates: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
+    threads: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
     for round_ in range(rounds):
         for side in sides:
             tag = f"t{round_}-{side.replace('@', '-')}"
@@ -91,6 +115,7 @@ async def throughput(workdir: Path, servers: int, messages: int, rounds: int) ->
                     measured = await _drive(socket, proc.pid, fixtures, messages, tag)
             rates[side].append(measured["rate"])
             cpu[side].append(measured["per_cpu_second"])
+            threads[side].append((measured["main_thread_us"], measured["other_threads_us"], measured["load_us"]))
         print(f"  inbound round {round_ + 1}: " + ", ".join(f"{s} {rates[s][-1]:,.0f}/s" for s in sides), flush=True)
     forwarder = rates["forwarder"]
     empty = rates["daemon@0"]
@@ -100,6 +125,9 @@ async def throughput(workdir: Path, servers: int, messages: int, rounds: int) ->
             "msgs_per_cpu_s": median(cpu[side]),
             "vs_forwarder": median([v / f for v, f in zip(rates[side], forwarder, strict=True)]),
             "vs_empty_journal": median([v / e for v, e in zip(rates[side], empty, strict=True)]) if side.startswith("daemon") else None,
+            "main_thread_us_per_msg": median([main for main, _, _ in threads[side]]),
+            "other_threads_us_per_msg": median([other for _, other, _ in threads[side]]),
+            "load_us_per_msg": median([load for _, _, load in threads[side]]),
         }
         for side in sides
     }
@@ -154,10 +182,15 @@ async def latency(workdir: Path, rates: tuple[int, ...], seconds: float) -> dict
 
 def print_throughput(figures: dict[str, Any], servers: int, messages: int) -> None:
     print(f"\nInbound: {servers} servers × {messages} messages, 128 outstanding each; host acks every 100")
-    print(f"{'':<30}{'msgs/s':>10}{'msgs/CPU-s':>12}{'÷ forwarder':>13}{'÷ empty journal':>17}")
+    print(f"{'':<30}{'msgs/s':>10}{'msgs/CPU-s':>12}{'÷ forwarder':>13}{'÷ empty journal':>17}{'µs/msg: trio thread':>21}{'others':>8}{'load':>7}")
     for side, row in figures.items():
         vs_empty = "" if row["vs_empty_journal"] is None else f"{row['vs_empty_journal']:.3f}"
-        print(f"{side:<30}{row['msgs_per_s']:>10,.0f}{row['msgs_per_cpu_s']:>12,.0f}{row['vs_forwarder']:>13.3f}{vs_empty:>17}")
+        print(
+            f"{side:<30}{row['msgs_per_s']:>10,.0f}{row['msgs_per_cpu_s']:>12,.0f}{row['vs_forwarder']:>13.3f}{vs_empty:>17}"
+            f"{row['main_thread_us_per_msg']:>21,.0f}{row['other_threads_us_per_msg']:>8,.0f}{row['load_us_per_msg']:>7,.0f}"
+        )
+    print("(µs of CPU a message: the side's main thread, the trio loop; its other threads, the daemon's SQLite and fsync;")
+    print(" the load beside it on the same cores: the fixture servers and the host client)")
 
 
 def print_latency(rows: dict[str, Any]) -> None:
@@ -171,6 +204,39 @@ def print_latency(rows: dict[str, Any]) -> None:
         )
 
 
+#: Linux x86-64 system call numbers a thread of the daemon is seen waiting in.
+_SYSCALLS = {"232": "epoll_wait (idle)", "202": "futex (the GIL, a lock)", "74": "fsync", "75": "fdatasync", "44": "sendto", "45": "recvfrom", "1": "write", "0": "read"}
+
+
+def _sample_threads(pid: int, stop: threading.Event, seen: dict[str, collections.Counter[str]]) -> None:
+    # /proc/<pid>/task/<tid>/syscall names the call a thread is blocked in, or says "running"
+    # (on a core, or runnable and waiting for one).
+    while not stop.is_set():
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                call = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()[0]
+            except (OSError, IndexError):
+                continue
+            seen["trio thread" if tid == str(pid) else "other threads"][_SYSCALLS.get(call, call if call == "running" else f"syscall {call}")] += 1
+        time.sleep(0.001)
+
+
+async def thread_states(workdir: Path, servers: int, messages: int) -> dict[str, dict[str, float]]:
+    """One daemon round of the throughput run, its threads sampled every millisecond: the share
+    of samples each spent running (or waiting for a core) and in each blocking call."""
+    seen: dict[str, collections.Counter[str]] = {"trio thread": collections.Counter(), "other threads": collections.Counter()}
+    stop = threading.Event()
+    async with fixtures_running(workdir, servers) as fixtures, daemon_running(workdir, _servers(fixtures), tag="states") as (proc, socket):
+        sampler = threading.Thread(target=_sample_threads, args=(proc.pid, stop, seen), daemon=True)
+        sampler.start()
+        try:
+            await _drive(socket, proc.pid, fixtures, messages, "states")
+        finally:
+            stop.set()
+            sampler.join()
+    return {name: {state: count / max(1, sum(counts.values())) for state, count in counts.most_common()} for name, counts in seen.items()}
+
+
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="mr-bench-", dir="/tmp") as tmp:
         figures = await throughput(Path(tmp), args.servers, args.messages, args.rounds)
@@ -180,6 +246,10 @@ async def main(args: argparse.Namespace) -> None:
             print(f"\n200,000-row journal ÷ empty, {sizes['rounds']} alternating rounds: {sizes['rate_ratio']:.3f} (msgs/s), {sizes['cpu_ratio']:.3f} (msgs per CPU-second)")
         if args.latency:
             print_latency(await latency(Path(tmp), (200, 500, 1000, 2000), args.seconds))
+        if args.thread_states:
+            print("\nThe daemon's threads during one throughput round (share of 1 ms samples)")
+            for name, states in (await thread_states(Path(tmp), args.servers, args.messages)).items():
+                print(f"  {name}: " + ", ".join(f"{state} {share:.0%}" for state, share in states.items() if share >= 0.005))
 
 
 if __name__ == "__main__":
@@ -190,5 +260,6 @@ if __name__ == "__main__":
     parser.add_argument("--latency", action="store_true", help="also measure latency under offered load")
     parser.add_argument("--journal-rounds", type=int, default=0, help="also compare an empty and a 200,000-row journal, alternating, this many rounds")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--thread-states", action="store_true", help="also sample what the daemon's threads are doing in one more round")
     configure_logging("error", json=True)
     trio.run(main, parser.parse_args())

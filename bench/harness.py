@@ -33,9 +33,11 @@ ACK_BATCH = 100
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, *, main_thread: bool = False) -> float:
+    """User + system CPU a process has used so far (every thread's, ended ones too), or only
+    its main thread's (for the daemon: the trio thread; the rest is its SQLite work)."""
+    stat = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
+    fields = Path(stat).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 

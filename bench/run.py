@@ -1,6 +1,6 @@
 """Every benchmark in one run: the figures docs/performance.md quotes, against their targets.
 
-    python bench/run.py [--quick] [--json bench/results/latest.json]
+    python bench/run.py [--quick] [--json PATH]
 
 Sections (each also runs alone; see its module): inbound throughput against the bare
 forwarder and by journal size (bench_inbound), latency under offered load (bench_inbound),
@@ -94,8 +94,10 @@ def against_targets(results: dict[str, Any]) -> dict[str, float | None]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller and fewer rounds: a smoke run, not figures to quote")
-    parser.add_argument("--json", default=str(Path(__file__).resolve().parent / "results" / "latest.json"))
+    parser.add_argument("--json", help="where the figures go (bench/results/latest.json; a --quick run's: quick.json)")
     args = parser.parse_args()
+    # A smoke run never overwrites the figures docs/performance.md quotes.
+    args.json = args.json or str(Path(__file__).resolve().parent / "results" / ("quick.json" if args.quick else "latest.json"))
     configure_logging("error", json=True)
     results = trio.run(run, args)
     print(f"\nmachine: {results['machine']}")
