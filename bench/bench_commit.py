@@ -4,12 +4,13 @@
 
 The daemon answers ``accepted`` and sends a wake only once the commit holding the message is on
 disk (docs/reliability.md), so no wake can come sooner than a commit. This measures that commit
-alone, in one thread of one process: a journal made by the daemon's own code (its schema and
-pragmas: WAL, ``synchronous=FULL``), one event and its delivery per transaction, paced open loop
-at ``--rate`` commits a second, each timed from ``BEGIN IMMEDIATE`` to the end of ``COMMIT``;
+alone, in one thread of one process: on the connection a journal opens (the daemon's schema and
+pragmas: WAL, ``synchronous=FULL``), ``BEGIN IMMEDIATE``, the journal's two insert statements
+(one event, its delivery) and ``COMMIT``, paced open loop at ``--rate`` commits a second and
+timed end to end. It skips the writer's batching and thread hand-offs, so it is a lower bound;
 then the same with ``synchronous=OFF`` (no fsync), so the disk's share shows. What a commit
-costs here is latency the daemon adds over a forwarder that keeps nothing, on any design that
-keeps the delivery promise.
+costs here is latency the daemon adds, at least, over a forwarder that keeps nothing, on any
+design that keeps the delivery promise.
 
 Prints p50/p90/p99 and returns them (``bench/run.py`` collects them). Nothing is asserted.
 """

@@ -14,8 +14,9 @@ Sides, interleaved and repeated:
 - the **daemon** with its journal pre-filled with 0, 50,000 and 200,000 acked rows;
 - the daemon with the journal's fsync off (``synchronous=OFF``): the disk's share;
 - with ``--journal-rounds N``: an empty and a 200,000-row journal alone, alternating N rounds;
-- with ``--thread-states``: one more daemon round, its threads sampled every millisecond from
-  ``/proc`` (running or waiting for a core, idle in ``epoll_wait``, waiting for the GIL…).
+- with ``--thread-states``: one more daemon round, its threads sampled about once a millisecond
+  from ``/proc`` (running or waiting for a core, idle in ``epoll_wait``, in a ``futex``: the GIL
+  or a lock…); trio's worker threads are pooled as "other threads".
 
 **Latency.** One server paced open-loop at 200, 500, 1,000 and 2,000 msgs/s for ``--seconds``
 each; the host measures each wake's delay from the message's send time (CLOCK_MONOTONIC, shared
@@ -222,8 +223,10 @@ def _sample_threads(pid: int, stop: threading.Event, seen: dict[str, collections
 
 
 async def thread_states(workdir: Path, servers: int, messages: int) -> dict[str, dict[str, float]]:
-    """One daemon round of the throughput run, its threads sampled every millisecond: the share
-    of samples each spent running (or waiting for a core) and in each blocking call."""
+    """One daemon round of the throughput run, its threads sampled about once a millisecond (the
+    sampler runs in this process, beside the host client): the share of samples the trio thread,
+    and trio's worker threads pooled, spent running (or waiting for a core) and in each blocking
+    call."""
     seen: dict[str, collections.Counter[str]] = {"trio thread": collections.Counter(), "other threads": collections.Counter()}
     stop = threading.Event()
     async with fixtures_running(workdir, servers) as fixtures, daemon_running(workdir, _servers(fixtures), tag="states") as (proc, socket):
