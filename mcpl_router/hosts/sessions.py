@@ -195,8 +195,13 @@ class SessionManager:
         return spec
 
     async def notify_agent(self, name: str, method: str, params: Any) -> bool:
-        """Queue a notification to the connection owning ``name``; False when none does."""
-        await trio.lowlevel.checkpoint()
+        """Queue a notification to the connection owning ``name``; False when none does.
+
+        A cancellation point but no scheduling point: a turn's trace queued here must not let
+        the server's writer send the lifecycle it queued just before alone, a write ahead of
+        the ``context/beforeInference`` that follows (it queues without waiting, as sends do).
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
         owner = self._owners.get(name)
         return owner is not None and self._enqueue(owner, method, params)
 
@@ -215,7 +220,8 @@ class SessionManager:
         an older one from the journal."""
         recent = self._recent.get((seq, agent))
         if recent is not None:
-            await trio.lowlevel.checkpoint()
+            # From memory: a cancellation point, no trip through the scheduler (turn/open asks).
+            await trio.lowlevel.checkpoint_if_cancelled()
             return recent
         stored = await self._journal.delivery(seq, agent)
         return None if stored is None else _wake_of(stored)

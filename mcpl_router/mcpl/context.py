@@ -33,6 +33,7 @@ __all__ = [
     "HookFacts",
     "before_inference",
     "channel_context_for",
+    "queue_lifecycle",
     "send_lifecycle",
 ]
 
@@ -214,7 +215,8 @@ async def send_lifecycle(
 ) -> dict[str, int]:
     """Send ``inference/lifecycle`` to every ready server granted ``inferenceLifecycle``.
 
-    Sent to every server at once, each with its own deadline, so one stuck server can't keep
+    Queued at once to each server whose outbox has room (:func:`queue_lifecycle`); the others
+    are waited for all at once, each with its own deadline, so one stuck server can't keep
     the others from hearing (a terminal, above all).
 
     Args:
@@ -230,16 +232,9 @@ async def send_lifecycle(
     """
     log = _lazy_logger(log_fields)
     told = {} if told is None else told
-    eligible = [
-        link
-        for link in links
-        if (only is None or only.get(link.server_id) == link.epoch)
-        and link.state is LinkState.READY
-        and link.grant.allows(LIFECYCLE)
-    ]
+    waiting = queue_lifecycle(links, params, only=only, told=told, log_fields=log_fields)
 
     async def send_one(link: ServerLink) -> None:
-        told[link.server_id] = link.epoch
         try:
             with trio.move_on_after(per_link_timeout) as waited:
                 await link.send_notification("inference/lifecycle", params, capability=LIFECYCLE)
@@ -249,8 +244,35 @@ async def send_lifecycle(
             told.pop(link.server_id, None)  # it never left: nothing to end on that server
             log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
 
-    await _each_at_once(eligible, send_one)
+    await _each_at_once(waiting, send_one)
     return told
+
+
+def queue_lifecycle(
+    links: Iterable[ServerLink],
+    params: dict[str, Any],
+    *,
+    told: dict[str, int],
+    only: dict[str, int] | None = None,
+    log_fields: dict[str, Any] | None = None,
+) -> list[ServerLink]:
+    """The part of :func:`send_lifecycle` that never waits: ``inference/lifecycle`` queued to
+    every eligible server whose outbox has room now (each recorded in ``told`` first); the
+    servers whose outbox had none, to be waited for (recorded too: their send is under way).
+    """
+    log = _lazy_logger(log_fields)
+    waiting: list[ServerLink] = []
+    for link in links:
+        if (only is not None and only.get(link.server_id) != link.epoch) or link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
+            continue
+        told[link.server_id] = link.epoch
+        try:
+            if not link.send_notification_nowait("inference/lifecycle", params, capability=LIFECYCLE):
+                waiting.append(link)
+        except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
+            told.pop(link.server_id, None)  # it never left: nothing to end on that server
+            log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
+    return waiting
 
 
 def _lazy_logger(fields: dict[str, Any] | None) -> Callable[[], Any]:
@@ -271,6 +293,8 @@ async def _each_at_once(links: list[ServerLink], send: Callable[[ServerLink], Aw
     this task (a nursery and a task a turn saved: the common case of one server)."""
     if len(links) == 1:
         await send(links[0])
+        return
+    if not links:
         return
     async with trio.open_nursery() as nursery:
         for link in links:

@@ -258,6 +258,16 @@ class ServerLink(LinkHandshake, LinkRegrant):
         self._check_capability(capability)
         await peer.notify(method, params)
 
+    def send_notification_nowait(self, method: str, params: Any = None, *, capability: str | None) -> bool:
+        """Queue a notification needing ``capability`` if the outbox has room now; False when
+        it hasn't (nothing queued: the caller awaits :meth:`send_notification`, with its own
+        deadline). Raises as :meth:`send_notification` does. A turn's typing start and
+        lifecycle go this way: no task or deadline scope for a send that never waits.
+        """
+        peer = self._live_peer()
+        self._check_capability(capability)
+        return peer.notify_nowait(method, params)
+
     # -- the loop ----------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -410,7 +410,14 @@ class JournalWriter:
     async def _submit(self, op: _Op) -> _Op:
         if self._closed or self._stopped:
             raise JournalFailure("the journal is closed (the daemon is stopping)")
-        await self._queue_send.send(op)
+        # Queued without a trip through the scheduler while the queue has room (a memory
+        # channel's send yields even then, once per inbound request); a cancelled submitter
+        # still queues nothing. A full queue makes the submitter wait, as before.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._queue_send.send_nowait(op)
+        except trio.WouldBlock:
+            await self._queue_send.send(op)
         return op
 
     def _submit_nowait(self, op: _Op) -> None:

@@ -73,7 +73,7 @@ class TurnKeepers:
             # Its host left while it opened: kept now, so it ends at once, with no typing sent.
             nursery.start_soon(self.keep, run, name=f"turn-keeper:{run.turn.turn_id}")
             return
-        if run.turn.routing.typing_channel is not None:
+        if run.turn.routing.typing_channel is not None and not self._first_typing_now(run):
             nursery.start_soon(self._first_typing, run, name=f"turn-typing:{run.turn.turn_id}")
         first_look = min(manager.connection_poll, manager.typing_interval, manager.lease)
         self._waiting[run.turn.turn_id] = (run, trio.current_time() + first_look)
@@ -82,15 +82,35 @@ class TurnKeepers:
     def ended(self, run: TurnRun) -> None:
         """A turn ended: a keeper not started yet never will be; a running one is cancelled."""
         self._waiting.pop(run.turn.turn_id, None)
-        run.first_typing.cancel()
-        run.cancel.cancel()
+        # A task started after this sees ``finished`` and ends before making its scope.
+        if run.first_typing is not None:
+            run.first_typing.cancel()
+        if run.cancel is not None:
+            run.cancel.cancel()
+
+    def _first_typing_now(self, run: TurnRun) -> bool:
+        """The first typing start queued in the opener's call while its server's outbox has
+        room: no task a turn for a send that doesn't wait. False: the task sends it."""
+        manager = self._manager
+        try:
+            sent = manager.typing.start_nowait(run)
+        except Exception:
+            # The task tries again, and a failure there ends the turn as a keeper's would.
+            self._log.exception("turn.typing.start_failed", agent=run.turn.agent, turn=run.turn.turn_id)
+            return False
+        if sent:
+            run.next_typing = trio.current_time() + manager.typing_interval
+        return sent
 
     async def _first_typing(self, run: TurnRun) -> None:
         manager = self._manager
+        if run.finished:
+            return
         # Set before the send, so a keeper starting meanwhile doesn't start it twice.
         run.next_typing = trio.current_time() + manager.typing_interval
+        run.first_typing = scope = trio.CancelScope()
         try:
-            with run.first_typing:
+            with scope:
                 await manager.typing.refresh(run)
         except Exception:
             # As a keeper's crash would: logged, and the turn ends.
@@ -102,8 +122,11 @@ class TurnKeepers:
         manager = self._manager
         turn = run.turn
         log: Any = self._log
+        if run.finished:
+            return
+        run.cancel = scope = trio.CancelScope()
         try:
-            with run.cancel:
+            with scope:
                 while True:
                     now = trio.current_time()
                     if run.host_gone:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.context import send_lifecycle
+from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.turns.run import ACKNOWLEDGE, FINISH_GRACE, TurnRun
 from mcpl_router.turns.sends import ACK_INTENT_REFUSED, acknowledge_message
@@ -57,10 +57,14 @@ class InferenceLifecycle:
                 "turnIndex": turn.turn_index,
                 "phase": "started",
             }
-            # Shielded and recorded server by server: a host dropping mid-call must not leave
-            # a server told "started" that the turn then forgets to end.
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
-                await send_lifecycle(list(self._links.values()), params, told=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+            log_fields = {"agent": turn.agent, "turn": turn.turn_id}
+            # Recorded server by server, and what must wait for room waits shielded: a host
+            # dropping mid-call must not leave a server told "started" that the turn then
+            # forgets to end. Queued at once where there is room (no scope to enter).
+            waiting = queue_lifecycle(self._links.values(), params, told=run.started, log_fields=log_fields)
+            if waiting:
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
+                    await send_lifecycle(waiting, params, told=run.started, log_fields=log_fields)
         finally:
             run.started_done.set()
         where = turn.routing.locus or turn.routing.trigger

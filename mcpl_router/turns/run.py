@@ -87,9 +87,11 @@ class TurnRun:
     connection: HostConnection | None
     mode: ProseMode
     lease_deadline: float
-    #: The keeper's scope, and the scope of the typing start the turn opens with.
-    cancel: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    first_typing: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: The keeper's scope, and the scope of the typing start the turn opens with: each made
+    #: by its task as it starts (most turns end before their keeper's first look, and their
+    #: typing start needs no task), which returns at once if the turn has already ended.
+    cancel: trio.CancelScope | None = None
+    first_typing: trio.CancelScope | None = None
     lock: trio.Lock = attrs.field(factory=trio.Lock)
     # Where a typing "start" went (and in which transport epoch), so "stop" goes exactly there.
     typing_sent: tuple[ChannelRef, int] | None = None

@@ -59,9 +59,8 @@ class TypingIndicators:
 
     # -- one send ---------------------------------------------------------------------------
 
-    async def send(self, ref: ChannelRef, op: str) -> str | None:
-        """Send one ``channels/typing`` to ``ref``'s own server; None when sent, else why not."""
-        link = self._links.get(ref.server_id)
+    def _unsendable(self, ref: ChannelRef, link: ServerLink | None) -> str | None:
+        """Why no ``channels/typing`` can go to ``ref`` on ``link`` (its own server's), or None."""
         if link is None or link.state is not LinkState.READY:
             return texts.REASON_NO_LINK
         if not link.grant.allows(TYPING):
@@ -69,6 +68,15 @@ class TypingIndicators:
         if not self._router.registry.is_registered(ref):
             # A withdrawn channel is unknown to its server: neither start nor stop names it.
             return texts.REASON_NOT_REGISTERED
+        return None
+
+    async def send(self, ref: ChannelRef, op: str) -> str | None:
+        """Send one ``channels/typing`` to ``ref``'s own server; None when sent, else why not."""
+        link = self._links.get(ref.server_id)
+        reason = self._unsendable(ref, link)
+        if reason is not None:
+            return reason
+        assert link is not None
         try:
             await link.send_notification("channels/typing", {"channelId": ref.channel_id, "op": op}, capability=TYPING)
         except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
@@ -93,6 +101,29 @@ class TypingIndicators:
         run.typing_sent = (ref, link.epoch if link else 0)
         if await self.send(ref, "start") is not None and run.typing_sent == (ref, link.epoch if link else 0):
             run.typing_sent = previous
+
+    def start_nowait(self, run: TurnRun) -> bool:
+        """A new turn's first ``start``, as :meth:`refresh` sends it, queued now if its server's
+        outbox has room. False when it hasn't, or the turn's typing already went somewhere
+        (nothing sent: :meth:`refresh`, in a task, waits for room). True when it is queued or
+        there is nothing to send (the channel's server can't take typing now).
+        """
+        ref = run.turn.routing.typing_channel
+        if ref is None or run.typing_sent is not None:
+            return False
+        link = self._links.get(ref.server_id)
+        if self._unsendable(ref, link) is not None:
+            return True
+        assert link is not None
+        run.typing_sent = (ref, link.epoch)  # before the send, as in refresh
+        try:
+            queued = link.send_notification_nowait("channels/typing", {"channelId": ref.channel_id, "op": "start"}, capability=TYPING)
+        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+            run.typing_sent = None
+            return True
+        if not queued:
+            run.typing_sent = None
+        return queued
 
     async def stop(self, run: TurnRun) -> None:
         """Stop the turn's typing where its start went (if that server's connection saw it)."""

@@ -54,6 +54,10 @@ class FakeLink:
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         self.notes.append((method, params))
 
+    def send_notification_nowait(self, method: str, params: Any = None, *, capability: str | None) -> bool:
+        self.notes.append((method, params))
+        return True
+
 
 def registry_of(*refs: ChannelRef, closed: tuple[ChannelRef, ...] = ()) -> ChannelRegistry:
     registry = ChannelRegistry()

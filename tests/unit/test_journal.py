@@ -53,6 +53,36 @@ async def test_batches_that_arrive_together_share_one_commit(tmp_path: Path) -> 
     assert stats.commits - before < 50 and stats.largest_batch > 1
 
 
+async def test_a_submission_with_room_lets_no_other_task_run_and_a_cancelled_one_queues_nothing(tmp_path: Path) -> None:
+    """Submitting is a cancellation point but, while the queue has room, no scheduling point:
+    an inbound request's handler goes on to the next message without a trip through the
+    scheduler (and what arrives meanwhile joins the same commit)."""
+    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+        ticks = 0
+
+        async def spinning() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spinning)
+            await trio.lowlevel.checkpoint()
+            before = ticks
+            waits = [await journal.submit_inbound([(message(f"m-{n}"), [KAI])]) for n in range(20)]
+            assert ticks == before  # nothing else ran while twenty were queued
+            with trio.CancelScope() as scope:
+                scope.cancel()
+                with pytest.raises(trio.Cancelled):
+                    await journal.submit_inbound([(message("never"), [KAI])])
+            nursery.cancel_scope.cancel()
+        results = [await wait() for wait in waits]
+        await journal.flush()
+        assert [r[0].seq for r in results] == list(range(1, 21))
+        assert journal.unacked_count("kai") == 20  # the cancelled submission was never queued
+
+
 async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_is_new(tmp_path: Path) -> None:
     async with open_journal(tmp_path / "journal.sqlite3") as journal:
         [first] = await journal.record_inbound([(message("in-1", "hello", timestamp="t1", sentAt=1.0), [KAI])])

@@ -21,9 +21,23 @@ GENERAL = ChannelRef("a", "general")
 class _Typing:
     def __init__(self) -> None:
         self.starts: list[tuple[str, float]] = []
+        #: Whether the server's outbox has room now (the opening start then needs no task).
+        self.room = False
+        #: Which way each start went: "queued" in the opener's call, "task" from a task.
+        self.ways: list[str] = []
+
+    def start_nowait(self, run: TurnRun) -> bool:
+        if not self.room:
+            return False
+        self.starts.append((run.turn.turn_id, trio.current_time()))
+        self.ways.append("queued")
+        run.typing_sent = (GENERAL, 1)
+        return True
 
     async def refresh(self, run: TurnRun) -> None:
+        await trio.lowlevel.checkpoint()
         self.starts.append((run.turn.turn_id, trio.current_time()))
+        self.ways.append("task")
         run.typing_sent = (GENERAL, 1)
 
 
@@ -117,6 +131,48 @@ async def test_a_crash_in_the_opening_typing_start_ends_the_turn_as_a_keepers_wo
         await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
     assert manager.ended == [("crashing", "keeper-crashed")]
+
+
+async def test_with_room_the_opening_typing_start_is_queued_in_the_openers_call(autojump_clock: trio.abc.Clock) -> None:
+    manager = _Manager()
+    manager.typing.room = True
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        run = _run("roomy")
+        manager.keepers.opened(run)
+        # Before any scheduling point: sent from the opener's own call, no task for it.
+        assert manager.typing.ways == ["queued"]
+        assert run.next_typing == trio.current_time() + manager.typing_interval
+        await trio.sleep(2.5)  # the keeper's refresh at 2 s comes from the keeper's task
+        await manager.finish(run, "completed", why="closed")
+        nursery.cancel_scope.cancel()
+    assert manager.typing.ways == ["queued", "task"]
+    assert manager.keepers.kept == ["roomy"]
+
+
+async def test_without_room_the_opening_typing_start_waits_in_a_task_not_in_the_opener(autojump_clock: trio.abc.Clock) -> None:
+    manager = _Manager()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        run = _run("crowded")
+        manager.keepers.opened(run)
+        assert manager.typing.starts == []  # the opener went on without waiting for room
+        await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    assert manager.typing.ways == ["task"]
+
+
+async def test_a_typing_task_that_starts_after_its_turn_ended_sends_nothing(autojump_clock: trio.abc.Clock) -> None:
+    manager = _Manager()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        run = _run("gone-before-it-ran")
+        manager.keepers.opened(run)  # no room: a task is started for the typing
+        await manager.finish(run, "completed", why="closed")  # ...and the turn ends before it runs
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert manager.typing.starts == []
+    assert run.typing_sent is None
 
 
 class _GonePeer:

@@ -12,7 +12,8 @@ from typing import Any
 import trio
 
 from mcpl_router.config import ServerConfig
-from mcpl_router.mcpl.context import send_lifecycle
+from mcpl_router.jsonrpc import PeerClosed
+from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing.modes import mode_named
 from mcpl_router.routing.router import Router
@@ -26,9 +27,10 @@ class _AllGranted:
 
 
 class StandInLink:
-    def __init__(self, server_id: str, *, send_delay: float = 0.0) -> None:
+    def __init__(self, server_id: str, *, send_delay: float = 0.0, gone: bool = False) -> None:
         self.server_id = server_id
         self.send_delay = send_delay
+        self.gone = gone
         self.state = LinkState.READY
         self.grant = _AllGranted()
         self.epoch = 1
@@ -36,8 +38,19 @@ class StandInLink:
         self.config = ServerConfig(id=server_id, transport="stdio", command="true")
 
     async def send_notification(self, method: str, params: dict[str, Any], capability: str | None = None) -> None:
+        if self.gone:
+            raise PeerClosed("connection closed")
         await trio.sleep(self.send_delay)
         self.phases.append(params["phase"])
+
+    def send_notification_nowait(self, method: str, params: dict[str, Any], capability: str | None = None) -> bool:
+        if self.gone:
+            raise PeerClosed("connection closed")
+        # A slow stand-in has no room now: the send waits, under its deadline.
+        if self.send_delay:
+            return False
+        self.phases.append(params["phase"])
+        return True
 
 
 class _Sessions:
@@ -87,3 +100,32 @@ async def test_shutdown_drain_takes_one_bound_not_one_per_turn(autojump_clock: t
     await manager.drain()
     assert trio.current_time() - began < 2 * FINISH_GRACE  # one bound (virtual time), not four
     assert manager.table.all() == []
+
+
+def test_a_server_with_room_is_told_at_once_and_one_without_is_left_to_wait_for() -> None:
+    roomy, full = StandInLink("a"), StandInLink("b", send_delay=0.5)
+    told: dict[str, int] = {}
+    waiting = queue_lifecycle([roomy, full], {"phase": "started"}, told=told)
+    assert roomy.phases == ["started"] and full.phases == []
+    assert waiting == [full]
+    # Both recorded before their send: each may see "started", so each must get a terminal.
+    assert told == {"a": 1, "b": 1}
+
+
+def test_a_server_whose_connection_is_gone_is_not_counted_as_told() -> None:
+    gone, healthy = StandInLink("a", gone=True), StandInLink("b")
+    told: dict[str, int] = {}
+    assert queue_lifecycle([gone, healthy], {"phase": "started"}, told=told) == []
+    assert told == {"b": 1}
+
+
+async def test_a_turn_whose_server_has_room_gets_started_and_its_terminal_with_no_wait(autojump_clock: trio.abc.Clock) -> None:
+    link = StandInLink("a")
+    manager = _manager({"a": link})
+    run = _open_run(manager)
+    began = trio.current_time()
+    await manager.lifecycle.start(run)
+    await manager.finish(run, "completed", why="closed")
+    assert link.phases == ["started", "completed"]
+    assert run.started == {"a": 1}
+    assert trio.current_time() == began

@@ -80,6 +80,7 @@ class RecordingLink:
     publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
     config: ServerConfig = attrs.field(init=False)
     _ids: itertools.count[int] = attrs.field(factory=itertools.count)
+    _nowait_calls: int = 0
 
     def __attrs_post_init__(self) -> None:
         self.config = ServerConfig(id=self.server_id, transport="stdio", command="true", request_timeout=5)
@@ -94,6 +95,14 @@ class RecordingLink:
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         await trio.lowlevel.checkpoint()
         self.sent.append((method, params))
+
+    def send_notification_nowait(self, method: str, params: Any = None, *, capability: str | None) -> bool:
+        # Room now for every other send, none for every other (the waiting path is driven too).
+        self._nowait_calls += 1
+        if self._nowait_calls % 2:
+            return False
+        self.sent.append((method, params))
+        return True
 
     # The link's own Request-then-Notification rule, over this stand-in's call/send_notification.
     request_or_notify = ServerLink.request_or_notify

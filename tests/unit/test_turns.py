@@ -252,6 +252,10 @@ class PublishLink:
     async def send_notification(self, method: str, params: object = None, *, capability: str | None) -> None:
         self.notified.append((method, params))
 
+    def send_notification_nowait(self, method: str, params: object = None, *, capability: str | None) -> bool:
+        self.notified.append((method, params))
+        return True
+
     # The real Request-then-Notification fallback, over this stand-in's call/send_notification.
     request_or_notify = ServerLink.request_or_notify
     _notification_only: set[str] = attrs.field(factory=set)

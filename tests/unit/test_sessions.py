@@ -1,0 +1,64 @@
+"""The sessions' sends that a turn makes on its way: cancellation points, never scheduling points.
+
+A turn's host trace (``inference:started``) is queued between the server's lifecycle ``started``
+and its ``context/beforeInference``; a yield there let the server's writer send the first alone.
+A real journal in a temporary directory; no sockets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from mcpl_router.hosts.sessions import SessionManager
+from mcpl_router.metrics import DaemonMetrics
+from mcpl_router.routing.router import Router
+from mcpl_router.store.journal import Journal
+from mcpl_router.turns.invitations import Invitations
+
+
+def _sessions(tmp_path: Path) -> tuple[SessionManager, Journal]:
+    router = Router()
+    journal = Journal(tmp_path / "journal.sqlite3")
+    sessions = SessionManager(
+        agents={}, journal=journal, router=router, metrics=DaemonMetrics([]), invitations=Invitations(router), servers_list=list
+    )
+    return sessions, journal
+
+
+async def test_a_trace_to_an_agent_lets_no_other_task_run_first(tmp_path: Path) -> None:
+    sessions, journal = _sessions(tmp_path)
+    ticks = 0
+
+    async def spinning() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spinning)
+            await trio.lowlevel.checkpoint()
+            before = ticks
+            # Twenty in a row: a yield in any of them lets the spinning task tick (trio may run
+            # a batch's tasks in either order, so one yield alone could go unseen).
+            for _ in range(20):
+                assert await sessions.notify_agent("nobody", "inference:started", {}) is False  # no owner
+            assert ticks == before  # not a scheduling point: nothing else ran meanwhile
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
+
+
+async def test_a_trace_is_still_a_cancellation_point(tmp_path: Path) -> None:
+    sessions, journal = _sessions(tmp_path)
+    try:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(trio.Cancelled):
+                await sessions.notify_agent("nobody", "inference:started", {})
+    finally:
+        journal.close()
