@@ -110,7 +110,8 @@ class Speech:
         The start's trigger (:func:`~mcpl_router.routing.turns.trigger_of`, as at the open)
         becomes the turn's trigger and joins ``was_in``: within the turn its id now means that
         channel, on that server. An inferred locus moves to the start's one conversation (or is
-        held among several); a deliberate one (a ``channel_open``, a ``>>>`` pin) stays. Explicit
+        held among several); a deliberate one (a ``channel_open``, a ``>>>`` pin, hybrid's hold
+        after a failed ``>>>`` or quiet after ``>>>skip_reply``) stays. Explicit
         mode's typing goes to the start's own wake, read once now. A start whose wakes name no
         channel (a budget restart) moves nothing. Returns the ``[routing]`` notice, if any.
         """
@@ -119,7 +120,14 @@ class Speech:
             return None
         turn, routing, mode = run.turn, run.turn.routing, run.mode
         ref = chosen.channel
-        deliberate = (routing.locus is not None and routing.locus != routing.trigger) or routing.sticky_target is not None
+        # Hybrid's "until a new valid target" (a failed ``>>>`` holds, ``>>>skip_reply`` quiets)
+        # is the agent's own choice too: a new message is no target, so it lifts neither.
+        deliberate = (
+            (routing.locus is not None and routing.locus != routing.trigger)
+            or routing.sticky_target is not None
+            or run.prose.hold
+            or run.prose.quiet
+        )
         routing.trigger = ref
         turn.trigger_message_id, turn.trigger_thread_id = chosen.message_id, chosen.thread_id
         routing.moved_to(ref)

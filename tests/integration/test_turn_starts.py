@@ -149,3 +149,30 @@ async def test_a_continuation_keeps_a_deliberate_locus_but_joins_the_turn_to_its
                     await turn.end_round()
                 assert await publishes(servers["b"]) == [("general", "still here")]
                 assert await publishes(servers["a"]) == []
+
+
+async def test_a_continuation_does_not_lift_the_hold_a_failed_target_left(tmp_path: Path) -> None:
+    """Hybrid: a ``>>>`` that names no channel holds later plain words until a new valid
+    target. A message the turn is continued on is not one: the words stay drafts, not posts in
+    that message's channel (a case the misrouting property's long run found)."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            await registered_both(daemon, servers, "a")
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
+                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+                    await turn.text(">>> b:nowhere\naimed at no channel")
+                    await turn.end_round()
+                    await servers["a"].incoming([{"channelId": "general", "text": "ann?", "tags": ["chat:mention"]}])
+                    later = await client.next_wake()
+                    continued = await turn.continue_on([later.seq])
+                    # Nothing says plain speech now lands in a:general: it doesn't.
+                    assert not any("a:general" in notice for notice in continued.notices), continued.notices
+                    await turn.text("later plain words")
+                    await turn.end_round()
+                assert turn.closed is not None
+                assert await publishes(servers["a"]) == []
+                assert await publishes(servers["b"]) == []
+                previews = [draft.preview for draft in turn.closed.drafts]
+                assert any("later plain words" in preview for preview in previews), previews
