@@ -14,6 +14,9 @@ Sides, interleaved and repeated:
 - the **daemon** with its journal pre-filled with 0, 50,000 and 200,000 acked rows;
 - the daemon with the journal's fsync off (``synchronous=OFF``): the disk's share;
 - with ``--journal-rounds N``: an empty and a 200,000-row journal alone, alternating N rounds;
+- with ``--per-request N``: the daemon and the forwarder with one message a request and with N
+  (the same messages outstanding), two rounds each: the trio thread's CPU a message split into
+  what a request costs whatever it carries and what each message costs;
 - with ``--thread-states``: one more daemon round, its threads sampled about once a millisecond
   from ``/proc`` (running or waiting for a core, idle in ``epoll_wait``, in a ``futex``: the GIL
   or a lock…); trio's worker threads are pooled as "other threads".
@@ -54,8 +57,10 @@ from mcpl_router.logs import configure_logging
 SIZES = (0, 50_000, 200_000)
 
 
-async def _drive(socket: str, pid: int, fixtures: list[Any], messages: int, tag: str, *, rate: float | None = None) -> dict[str, Any]:
-    total = messages * len(fixtures)
+async def _drive(
+    socket: str, pid: int, fixtures: list[Any], messages: int, tag: str, *, rate: float | None = None, per_request: int = 1
+) -> dict[str, Any]:
+    total = messages // per_request * per_request * len(fixtures)
     latencies: list[float] = []
     async with RouterClient.connect_unix(socket) as host:
         await host.hello("bench", ["bench"])
@@ -73,10 +78,12 @@ async def _drive(socket: str, pid: int, fixtures: list[Any], messages: int, tag:
             nursery.start_soon(reader)
             start = time.perf_counter()
             for index, fixture in enumerate(fixtures):
-                options: dict[str, Any] = {"outstanding": 128 if rate is None else 100_000, "prefix": f"{tag}-{index}"}
+                # The same messages outstanding whatever their number a request.
+                outstanding = max(1, 128 // per_request) if rate is None else 100_000
+                options: dict[str, Any] = {"outstanding": outstanding, "per_request": per_request, "prefix": f"{tag}-{index}"}
                 if rate is not None:
                     options["rate"] = rate
-                nursery.start_soon(lambda f=fixture, o=options: f.flood(messages, **o))
+                nursery.start_soon(lambda f=fixture, o=options: f.flood(messages // per_request, **o))
         cpu = cpu_seconds(pid) - cpu_before
         trio_cpu = cpu_seconds(pid, main_thread=True) - trio_cpu_before
         load = sum(cpu_seconds(f.process.pid) for f in fixtures) + time.process_time() - load_before
@@ -240,6 +247,38 @@ async def thread_states(workdir: Path, servers: int, messages: int) -> dict[str,
     return {name: {state: count / max(1, sum(counts.values())) for state, count in counts.most_common()} for name, counts in seen.items()}
 
 
+async def per_request_split(workdir: Path, servers: int, messages: int, per_request: int, rounds: int) -> dict[str, Any]:
+    """One message a request against ``per_request``, for the daemon and the forwarder,
+    alternating: the trio thread's CPU a message each way, and from the two the part a request
+    costs whatever it carries and the part each message costs."""
+    sides = [(side, per) for side in ("daemon", "forwarder") for per in (1, per_request)]
+    main_us: dict[str, list[float]] = {f"{side}/{per}": [] for side, per in sides}
+    for round_ in range(rounds):
+        for side, per in sides:
+            tag = f"pr{round_}-{side}-{per}"
+            async with fixtures_running(workdir, servers) as fixtures:
+                context = daemon_running(workdir, _servers(fixtures), tag=tag) if side == "daemon" else forwarder_running(workdir, fixtures, tag=tag)
+                async with context as (proc, socket):
+                    measured = await _drive(socket, proc.pid, fixtures, messages, tag, per_request=per)
+            main_us[f"{side}/{per}"].append(measured["main_thread_us"])
+    figures: dict[str, Any] = {"per_request": per_request, "main_thread_us": {key: median(v) for key, v in main_us.items()}}
+    for side in ("daemon", "forwarder"):
+        one, many = figures["main_thread_us"][f"{side}/1"], figures["main_thread_us"][f"{side}/{per_request}"]
+        # one = R + M and many = R / n + M: R a request's own cost, M a message's.
+        request = (one - many) * per_request / (per_request - 1)
+        figures[side] = {"request_us": request, "message_us": one - request}
+    return figures
+
+
+def print_per_request(figures: dict[str, Any]) -> None:
+    n = figures["per_request"]
+    print(f"\nThe trio thread's CPU a message, one message a request and {n} a request (medians)")
+    print(f"{'side':10s} {'1/request':>10s} {f'{n}/request':>11s} {'a request':>10s} {'a message':>10s}")
+    for side in ("daemon", "forwarder"):
+        us = figures["main_thread_us"]
+        print(f"{side:10s} {us[f'{side}/1']:10.0f} {us[f'{side}/{n}']:11.0f} {figures[side]['request_us']:10.0f} {figures[side]['message_us']:10.0f}")
+
+
 async def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="mr-bench-", dir="/tmp") as tmp:
         figures = await throughput(Path(tmp), args.servers, args.messages, args.rounds)
@@ -249,6 +288,8 @@ async def main(args: argparse.Namespace) -> None:
             print(f"\n200,000-row journal ÷ empty, {sizes['rounds']} alternating rounds: {sizes['rate_ratio']:.3f} (msgs/s), {sizes['cpu_ratio']:.3f} (msgs per CPU-second)")
         if args.latency:
             print_latency(await latency(Path(tmp), (200, 500, 1000, 2000), args.seconds))
+        if args.per_request > 1:
+            print_per_request(await per_request_split(Path(tmp), args.servers, args.messages, args.per_request, 2))
         if args.thread_states:
             print("\nThe daemon's threads during one throughput round (share of 1 ms samples)")
             for name, states in (await thread_states(Path(tmp), args.servers, args.messages)).items():
@@ -263,6 +304,7 @@ if __name__ == "__main__":
     parser.add_argument("--latency", action="store_true", help="also measure latency under offered load")
     parser.add_argument("--journal-rounds", type=int, default=0, help="also compare an empty and a 200,000-row journal, alternating, this many rounds")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--per-request", type=int, default=1, help="also split the trio thread's cost into a request's and a message's, against this many messages a request")
     parser.add_argument("--thread-states", action="store_true", help="also sample what the daemon's threads are doing in one more round")
     configure_logging("error", json=True)
     trio.run(main, parser.parse_args())
