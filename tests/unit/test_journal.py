@@ -14,6 +14,7 @@ from mcpl_router.mcpl.inbound import substance_digest
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, JournalLocked, SavedTuneOut
 from mcpl_router.store.schema import HOT_STATEMENTS, SCHEMA_VERSION
 from mcpl_router.testing.journal import open_journal
+from mcpl_router.testing.scheduling import scheduler_passes
 
 KAI = Delivery("kai", "message", ("chat:mention",), True)
 
@@ -58,25 +59,14 @@ async def test_a_submission_with_room_lets_no_other_task_run_and_a_cancelled_one
     an inbound request's handler goes on to the next message without a trip through the
     scheduler (and what arrives meanwhile joins the same commit)."""
     async with open_journal(tmp_path / "journal.sqlite3") as journal:
-        ticks = 0
-
-        async def spinning() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await trio.lowlevel.checkpoint()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(spinning)
-            await trio.lowlevel.checkpoint()
-            before = ticks
+        async with scheduler_passes() as passes:
+            before = passes.count
             waits = [await journal.submit_inbound([(message(f"m-{n}"), [KAI])]) for n in range(20)]
-            assert ticks == before  # nothing else ran while twenty were queued
+            assert passes.count == before  # nothing else ran while twenty were queued
             with trio.CancelScope() as scope:
                 scope.cancel()
                 with pytest.raises(trio.Cancelled):
                     await journal.submit_inbound([(message("never"), [KAI])])
-            nursery.cancel_scope.cancel()
         results = [await wait() for wait in waits]
         await journal.flush()
         assert [r[0].seq for r in results] == list(range(1, 21))

@@ -16,6 +16,7 @@ from mcpl_router.hosts.sessions import SessionManager
 from mcpl_router.metrics import DaemonMetrics
 from mcpl_router.routing.router import Router
 from mcpl_router.store.journal import Journal
+from mcpl_router.testing.scheduling import scheduler_passes
 from mcpl_router.turns.invitations import Invitations
 
 
@@ -30,25 +31,12 @@ def _sessions(tmp_path: Path) -> tuple[SessionManager, Journal]:
 
 async def test_a_trace_to_an_agent_lets_no_other_task_run_first(tmp_path: Path) -> None:
     sessions, journal = _sessions(tmp_path)
-    ticks = 0
-
-    async def spinning() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
-
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(spinning)
-            await trio.lowlevel.checkpoint()
-            before = ticks
-            # Twenty in a row: a yield in any of them lets the spinning task tick (trio may run
-            # a batch's tasks in either order, so one yield alone could go unseen).
+        async with scheduler_passes() as passes:
+            before = passes.count
             for _ in range(20):
                 assert await sessions.notify_agent("nobody", "inference:started", {}) is False  # no owner
-            assert ticks == before  # not a scheduling point: nothing else ran meanwhile
-            nursery.cancel_scope.cancel()
+            assert passes.count == before  # not a scheduling point: nothing else ran meanwhile
     finally:
         journal.close()
 
