@@ -35,6 +35,7 @@ __all__ = [
     "channel_context_for",
     "queue_lifecycle",
     "send_lifecycle",
+    "wait_lifecycle",
 ]
 
 #: How long one server may take to answer ``context/beforeInference`` before we go on without it.
@@ -217,7 +218,8 @@ async def send_lifecycle(
 
     Queued at once to each server whose outbox has room (:func:`queue_lifecycle`); the others
     are waited for all at once, each with its own deadline, so one stuck server can't keep
-    the others from hearing (a terminal, above all).
+    the others from hearing (a terminal, above all) (:func:`wait_lifecycle`). When every
+    outbox has room this is no cancellation point: what it queues is recorded in ``told``.
 
     Args:
         params: ``{inferenceId, conversationId, turnIndex, phase}`` (no content, ever).
@@ -230,9 +232,24 @@ async def send_lifecycle(
     Returns:
         ``told``: the servers told, with their epochs.
     """
-    log = _lazy_logger(log_fields)
     told = {} if told is None else told
     waiting = queue_lifecycle(links, params, only=only, told=told, log_fields=log_fields)
+    await wait_lifecycle(waiting, params, told=told, log_fields=log_fields, per_link_timeout=per_link_timeout)
+    return told
+
+
+async def wait_lifecycle(
+    links: list[ServerLink],
+    params: dict[str, Any],
+    *,
+    told: dict[str, int],
+    log_fields: dict[str, Any] | None = None,
+    per_link_timeout: float = LIFECYCLE_SEND_TIMEOUT,
+) -> None:
+    """The part of :func:`send_lifecycle` that waits: ``links`` are those
+    :func:`queue_lifecycle` found with no room (already in ``told``), each sent to with its own
+    deadline, all at once. One that never left is taken out of ``told``."""
+    log = _lazy_logger(log_fields)
 
     async def send_one(link: ServerLink) -> None:
         try:
@@ -244,8 +261,7 @@ async def send_lifecycle(
             told.pop(link.server_id, None)  # it never left: nothing to end on that server
             log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
 
-    await _each_at_once(waiting, send_one)
-    return told
+    await _each_at_once(links, send_one)
 
 
 def queue_lifecycle(

@@ -91,7 +91,9 @@ class TurnRouting:
     ``trigger`` is the channel the turn's message came from; ``locus`` where its plain speech
     goes; ``sticky_target`` a pin (``>>>``) that wins over the locus; ``typing_channel`` where
     the daemon shows typing; ``was_in`` the trigger plus every channel the turn moved to (add
-    only, in order); ``engaged`` the channels the turn sent into.
+    only, in order); ``engaged`` the channels the turn sent into; ``speech_targets_set`` how
+    many times a ``channel_open`` set the speech target (a deliberate move, told apart from a
+    continuation's or an arrival's).
     """
 
     trigger: ChannelRef | None = None
@@ -101,6 +103,7 @@ class TurnRouting:
     was_in: tuple[ChannelRef, ...] = ()
     engaged: tuple[ChannelRef, ...] = ()
     deliveries: list[Delivery] = attrs.field(factory=list)
+    speech_targets_set: int = 0
 
     @classmethod
     def starting_at(cls, trigger: ChannelRef | None) -> TurnRouting:
@@ -126,6 +129,7 @@ class TurnRouting:
             self.locus = ref
             self.sticky_target = None
             self.typing_channel = ref
+            self.speech_targets_set += 1
 
     def engage(self, ref: ChannelRef) -> None:
         """The turn sent into ``ref`` (each channel recorded once, in order)."""

@@ -63,6 +63,10 @@ class TurnKeepers:
 
     def opened(self, run: TurnRun) -> None:
         """A turn opened: its typing starts now, its keeper once it is first due."""
+        if run.finished:
+            # Ended while it opened (superseded by the next open, or the drain, while the open
+            # ended the turn before it): its stop has gone, so no start may follow.
+            return
         manager = self._manager
         nursery = self._nursery
         if nursery is None:

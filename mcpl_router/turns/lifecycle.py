@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle
+from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle, wait_lifecycle
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.turns.run import ACKNOWLEDGE, FINISH_GRACE, TurnRun
 from mcpl_router.turns.sends import ACK_INTENT_REFUSED, acknowledge_message
@@ -64,7 +64,7 @@ class InferenceLifecycle:
             waiting = queue_lifecycle(self._links.values(), params, told=run.started, log_fields=log_fields)
             if waiting:
                 with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
-                    await send_lifecycle(waiting, params, told=run.started, log_fields=log_fields)
+                    await wait_lifecycle(waiting, params, told=run.started, log_fields=log_fields)
         finally:
             run.started_done.set()
         where = turn.routing.locus or turn.routing.trigger

@@ -365,7 +365,7 @@ class TurnManager:
             self._log.warning("turn.text.late", agent=run.turn.agent, turn=turn_id, round=round_)
             return
         routing = run.turn.routing
-        run.round_routes.setdefault(round_, (routing.locus, routing.sticky_target))
+        run.round_routes.setdefault(round_, (routing.locus, routing.sticky_target, routing.speech_targets_set))
 
     async def round(
         self, connection: HostConnection, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, Any]] = ()

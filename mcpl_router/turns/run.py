@@ -105,7 +105,8 @@ class TurnRun:
     explicit_send_rounds: set[int] = attrs.field(factory=set)
     # Prose routing: the turn's pins and holds; each round's route when its first words came.
     prose: prose.ProseState = attrs.field(factory=prose.ProseState)
-    round_routes: dict[int, tuple[ChannelRef | None, ChannelRef | None]] = attrs.field(factory=dict)
+    #: Per round: the locus, the pin and ``TurnRouting.speech_targets_set`` when its first words came.
+    round_routes: dict[int, tuple[ChannelRef | None, ChannelRef | None, int]] = attrs.field(factory=dict)
     notices: list[str] = attrs.field(factory=list)
     private: int = 0
     suppressed: int = 0
@@ -120,8 +121,9 @@ class TurnRun:
     seen_seq: int = 0
     # Starts of the turn: 1 at turn/open, one more per turn/continue.
     starts: int = 1
-    # The locus the last routed round went by: a different one since means a deliberate move.
-    last_locus: ChannelRef | None = None
+    # ``TurnRouting.speech_targets_set`` as the last routed round saw it: more since means a
+    # channel_open set the speech target (it supersedes a >>>skip_reply or a failed >>>).
+    speech_targets_seen: int = 0
 
     @property
     def host_gone(self) -> bool:

@@ -110,8 +110,9 @@ class Speech:
         The start's trigger (:func:`~mcpl_router.routing.turns.trigger_of`, as at the open)
         becomes the turn's trigger and joins ``was_in``: within the turn its id now means that
         channel, on that server. An inferred locus moves to the start's one conversation (or is
-        held among several); a deliberate one (a ``channel_open``, a ``>>>`` pin, hybrid's hold
-        after a failed ``>>>`` or quiet after ``>>>skip_reply``) stays. Explicit
+        held among several); a deliberate one (a ``channel_open``, a ``>>>`` pin) stays. Hybrid's
+        hold after a failed ``>>>`` and quiet after ``>>>skip_reply`` last until a new valid
+        target, which a new message is not: they stay, and no notice says speech lands. Explicit
         mode's typing goes to the start's own wake, read once now. A start whose wakes name no
         channel (a budget restart) moves nothing. Returns the ``[routing]`` notice, if any.
         """
@@ -120,14 +121,7 @@ class Speech:
             return None
         turn, routing, mode = run.turn, run.turn.routing, run.mode
         ref = chosen.channel
-        # Hybrid's "until a new valid target" (a failed ``>>>`` holds, ``>>>skip_reply`` quiets)
-        # is the agent's own choice too: a new message is no target, so it lifts neither.
-        deliberate = (
-            (routing.locus is not None and routing.locus != routing.trigger)
-            or routing.sticky_target is not None
-            or run.prose.hold
-            or run.prose.quiet
-        )
+        deliberate = (routing.locus is not None and routing.locus != routing.trigger) or routing.sticky_target is not None
         routing.trigger = ref
         turn.trigger_message_id, turn.trigger_thread_id = chosen.message_id, chosen.thread_id
         routing.moved_to(ref)
@@ -147,7 +141,7 @@ class Speech:
             run.prose.held_reason = prose.REASON_AMBIGUOUS
             return texts.speech_held([self._shown(other) for other in choice.competing])
         run.prose.held_reason = prose.REASON_NO_DESTINATION
-        if choice.ref is not None and choice.ref != before:
+        if choice.ref is not None and choice.ref != before and not (run.prose.hold or run.prose.quiet):
             return texts.speech_lands_in(self._shown(choice.ref))
         return None
 
@@ -161,7 +155,9 @@ class Speech:
             return []
         text = turn.take_text(round_)
         routing = turn.routing
-        locus_then, pin_then = run.round_routes.pop(round_, (routing.locus, routing.sticky_target))
+        locus_then, pin_then, targets_then = run.round_routes.pop(
+            round_, (routing.locus, routing.sticky_target, routing.speech_targets_set)
+        )
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id, round=round_)
         mode = run.mode
         prefix = mode.target_prefix
@@ -174,11 +170,12 @@ class Speech:
         if not text.strip():
             return []
         run.prose.pin = pin_then if mode.keeps_pins else None
-        if locus_then is not None and locus_then != run.last_locus and pin_then is None:
-            # A channel_open that set the speech target supersedes a >>>skip_reply or a failed >>>.
-            if run.last_locus is not None or turn.routing.trigger != locus_then:
-                run.prose.quiet = run.prose.hold = False
-        run.last_locus = locus_then
+        if targets_then != run.speech_targets_seen:
+            # A channel_open that set the speech target before these words were written
+            # supersedes a >>>skip_reply or a failed >>>. Counted, not read off a moved locus: a
+            # continuation moves an inferred locus too, and lifts neither.
+            run.prose.quiet = run.prose.hold = False
+            run.speech_targets_seen = targets_then
         quiet_before, hold_before = run.prose.quiet, run.prose.hold
         segments = mode.segments(
             text,
@@ -257,8 +254,8 @@ class Speech:
         routing.locus = None
         run.prose.held_reason = prose.REASON_AMBIGUOUS
         # Later rounds' words are held; this round's were written before the arrival.
-        for pending, (_locus, pin) in list(run.round_routes.items()):
-            run.round_routes[pending] = (None, pin)
+        for pending, (_locus, pin, targets) in list(run.round_routes.items()):
+            run.round_routes[pending] = (None, pin, targets)
         if routing.typing_channel is not None:
             routing.typing_channel = None
             await self._typing.stop(run)

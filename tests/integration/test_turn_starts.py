@@ -176,3 +176,24 @@ async def test_a_continuation_does_not_lift_the_hold_a_failed_target_left(tmp_pa
                 assert await publishes(servers["b"]) == []
                 previews = [draft.preview for draft in turn.closed.drafts]
                 assert any("later plain words" in preview for preview in previews), previews
+
+
+async def test_a_channel_open_of_the_channel_the_turn_is_in_lifts_a_failed_targets_hold(tmp_path: Path) -> None:
+    """A ``channel_open`` that sets the speech target supersedes a failed ``>>>``, even when it
+    names the channel the turn already speaks in (told apart by the open itself, not by a
+    locus that moved)."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            await registered_both(daemon, servers, "a")
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
+                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+                    await turn.text(">>> b:nowhere\naimed at no channel")
+                    await turn.end_round()
+                    opened = await turn.tool("channel_open", {"channelId": "lounge", "serverId": "a"})
+                    assert not opened.is_error, opened.text
+                    await turn.text("words after the open")
+                    await turn.end_round()
+                assert await publishes(servers["a"]) == [("lounge", "words after the open")]
+                assert await publishes(servers["b"]) == []

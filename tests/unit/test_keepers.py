@@ -156,10 +156,24 @@ async def test_without_room_the_opening_typing_start_waits_in_a_task_not_in_the_
         await nursery.start(manager.keepers.run)
         run = _run("crowded")
         manager.keepers.opened(run)
-        assert manager.typing.starts == []  # the opener went on without waiting for room
         await trio.sleep(0.1)
         nursery.cancel_scope.cancel()
     assert manager.typing.ways == ["task"]
+
+
+async def test_a_turn_that_ended_while_it_opened_gets_no_typing_start(autojump_clock: trio.abc.Clock) -> None:
+    """Superseded (or drained) while its open ended the turn before it: its stop has gone."""
+    manager = _Manager()
+    manager.typing.room = True
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        run = _run("ended-while-opening")
+        await manager.finish(run, "aborted", why="superseded")
+        manager.keepers.opened(run)
+        await trio.sleep(10)
+        nursery.cancel_scope.cancel()
+    assert manager.typing.starts == []
+    assert manager.keepers.kept == []
 
 
 async def test_a_typing_task_that_starts_after_its_turn_ended_sends_nothing(autojump_clock: trio.abc.Clock) -> None:
