@@ -131,6 +131,13 @@ class TurnRouting:
             self.typing_channel = ref
             self.speech_targets_set += 1
 
+    @property
+    def deliberate_locus(self) -> bool:
+        """Whether the locus is the agent's choice (a ``channel_open`` that set the speech
+        target), not inferred from wakes: a later start or arrival moves or holds only an
+        inferred one. Told by the open itself; a locus apart from the trigger is one too."""
+        return self.locus is not None and (self.speech_targets_set > 0 or self.locus != self.trigger)
+
     def engage(self, ref: ChannelRef) -> None:
         """The turn sent into ``ref`` (each channel recorded once, in order)."""
         if ref not in self.engaged:

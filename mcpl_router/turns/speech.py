@@ -121,7 +121,7 @@ class Speech:
             return None
         turn, routing, mode = run.turn, run.turn.routing, run.mode
         ref = chosen.channel
-        deliberate = (routing.locus is not None and routing.locus != routing.trigger) or routing.sticky_target is not None
+        deliberate = routing.deliberate_locus or routing.sticky_target is not None
         routing.trigger = ref
         turn.trigger_message_id, turn.trigger_thread_id = chosen.message_id, chosen.thread_id
         routing.moved_to(ref)
@@ -164,7 +164,7 @@ class Speech:
         silenced = round_ in run.explicit_send_rounds
         # Pins live in the routing (a channel_open with setSpeechTarget clears them); the words
         # go along the pin in force when they were written.
-        locus_now, pin_now = routing.locus, routing.sticky_target
+        pin_now = routing.sticky_target
         # A tool boundary: messages that arrived meanwhile may hold later words.
         await self._arrivals(run, log)
         if not text.strip():
@@ -185,8 +185,10 @@ class Speech:
             silenced=silenced,
         )
         if mode.keeps_pins:
-            moved = (locus_now, pin_now) != (locus_then, pin_then)
-            # A channel_open that landed after these words were written wins for later words.
+            # A channel_open that landed after these words were written wins for later words
+            # (counted: a continuation or an arrival moves the locus too, and is no open), and
+            # so does a pin withdrawn meanwhile.
+            moved = routing.speech_targets_set != targets_then or pin_now != pin_then
             if not moved:
                 if mode.tells_pin_changes and run.prose.pin != pin_then and run.prose.pin is not None:
                     run.notices.append(texts.speech_lands_in(self._shown(run.prose.pin)))
@@ -247,7 +249,7 @@ class Speech:
         if any(arrival.conversational for arrival in arrivals):
             run.explicit_send_rounds.clear()
         routing = turn.routing
-        deliberate = routing.locus is not None and routing.locus != routing.trigger
+        deliberate = routing.deliberate_locus
         competing = prose.hold_for_arrivals(run.mode, routing, run.prose, arrivals, deliberate=deliberate)
         if not competing:
             return

@@ -197,3 +197,49 @@ async def test_a_channel_open_of_the_channel_the_turn_is_in_lifts_a_failed_targe
                     await turn.end_round()
                 assert await publishes(servers["a"]) == [("lounge", "words after the open")]
                 assert await publishes(servers["b"]) == []
+
+
+async def test_a_continuation_keeps_an_open_of_the_channel_the_turn_was_in(tmp_path: Path) -> None:
+    """A ``channel_open`` of the turn's own channel is deliberate although the locus didn't
+    move: a continuation on another channel's message before the next words leaves speech
+    where the open put it (and a failed ``>>>`` before the open no longer holds it)."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            await registered_both(daemon, servers, "a")
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
+                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+                    await turn.text(">>> b:nowhere\naimed at no channel")
+                    await turn.end_round()
+                    opened = await turn.tool("channel_open", {"channelId": "lounge", "serverId": "a"})
+                    assert not opened.is_error, opened.text
+                    await servers["a"].incoming([{"channelId": "general", "text": "ann?", "tags": ["chat:mention"]}])
+                    later = await client.next_wake()
+                    continued = await turn.continue_on([later.seq])
+                    assert continued.shown.locus == "a:lounge" and continued.notices == []
+                    await turn.text("still in the lounge")
+                    await turn.end_round()
+                assert await publishes(servers["a"]) == [("lounge", "still in the lounge")]
+                assert await publishes(servers["b"]) == []
+
+
+async def test_a_pin_written_before_a_continuation_still_sticks(tmp_path: Path) -> None:
+    """Hybrid: a round's ``>>>`` pin counts though the turn was continued (its locus moved)
+    between the words and their routing: only a ``channel_open`` supersedes it."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
+            await registered_both(daemon, servers, "a")
+            assert daemon.host_socket_path is not None
+            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
+                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
+                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+                    await turn.text(">>> b:general\nto b")
+                    await servers["a"].incoming([{"channelId": "general", "text": "ann?", "tags": ["chat:mention"]}])
+                    later = await client.next_wake()
+                    await turn.continue_on([later.seq])  # before the round with the pin is routed
+                    await turn.end_round()
+                    await turn.text("along the pin")
+                    await turn.end_round()
+                assert await publishes(servers["b"]) == [("general", "to b"), ("general", "along the pin")]
+                assert await publishes(servers["a"]) == []
