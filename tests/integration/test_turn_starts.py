@@ -9,6 +9,8 @@ restart) moves nothing, and neither start supersedes the turn.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -151,95 +153,90 @@ async def test_a_continuation_keeps_a_deliberate_locus_but_joins_the_turn_to_its
                 assert await publishes(servers["a"]) == []
 
 
-async def test_a_continuation_does_not_lift_the_hold_a_failed_target_left(tmp_path: Path) -> None:
-    """Hybrid: a ``>>>`` that names no channel holds later plain words until a new valid
-    target. A message the turn is continued on is not one: the words stay drafts, not posts in
-    that message's channel (a case the misrouting property's long run found)."""
+@asynccontextmanager
+async def hybrid_agent_woken_in_a_lounge(tmp_path: Path) -> AsyncIterator[tuple[dict[str, FixtureProcess], RouterClient, Any]]:
+    """Both servers register ``general`` and ``lounge``; the agent, in hybrid mode, is woken by
+    a mention in ``a:lounge``. Yields the servers, the host client and the wake."""
     with trio.fail_after(60):
         async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
             await registered_both(daemon, servers, "a")
             assert daemon.host_socket_path is not None
             async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
-                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
-                    await turn.text(">>> b:nowhere\naimed at no channel")
-                    await turn.end_round()
-                    await servers["a"].incoming([{"channelId": "general", "text": "ann?", "tags": ["chat:mention"]}])
-                    later = await client.next_wake()
-                    continued = await turn.continue_on([later.seq])
-                    # Nothing says plain speech now lands in a:general: it doesn't.
-                    assert not any("a:general" in notice for notice in continued.notices), continued.notices
-                    await turn.text("later plain words")
-                    await turn.end_round()
-                assert turn.closed is not None
-                assert await publishes(servers["a"]) == []
-                assert await publishes(servers["b"]) == []
-                previews = [draft.preview for draft in turn.closed.drafts]
-                assert any("later plain words" in preview for preview in previews), previews
+                yield servers, client, await hello_and_wake(client, "hybrid", servers["a"], "lounge")
+
+
+async def aim_at_no_channel(turn: Any) -> None:
+    """A round whose ``>>>`` resolves to nothing: later plain words are held (hybrid)."""
+    await turn.text(">>> b:nowhere\naimed at no channel")
+    await turn.end_round()
+
+
+async def continue_on_a_mention_in_a_general(servers: dict[str, FixtureProcess], client: RouterClient, turn: Any) -> Any:
+    await servers["a"].incoming([{"channelId": "general", "text": "ann?", "tags": ["chat:mention"]}])
+    later = await client.next_wake()
+    return await turn.continue_on([later.seq])
+
+
+async def test_a_continuation_does_not_lift_the_hold_a_failed_target_left(tmp_path: Path) -> None:
+    """Hybrid: a ``>>>`` that names no channel holds later plain words until a new valid
+    target. A message the turn is continued on is not one: the words stay drafts, not posts in
+    that message's channel (a case the misrouting property's long run found)."""
+    async with hybrid_agent_woken_in_a_lounge(tmp_path) as (servers, client, wake):
+        async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+            await aim_at_no_channel(turn)
+            continued = await continue_on_a_mention_in_a_general(servers, client, turn)
+            # Nothing says plain speech now lands in a:general: it doesn't.
+            assert not any("a:general" in notice for notice in continued.notices), continued.notices
+            await turn.text("later plain words")
+            await turn.end_round()
+        assert turn.closed is not None
+        assert await publishes(servers["a"]) == []
+        assert await publishes(servers["b"]) == []
+        previews = [draft.preview for draft in turn.closed.drafts]
+        assert any("later plain words" in preview for preview in previews), previews
 
 
 async def test_a_channel_open_of_the_channel_the_turn_is_in_lifts_a_failed_targets_hold(tmp_path: Path) -> None:
     """A ``channel_open`` that sets the speech target supersedes a failed ``>>>``, even when it
     names the channel the turn already speaks in (told apart by the open itself, not by a
     locus that moved)."""
-    with trio.fail_after(60):
-        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
-            await registered_both(daemon, servers, "a")
-            assert daemon.host_socket_path is not None
-            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
-                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
-                    await turn.text(">>> b:nowhere\naimed at no channel")
-                    await turn.end_round()
-                    opened = await turn.tool("channel_open", {"channelId": "lounge", "serverId": "a"})
-                    assert not opened.is_error, opened.text
-                    await turn.text("words after the open")
-                    await turn.end_round()
-                assert await publishes(servers["a"]) == [("lounge", "words after the open")]
-                assert await publishes(servers["b"]) == []
+    async with hybrid_agent_woken_in_a_lounge(tmp_path) as (servers, client, wake):
+        async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+            await aim_at_no_channel(turn)
+            opened = await turn.tool("channel_open", {"channelId": "lounge", "serverId": "a"})
+            assert not opened.is_error, opened.text
+            await turn.text("words after the open")
+            await turn.end_round()
+        assert await publishes(servers["a"]) == [("lounge", "words after the open")]
+        assert await publishes(servers["b"]) == []
 
 
 async def test_a_continuation_keeps_an_open_of_the_channel_the_turn_was_in(tmp_path: Path) -> None:
     """A ``channel_open`` of the turn's own channel is deliberate although the locus didn't
     move: a continuation on another channel's message before the next words leaves speech
     where the open put it (and a failed ``>>>`` before the open no longer holds it)."""
-    with trio.fail_after(60):
-        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
-            await registered_both(daemon, servers, "a")
-            assert daemon.host_socket_path is not None
-            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
-                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
-                    await turn.text(">>> b:nowhere\naimed at no channel")
-                    await turn.end_round()
-                    opened = await turn.tool("channel_open", {"channelId": "lounge", "serverId": "a"})
-                    assert not opened.is_error, opened.text
-                    await servers["a"].incoming([{"channelId": "general", "text": "ann?", "tags": ["chat:mention"]}])
-                    later = await client.next_wake()
-                    continued = await turn.continue_on([later.seq])
-                    assert continued.shown.locus == "a:lounge" and continued.notices == []
-                    await turn.text("still in the lounge")
-                    await turn.end_round()
-                assert await publishes(servers["a"]) == [("lounge", "still in the lounge")]
-                assert await publishes(servers["b"]) == []
+    async with hybrid_agent_woken_in_a_lounge(tmp_path) as (servers, client, wake):
+        async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+            await aim_at_no_channel(turn)
+            opened = await turn.tool("channel_open", {"channelId": "lounge", "serverId": "a"})
+            assert not opened.is_error, opened.text
+            continued = await continue_on_a_mention_in_a_general(servers, client, turn)
+            assert continued.shown.locus == "a:lounge" and continued.notices == []
+            await turn.text("still in the lounge")
+            await turn.end_round()
+        assert await publishes(servers["a"]) == [("lounge", "still in the lounge")]
+        assert await publishes(servers["b"]) == []
 
 
 async def test_a_pin_written_before_a_continuation_still_sticks(tmp_path: Path) -> None:
     """Hybrid: a round's ``>>>`` pin counts though the turn was continued (its locus moved)
     between the words and their routing: only a ``channel_open`` supersedes it."""
-    with trio.fail_after(60):
-        async with servers_and_daemon(tmp_path, ["a", "b"]) as (daemon, servers):
-            await registered_both(daemon, servers, "a")
-            assert daemon.host_socket_path is not None
-            async with RouterClient.connect_unix(daemon.host_socket_path) as client:
-                wake = await hello_and_wake(client, "hybrid", servers["a"], "lounge")
-                async with client.turn(AGENT, wakes=[wake.seq]) as turn:
-                    await turn.text(">>> b:general\nto b")
-                    await servers["a"].incoming([{"channelId": "general", "text": "ann?", "tags": ["chat:mention"]}])
-                    later = await client.next_wake()
-                    await turn.continue_on([later.seq])  # before the round with the pin is routed
-                    await turn.end_round()
-                    await turn.text("along the pin")
-                    await turn.end_round()
-                assert await publishes(servers["b"]) == [("general", "to b"), ("general", "along the pin")]
-                assert await publishes(servers["a"]) == []
+    async with hybrid_agent_woken_in_a_lounge(tmp_path) as (servers, client, wake):
+        async with client.turn(AGENT, wakes=[wake.seq]) as turn:
+            await turn.text(">>> b:general\nto b")
+            await continue_on_a_mention_in_a_general(servers, client, turn)  # before the pin's round is routed
+            await turn.end_round()
+            await turn.text("along the pin")
+            await turn.end_round()
+        assert await publishes(servers["b"]) == [("general", "to b"), ("general", "along the pin")]
+        assert await publishes(servers["a"]) == []
