@@ -258,8 +258,7 @@ async def wait_lifecycle(
             if waited.cancelled_caught:
                 log().warning("lifecycle.timeout", server=link.server_id, phase=params.get("phase"), timeout=per_link_timeout)
         except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
-            told.pop(link.server_id, None)  # it never left: nothing to end on that server
-            log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
+            _never_left(told, link, params, exc, log)
 
     await _each_at_once(links, send_one)
 
@@ -286,9 +285,14 @@ def queue_lifecycle(
             if not link.send_notification_nowait("inference/lifecycle", params, capability=LIFECYCLE):
                 waiting.append(link)
         except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
-            told.pop(link.server_id, None)  # it never left: nothing to end on that server
-            log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
+            _never_left(told, link, params, exc, log)
     return waiting
+
+
+def _never_left(told: dict[str, int], link: ServerLink, params: dict[str, Any], exc: Exception, log: Callable[[], Any]) -> None:
+    """A lifecycle send that never left: its server is not counted as told (nothing to end there)."""
+    told.pop(link.server_id, None)
+    log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
 
 
 def _lazy_logger(fields: dict[str, Any] | None) -> Callable[[], Any]:

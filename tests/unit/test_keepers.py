@@ -5,6 +5,8 @@ Stand-ins for the manager's timings, typing and finish, on trio's autojump clock
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -67,6 +69,15 @@ class _CountingKeepers(TurnKeepers):
         await super().keep(run)
 
 
+@asynccontextmanager
+async def keepers_running(manager: _Manager) -> AsyncIterator[None]:
+    """The manager's keepers running for the block (cancelled at its end)."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.keepers.run)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 def _run(turn_id: str) -> TurnRun:
     turn = Turn(turn_id=turn_id, inference_id=f"i-{turn_id}", agent="ada", routing=TurnRouting.starting_at(GENERAL))
     return TurnRun(turn=turn, connection=None, mode=mode_named("locus"), lease_deadline=trio.current_time() + 60)
@@ -74,15 +85,13 @@ def _run(turn_id: str) -> TurnRun:
 
 async def test_a_turn_ended_before_its_first_look_costs_no_keeper_but_got_its_typing(autojump_clock: trio.abc.Clock) -> None:
     manager = _Manager()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         run = _run("short")
         assert run.turn.routing.typing_channel == GENERAL
         manager.keepers.opened(run)
         await trio.sleep(0.1)
         await manager.finish(run, "completed", why="closed")
         await trio.sleep(10)
-        nursery.cancel_scope.cancel()
     assert manager.keepers.kept == []
     assert [turn for turn, _at in manager.typing.starts] == ["short"]  # the opening start, at once
     assert manager.typing.starts[0][1] < 0.1
@@ -90,15 +99,13 @@ async def test_a_turn_ended_before_its_first_look_costs_no_keeper_but_got_its_ty
 
 async def test_a_turn_that_outlives_its_first_look_is_kept(autojump_clock: trio.abc.Clock) -> None:
     manager = _Manager()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         run = _run("long")
         opened_at = trio.current_time()
         manager.keepers.opened(run)
         await trio.sleep(4.5)  # typing refreshed at 2 s and 4 s
         run.lease_deadline = trio.current_time()  # then its lease runs out
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
     assert manager.keepers.kept == ["long"]
     starts = [round(at - opened_at, 1) for _turn, at in manager.typing.starts]
     assert starts == [0.0, 2.0, 4.0]
@@ -107,13 +114,11 @@ async def test_a_turn_that_outlives_its_first_look_is_kept(autojump_clock: trio.
 
 async def test_a_turn_whose_host_left_while_it_opened_ends_at_once_with_no_typing(autojump_clock: trio.abc.Clock) -> None:
     manager = _Manager()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         run = _run("orphan")
         run.connection = _GoneConnection()  # type: ignore[assignment]
         manager.keepers.opened(run)
         await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
     assert manager.ended == [("orphan", "host-gone")]
     assert manager.typing.starts == []
 
@@ -125,19 +130,16 @@ async def test_a_crash_in_the_opening_typing_start_ends_the_turn_as_a_keepers_wo
         raise RuntimeError("boom")
 
     manager.typing.refresh = crash  # type: ignore[method-assign]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         manager.keepers.opened(_run("crashing"))
         await trio.sleep(0.01)
-        nursery.cancel_scope.cancel()
     assert manager.ended == [("crashing", "keeper-crashed")]
 
 
 async def test_with_room_the_opening_typing_start_is_queued_in_the_openers_call(autojump_clock: trio.abc.Clock) -> None:
     manager = _Manager()
     manager.typing.room = True
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         run = _run("roomy")
         manager.keepers.opened(run)
         # Before any scheduling point: sent from the opener's own call, no task for it.
@@ -145,19 +147,16 @@ async def test_with_room_the_opening_typing_start_is_queued_in_the_openers_call(
         assert run.next_typing == trio.current_time() + manager.typing_interval
         await trio.sleep(2.5)  # the keeper's refresh at 2 s comes from the keeper's task
         await manager.finish(run, "completed", why="closed")
-        nursery.cancel_scope.cancel()
     assert manager.typing.ways == ["queued", "task"]
     assert manager.keepers.kept == ["roomy"]
 
 
 async def test_without_room_the_opening_typing_start_waits_in_a_task_not_in_the_opener(autojump_clock: trio.abc.Clock) -> None:
     manager = _Manager()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         run = _run("crowded")
         manager.keepers.opened(run)
         await trio.sleep(0.1)
-        nursery.cancel_scope.cancel()
     assert manager.typing.ways == ["task"]
 
 
@@ -165,26 +164,22 @@ async def test_a_turn_that_ended_while_it_opened_gets_no_typing_start(autojump_c
     """Superseded (or drained) while its open ended the turn before it: its stop has gone."""
     manager = _Manager()
     manager.typing.room = True
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         run = _run("ended-while-opening")
         await manager.finish(run, "aborted", why="superseded")
         manager.keepers.opened(run)
         await trio.sleep(10)
-        nursery.cancel_scope.cancel()
     assert manager.typing.starts == []
     assert manager.keepers.kept == []
 
 
 async def test_a_typing_task_that_starts_after_its_turn_ended_sends_nothing(autojump_clock: trio.abc.Clock) -> None:
     manager = _Manager()
-    async with trio.open_nursery() as nursery:
-        await nursery.start(manager.keepers.run)
+    async with keepers_running(manager):
         run = _run("gone-before-it-ran")
         manager.keepers.opened(run)  # no room: a task is started for the typing
         await manager.finish(run, "completed", why="closed")  # ...and the turn ends before it runs
         await trio.sleep(1)
-        nursery.cancel_scope.cancel()
     assert manager.typing.starts == []
     assert run.typing_sent is None
 
