@@ -7,6 +7,9 @@
 server's channel is registered. **Spawner**: the same programs spawned with the same pipes,
 each given ``initialize``, ``notifications/initialized`` and ``featureSets/update`` over the same
 Peer, concurrently, until each has registered its channel. Interleaved and repeated; medians.
+Each side's servers have exited before the next round starts (the daemon's shutdown waits for
+its children; the spawner closes their stdin and waits too), so no round's start shares the
+cores with the last round's 50 exiting processes.
 """
 
 from __future__ import annotations
@@ -56,11 +59,13 @@ async def through_daemon(workdir: Path, servers: int) -> float:
 async def through_spawner(workdir: Path, servers: int) -> float:
     registered = 0
     done = trio.Event()
+    processes: list[trio.Process] = []
 
     async def one(n: int, nursery: trio.Nursery) -> None:
         nonlocal registered
         process = await trio.lowlevel.open_process(_argv(workdir, n), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert process.stdin is not None and process.stdout is not None
+        processes.append(process)
 
         async def on_message(inbound: Inbound) -> Any:
             nonlocal registered
@@ -78,14 +83,33 @@ async def through_spawner(workdir: Path, servers: int) -> float:
         await peer.request("featureSets/update", {"effectiveCapabilities": ["channels.register", "channels.incoming"]})
 
     start = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for n in range(servers):
-            nursery.start_soon(one, n, nursery)
-        with trio.fail_after(300):
-            await done.wait()
-        elapsed = time.perf_counter() - start
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            for n in range(servers):
+                nursery.start_soon(one, n, nursery)
+            with trio.fail_after(300):
+                await done.wait()
+            elapsed = time.perf_counter() - start
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await _reap(processes)
     return elapsed
+
+
+async def _reap(processes: list[trio.Process]) -> None:
+    """Ends the spawner's servers as the daemon's shutdown ends its own (stdin closed, then
+    waited for), so no round starts while the last one's 50 processes are still exiting."""
+    for process in processes:
+        assert process.stdin is not None
+        await process.stdin.aclose()
+    with trio.move_on_after(30):
+        for process in processes:
+            await process.wait()
+    for process in processes:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 async def startup(workdir: Path, servers: int, rounds: int) -> dict[str, Any]:

@@ -11,9 +11,10 @@ and serves hosts on a Unix socket with the same framing as the daemon (ndjson, t
   ``turn/close`` — puts on the server's wire what the daemon puts there for it (typing start,
   lifecycle ``started``, ``context/beforeInference``, the ``channels/publish`` request, the
   stream's chunk and complete, typing stop, lifecycle ``completed``) on the first server's
-  ``general``, with no routing decision, and answers each call with the daemon's own answer for
-  it, read from ``--answers`` (captured by the bench from a daemon turn in the same run): the
-  same wire work on both wires;
+  ``general``, with no routing decision, sends the host the ``inference:started`` trace the
+  daemon sends it, and answers each call with the daemon's own answer for it, read from
+  ``--answers`` (captured by the bench from a daemon turn in the same run): the same wire work
+  on both wires;
 - ``speak {server, channel, text}`` does that server wire work in one host call (the figure
   before the turn calls above were mirrored: kept as a second reading).
 """
@@ -118,15 +119,23 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any]) -> N
 
         turns = itertools.count(1)
         spoken: dict[str, str] = {}
+        agents: dict[str, str] = {}
 
         async def turn_open(params: TurnOpen, _inbound: Inbound) -> Any:
             turn = f"t-{next(turns)}"
+            agents[turn] = params.agent
             await servers[0].notify("channels/typing", {"channelId": "general", "op": "start"})
             return {**answers.get("open", {}), "turnId": turn, "inferenceId": f"i{turn}"}
 
         async def turn_context(params: TurnRef, _inbound: Inbound) -> Any:
             server = servers[0]
             await server.notify("inference/lifecycle", {"inferenceId": f"i{params.turnId}", "conversationId": "c", "turnIndex": 0, "phase": "started"})
+            if hosts:
+                # The host's trace of the start, as the daemon sends it (docs/host-api.md).
+                await hosts[-1].notify(
+                    "inference:started",
+                    {"agent": agents.get(params.turnId), "turnId": params.turnId, "inferenceId": f"i{params.turnId}", "serverId": "s0", "channelId": "general"},
+                )
             await server.request(
                 "context/beforeInference",
                 {"inferenceId": f"i{params.turnId}", "conversationId": "c", "turnIndex": 0, "userMessage": None, "model": None,
@@ -141,6 +150,7 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any]) -> N
         async def turn_close(params: TurnRef, _inbound: Inbound) -> Any:
             server = servers[0]
             text = spoken.pop(params.turnId, "")
+            agents.pop(params.turnId, None)
             inference = f"i{params.turnId}"
             await server.request("channels/publish", {"conversationId": "c", "channelId": "general", "content": [{"type": "text", "text": text}]})
             await server.notify("channels/outgoing/chunk", {"inferenceId": inference, "conversationId": "c", "channelId": "general", "index": 0, "delta": text})

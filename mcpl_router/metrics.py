@@ -144,18 +144,18 @@ class DaemonMetrics:
 
     def inference_outcome(self, server_id: str, method: str, outcome: str) -> None:
         """One server inference request's end: ``answered`` or a refusal reason (docs/errors.md)."""
-        self.inference_requests.labels(server_id, method, outcome).inc()
+        self._series_of(self.inference_requests, server_id, method, outcome).inc()
 
     def inference_chunk(self, outcome: str) -> None:
         """One host chunk: ``forwarded``, or the reason it was dropped."""
-        self.inference_chunks.labels(outcome).inc()
+        self._series_of(self.inference_chunks, outcome).inc()
 
     def inbound_answered(self, server_id: str, method: str, result: Any) -> None:
         """Count what a server's ``channels/incoming``/``register``/``changed``/push got back."""
         if not isinstance(result, Mapping):
             return
         if method == "push/event":
-            self.inbound.labels(server_id, "accepted", "").inc()
+            self._series_of(self.inbound, server_id, "accepted", "").inc()
             return
         rows = result.get("results")
         if not isinstance(rows, list):
@@ -177,9 +177,9 @@ class DaemonMetrics:
         for server_id, outcome in outcomes.items():
             if outcome == "skipped":
                 continue
-            self.context_outcomes.labels(server_id, outcome).inc()
+            self._series_of(self.context_outcomes, server_id, outcome).inc()
             if server_id in elapsed:
-                self.context_seconds.labels(server_id).observe(elapsed[server_id])
+                self._series_of(self.context_seconds, server_id).observe(elapsed[server_id])
 
     def agent_label(self, agent: str) -> str:
         """The ``agent`` label for ``agent``: its name for the first :data:`MAX_AGENT_LABELS`
@@ -199,12 +199,15 @@ class DaemonMetrics:
 
     def wake_gated(self, agent: str, outcome: str) -> None:
         """A wake gate held a wake, sent a batch, dropped a held wake or found no owner."""
-        self.wake_gate.labels(self.agent_label(agent), outcome).inc()
+        self._series_of(self.wake_gate, self.agent_label(agent), outcome).inc()
 
     def wake_sent(self, agent: str) -> None:
         self._series_of(self.wakes_sent, self.agent_label(agent)).inc()
 
     def _series_of(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once per label set: ``labels()`` takes a lock
+        and checks its arguments on every call, and the hot paths record per message and per
+        turn. As bounded as the labels are (server ids, outcomes, capped agent labels)."""
         key = (id(metric), *labels)
         series = self._series.get(key)
         if series is None:

@@ -81,22 +81,36 @@ class InferenceLifecycle:
             self._log.exception("turn.trace.failed", agent=turn.agent, turn=turn.turn_id)
 
     async def end(self, run: TurnRun, outcome: str, usage: Any) -> None:
-        """Complete the turn's streams, then the terminal to exactly the servers told ``started``."""
+        """Complete the turn's streams, then the terminal to exactly the servers told ``started``
+        (those :meth:`end_nowait` has not already ended)."""
         await self._streams.complete(run)
         if run.started is None:
             return
         if not run.started_done.is_set():
             await run.started_done.wait()
         turn = run.turn
-        params: dict[str, Any] = {
-            "inferenceId": turn.inference_id,
-            "conversationId": turn.conversation_id,
-            "turnIndex": turn.turn_index,
-            "phase": outcome,
-        }
-        if usage is not None:
-            params["usage"] = usage
-        await send_lifecycle(list(self._links.values()), params, only=run.started, log_fields={"agent": turn.agent, "turn": turn.turn_id})
+        await send_lifecycle(list(self._links.values()), _terminal(run, outcome, usage), only=run.started,
+                             log_fields={"agent": turn.agent, "turn": turn.turn_id})
+
+    def end_nowait(self, run: TurnRun, outcome: str, usage: Any) -> bool:
+        """:meth:`end` without waiting: the streams' completes and the terminal queued where the
+        servers' outboxes have room. True when all of it went (or there was nothing to send);
+        False when some is left, and :meth:`end` sends only that: a server queued its terminal
+        here is taken out of ``run.started`` (told and ended), so none is ended twice."""
+        if not self._streams.complete_nowait(run):
+            return False
+        if run.started is None:
+            return True
+        if not run.started_done.is_set():
+            return False
+        turn = run.turn
+        ended: dict[str, int] = {}
+        waiting = queue_lifecycle(self._links.values(), _terminal(run, outcome, usage), told=ended, only=run.started,
+                                  log_fields={"agent": turn.agent, "turn": turn.turn_id})
+        left = {link.server_id for link in waiting}
+        # Queued, or never able to leave (gone, not granted): either way not to be sent again.
+        run.started = {server: epoch for server, epoch in run.started.items() if server in left}
+        return not left
 
     async def react_to_refusal(self, run: TurnRun, reaction: str) -> None:
         """Mark the turn's latest inbound message (on its own server) with ``reaction``."""
@@ -118,3 +132,17 @@ class InferenceLifecycle:
             log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id, reason=reason)
             return
         log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)
+
+
+def _terminal(run: TurnRun, outcome: str, usage: Any) -> dict[str, Any]:
+    """The terminal ``inference/lifecycle`` params of ``run``'s inference."""
+    turn = run.turn
+    params: dict[str, Any] = {
+        "inferenceId": turn.inference_id,
+        "conversationId": turn.conversation_id,
+        "turnIndex": turn.turn_index,
+        "phase": outcome,
+    }
+    if usage is not None:
+        params["usage"] = usage
+    return params

@@ -248,9 +248,10 @@ class TurnManager:
         )
         superseded = self.table.add(turn)
         self._runs[turn_id] = run
-        log = self._log.bind(agent=agent, turn=turn_id)
-        log.info(
+        self._log.info(
             "turn.opened",
+            agent=agent,
+            turn=turn_id,
             server=trigger.server_id if trigger else None,
             channel=trigger.channel_id if trigger else None,
             wakes=list(turn.wakes),
@@ -258,7 +259,7 @@ class TurnManager:
         if superseded is not None:
             old = self._runs.get(superseded.turn_id)
             if old is not None:
-                log.info("turn.superseded", superseded=superseded.turn_id)
+                self._log.info("turn.superseded", agent=agent, turn=turn_id, superseded=superseded.turn_id)
                 await self.finish(old, "aborted", why="superseded")
         self.keepers.opened(run)
         locus = turn.routing.locus
@@ -501,7 +502,9 @@ class TurnManager:
         Exclusive with round routing: ``finished`` is set first (a round being routed re-checks
         it before each publish and chunk, so it stops after the publish in flight), then the
         end waits for the turn's lock, so the streams complete after the round's last chunk.
-        The wait is bounded by one publish (and shielded, like the sends after it).
+        The wait is bounded by one publish, and shielded. The sends are queued at once where
+        they fit (:meth:`_end_queued`); what must wait for room waits shielded, within
+        ``FINISH_GRACE``.
         """
         if run.finished:
             return
@@ -514,7 +517,6 @@ class TurnManager:
         while len(self._ended) > ENDED_TURNS_KEPT:
             self._ended.popitem(last=False)
         self.keepers.ended(run)
-        log = self._log.bind(agent=turn.agent, turn=turn.turn_id)
         acquired = not run.lock.locked()
         if acquired:
             run.lock.acquire_nowait()  # the common case: no round is being routed
@@ -523,23 +525,31 @@ class TurnManager:
                 await run.lock.acquire()
                 acquired = True
         if not acquired:
-            log.warning("turn.finish.lock_timeout", why=why)
+            self._log.warning("turn.finish.lock_timeout", agent=turn.agent, turn=turn.turn_id, why=why)
         try:
-            # Shielded: the stop and the terminal must go out even when the caller is being
-            # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
-                # Concurrently where two servers hear the end: one's stuck typing stop must not cost another its terminal.
-                if run.ends_on_one_server():
-                    await self.typing.stop(run)
-                    await self.lifecycle.end(run, outcome, usage)
-                else:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self.typing.stop, run)
-                        nursery.start_soon(self.lifecycle.end, run, outcome, usage)
+            if not (acquired and self._end_queued(run, outcome, usage)):
+                # Shielded: the stop and the terminal must go out even when the caller is being
+                # cancelled (a lease expiry inside the keeper, a host gone mid-call), within a bound.
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
+                    # Concurrently where two servers hear the end: one's stuck typing stop must not cost another its terminal.
+                    if run.ends_on_one_server():
+                        await self.typing.stop(run)
+                        await self.lifecycle.end(run, outcome, usage)
+                    else:
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(self.typing.stop, run)
+                            nursery.start_soon(self.lifecycle.end, run, outcome, usage)
         finally:
             if acquired:
                 run.lock.release()
-        log.info("turn.ended", outcome=outcome, why=why)
+        self._log.info("turn.ended", agent=turn.agent, turn=turn.turn_id, outcome=outcome, why=why)
+
+    def _end_queued(self, run: TurnRun, outcome: str, usage: Any) -> bool:
+        """The common end: one server hears it and its outbox has room, so the typing stop, the
+        streams' completes and the terminal are queued now, in that order, with no scope or
+        wait. False at the first that doesn't fit: what was queued is off the turn, and
+        :meth:`finish` sends the rest (in order, shielded, within its bound)."""
+        return run.ends_on_one_server() and self.typing.stop_nowait(run) and self.lifecycle.end_nowait(run, outcome, usage)
 
     async def drain(self) -> None:
         """Abort every open turn (daemon shutdown): typing stopped, lifecycle terminals sent.

@@ -96,7 +96,9 @@ class TurnRun:
     # Where a typing "start" went (and in which transport epoch), so "stop" goes exactly there.
     typing_sent: tuple[ChannelRef, int] | None = None
     next_typing: float = 0.0
-    # None until inference starts; then the servers told "started", with their epochs.
+    # None until inference starts; then the servers told "started", with their epochs. On an
+    # end that goes to one server, the server leaves once its terminal is queued
+    # (InferenceLifecycle.end_nowait), so the waiting path that may follow can't end it twice.
     started: dict[str, int] | None = None
     started_done: trio.Event = attrs.field(factory=trio.Event)
     held: int = 0

@@ -65,14 +65,43 @@ class OutgoingStreams:
     async def complete(self, run: TurnRun) -> None:
         """``complete`` once per channel that got chunks, with its full text (every exit path)."""
         streams, run.streams = run.streams, {}
-        turn = run.turn
-        for ref, (epoch, parts) in streams.items():
-            link = self._links.get(ref.server_id)
-            if link is None or link.epoch != epoch or link.state is not LinkState.READY:
+        for ref, stream in streams.items():
+            sendable = self._completion(run, ref, stream)
+            if sendable is None:
                 continue
-            params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
-                      "content": "".join(parts)}
+            link, params = sendable
             try:
                 await link.send_notification("channels/outgoing/complete", params, capability=STREAMING)
             except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
-                self._log.info("stream.complete.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id)
+                self._complete_failed(run, ref)
+
+    def complete_nowait(self, run: TurnRun) -> bool:
+        """:meth:`complete` without waiting: each stream's ``complete`` queued while its server's
+        outbox has room, and the stream taken off the turn. False at the first with no room:
+        it and the streams after it are left on the turn for :meth:`complete`."""
+        for ref, stream in list(run.streams.items()):
+            sendable = self._completion(run, ref, stream)
+            if sendable is not None:
+                link, params = sendable
+                try:
+                    if not link.send_notification_nowait("channels/outgoing/complete", params, capability=STREAMING):
+                        return False
+                except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+                    self._complete_failed(run, ref)
+            del run.streams[ref]
+        return True
+
+    def _completion(self, run: TurnRun, ref: ChannelRef, stream: tuple[int, list[str]]) -> tuple[ServerLink, dict[str, str]] | None:
+        """The link and params of ``ref``'s ``complete``; None when its server can't hear it (gone,
+        not ready, or reconnected since the stream's first chunk)."""
+        epoch, parts = stream
+        link = self._links.get(ref.server_id)
+        if link is None or link.epoch != epoch or link.state is not LinkState.READY:
+            return None
+        turn = run.turn
+        params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
+                  "content": "".join(parts)}
+        return link, params
+
+    def _complete_failed(self, run: TurnRun, ref: ChannelRef) -> None:
+        self._log.info("stream.complete.failed", agent=run.turn.agent, turn=run.turn.turn_id, server=ref.server_id)

@@ -136,6 +136,25 @@ class TypingIndicators:
         if link is not None and link.epoch == epoch:
             await self.send(ref, "stop")
 
+    def stop_nowait(self, run: TurnRun) -> bool:
+        """:meth:`stop` without waiting: True when the stop is queued or there is none to send;
+        False when its server's outbox is full (nothing sent: :meth:`stop` waits for room)."""
+        sent = run.typing_sent
+        if sent is None:
+            return True
+        ref, epoch = sent
+        link = self._links.get(ref.server_id)
+        if link is None or link.epoch != epoch or self._unsendable(ref, link) is not None:
+            run.typing_sent = None  # as in stop: nothing this connection could hear
+            return True
+        try:
+            queued = link.send_notification_nowait("channels/typing", {"channelId": ref.channel_id, "op": "stop"}, capability=TYPING)
+        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+            queued = True  # gone meanwhile: as in stop, nothing to wait for
+        if queued:
+            run.typing_sent = None
+        return queued
+
     async def stop_in(self, ref: ChannelRef, runs: Iterable[TurnRun]) -> None:
         """``channel_close`` of ``ref``: stop the typing of turns typing in exactly that channel.
 

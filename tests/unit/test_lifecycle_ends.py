@@ -6,18 +6,23 @@ returns. Timing is virtual; nothing here measures wall-clock time.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
 import trio
+import trio.testing
 
 from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import PeerClosed
 from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing.modes import mode_named
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.registry import RegistrationPolicy
 from mcpl_router.routing.router import Router
 from mcpl_router.routing.turns import Turn, TurnRouting
+from mcpl_router.testing.scheduling import scheduler_passes
 from mcpl_router.turns import FINISH_GRACE, TurnManager, TurnRun
 
 
@@ -127,3 +132,105 @@ async def test_a_turn_whose_servers_have_room_or_not_gets_started_and_one_termin
     await manager.finish(run, "completed", why="closed")
     assert roomy.phases == full.phases == ["started", "completed"]
     assert run.started == {"a": 1, "b": 1}
+
+
+# -- the end queued at once, and what doesn't fit sent in order by the waiting path ----------
+
+
+class RecordingLink(StandInLink):
+    """Every notification in the order it reached the server; ``room`` is how many more its
+    outbox takes now (None: always room). A send that must wait goes after a checkpoint."""
+
+    def __init__(self, server_id: str, *, room: int | None = None) -> None:
+        super().__init__(server_id)
+        self.room = room
+        self.heard: list[tuple[str, str]] = []
+        self.waited: list[tuple[str, str]] = []
+
+    @staticmethod
+    def _what(method: str, params: dict[str, Any]) -> tuple[str, str]:
+        return method, str(params.get("op") or params.get("phase") or params.get("content"))
+
+    async def send_notification(self, method: str, params: dict[str, Any], capability: str | None = None) -> None:
+        if self.gone:
+            raise PeerClosed("connection closed")
+        await trio.lowlevel.checkpoint()
+        self.waited.append(self._what(method, params))
+        self.heard.append(self._what(method, params))
+
+    def send_notification_nowait(self, method: str, params: dict[str, Any], capability: str | None = None) -> bool:
+        if self.gone:
+            raise PeerClosed("connection closed")
+        if self.room is not None:
+            if self.room == 0:
+                return False
+            self.room -= 1
+        self.heard.append(self._what(method, params))
+        return True
+
+
+GENERAL_A = ChannelRef("a", "general")
+END_IN_ORDER = [
+    ("channels/typing", "stop"),
+    ("channels/outgoing/complete", "hello"),
+    ("inference/lifecycle", "completed"),
+]
+
+
+def _ending_turn(room: int | None) -> tuple[TurnManager, TurnRun, RecordingLink]:
+    """A turn typing in a:general, with a stream there and ``started`` told to a: all its end
+    goes to one server, whose outbox takes ``room`` more messages."""
+    link = RecordingLink("a")
+    router = Router()
+    router.registry.register("a", [{"id": "general"}], RegistrationPolicy.permissive())
+    manager = TurnManager(router=router, links={"a": link}, journal=types.SimpleNamespace(), sessions=_Sessions())  # type: ignore[arg-type]
+    run = _open_run(manager)
+    run.typing_sent = (GENERAL_A, link.epoch)
+    run.streams[GENERAL_A] = (link.epoch, ["hello"])
+    run.started = {"a": link.epoch}
+    run.started_done.set()
+    link.room = room
+    return manager, run, link
+
+
+async def test_a_turn_ending_on_a_server_with_room_is_ended_in_the_call_with_no_scheduling_point() -> None:
+    ends = [_ending_turn(room=None) for _ in range(3)]
+    async with scheduler_passes() as passes:
+        before = passes.count
+        for manager, run, _link in ends:
+            await manager.finish(run, "completed", why="closed")
+        assert passes.count == before  # no task ran meanwhile: the queued path, not the waiting one
+    for _manager_, run, link in ends:
+        assert link.heard == END_IN_ORDER and link.waited == []
+        assert run.typing_sent is None and run.streams == {} and run.started == {}
+
+
+async def test_an_end_that_does_not_fit_goes_on_in_order_with_nothing_sent_twice() -> None:
+    for room in range(3):  # the stop fits and nothing after it; the stop and the complete; none
+        manager, run, link = _ending_turn(room=room)
+        await manager.finish(run, "completed", why="closed")
+        assert link.heard == END_IN_ORDER, room
+        assert link.waited == END_IN_ORDER[room:], room  # what didn't fit went by the waiting path
+
+
+async def test_an_end_whose_connection_is_gone_sends_nothing_raises_nothing_and_forgets_it_all() -> None:
+    manager, run, link = _ending_turn(room=None)
+    link.gone = True  # closed after the turn started: every send raises PeerClosed
+    await manager.finish(run, "completed", why="closed")
+    assert link.heard == [] and link.waited == []
+    assert run.typing_sent is None and run.streams == {} and run.started == {}
+    assert manager.run_of(run.turn.turn_id) is None  # ended all the same
+
+
+async def test_an_end_while_started_is_still_going_out_sends_its_terminal_after_it_and_once() -> None:
+    manager, run, link = _ending_turn(room=None)
+    run.started_done = trio.Event()  # "started" is still being sent (to a slow server)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(manager.finish, run, "completed", why="closed"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert ("inference/lifecycle", "completed") not in link.heard  # the terminal waits for the start
+        run.started_done.set()
+    # Each once, the terminal last; the stop and the complete by the waiting path (concurrently,
+    # as for two servers), since the end could not be known to go to one server.
+    assert sorted(link.heard) == sorted(END_IN_ORDER) and link.heard[-1] == END_IN_ORDER[-1]
+    assert sorted(link.waited) == sorted(END_IN_ORDER[:2])
