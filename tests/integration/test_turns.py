@@ -144,6 +144,48 @@ async def test_reply_typing_and_trace_land_on_b_and_nothing_of_the_turn_reaches_
                 assert daemon.turns.open_turns() == []
 
 
+async def test_a_turn_ending_on_one_server_reaches_it_stop_complete_terminal_in_order_once_each(tmp_path: Path) -> None:
+    """The common end (one server heard the turn, its outbox has room) is queued inside
+    ``turn/close``: the typing stop, the stream's complete, the lifecycle terminal, in that
+    order, each once, and nothing of the turn after them."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(tmp_path, ["a"]) as (daemon, servers):
+            await servers["a"].register([open_channel("general")])
+            await wait_channel(daemon, "a", "general")
+            async with host(daemon) as client:
+                for turn in range(3):  # later turns end on a link that has carried whole turns
+                    await servers["a"].incoming([{"channelId": "general", "text": f"hi ann {turn}", "tags": ["chat:mention"]}])
+                    wake = await client.next_wake()
+                    baseline = await last_seq(servers["a"])
+                    opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake.seq]})
+                    await client.call("turn/context", {"turnId": opened["turnId"]})
+                    await client.call("turn/text", {"turnId": opened["turnId"], "round": 1, "delta": f"reply {turn}"})
+                    closed = await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+                    assert [d["outcome"] for d in closed["deliveries"]] == ["delivered"]
+
+                    async def ended() -> list[dict[str, Any]]:
+                        entries = await recorded_since(servers["a"], baseline)
+                        done = any(e["method"] == "inference/lifecycle" and e["params"]["phase"] == "completed" for e in entries)
+                        return entries if done else []
+
+                    entries = await wait_until(ended, timeout=10)
+                    publish = max(i for i, e in enumerate(entries) if e["method"] == "channels/publish")
+                    end = [
+                        (e["method"], e["params"].get("op") or e["params"].get("content") or e["params"].get("phase"))
+                        for e in entries[publish + 1:]
+                        if e["method"] in ("channels/typing", "channels/outgoing/complete", "inference/lifecycle")
+                    ]
+                    assert end == [
+                        ("channels/typing", "stop"),
+                        ("channels/outgoing/complete", f"reply {turn}"),
+                        ("inference/lifecycle", "completed"),
+                    ]
+                    lifecycle = [e["params"]["phase"] for e in entries if e["method"] == "inference/lifecycle"]
+                    assert lifecycle == ["started", "completed"]
+                    assert typing_ops(entries).count(("general", "stop")) == 1
+            assert daemon.turns.open_turns() == []
+
+
 async def test_before_inference_isolates_each_servers_failure_and_drops_ungranted_injections(tmp_path: Path) -> None:
     options = {"inj": {"disabledCapabilities": ["contextHooks.beforeInference.inject.system"]}}
     with trio.fail_after(60):
