@@ -188,6 +188,8 @@ class ConnectorTools:
         self._log = get_logger()
         #: Bumped after every catalog change (tests wait on it).
         self.generation = 0
+        #: The last offered list and what it was made of (see :meth:`tools_for`).
+        self._offered: tuple[list[tuple[Any, ...]], list[ToolSpec]] | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the list fetches until cancelled."""
@@ -320,13 +322,22 @@ class ConnectorTools:
 
     def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
         """Every ready server's tools its config offers (the table drops refused names and
-        applies the agent's allowed tools)."""
+        applies the agent's allowed tools).
+
+        The same list object while nothing it is made of has changed — each link's state,
+        grant, config and catalog, all replaced (never changed in place) when they change, so
+        compared by identity: every ``turn/open`` asks, and the table keeps its filtered answer
+        while the lists it is given are the same ones.
+        """
+        basis = [(link, link.state, link.grant, link.config, self._catalogs.get(server_id)) for server_id, link in self._links.items()]
+        if self._offered is not None and _same_parts(self._offered[0], basis):
+            return self._offered[1]
         offered: list[ToolSpec] = []
-        for server_id, link in self._links.items():
-            catalog = self._catalogs.get(server_id)
-            if catalog is None or link.state is not LinkState.READY or not link.grant.allows(TOOLS):
+        for _link, state, grant, config, catalog in basis:
+            if catalog is None or state is not LinkState.READY or not grant.allows(TOOLS):
                 continue
-            offered.extend(tool.offered_spec() for tool in catalog.tools.values() if link.config.tool_offered(tool.name))
+            offered.extend(tool.offered_spec() for tool in catalog.tools.values() if config.tool_offered(tool.name))
+        self._offered = (basis, offered)
         return offered
 
     def handles(self, name: str) -> bool:
@@ -471,3 +482,10 @@ class ConnectorTools:
             about["channel"] = {**channel.to_wire(), "shown": self._router.names.name_shown(channel)}
         return about
 
+
+
+def _same_parts(before: Sequence[tuple[Any, ...]], now: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether two lists of parts hold the very same objects, row by row."""
+    return len(before) == len(now) and all(
+        len(old) == len(new) and all(a is b for a, b in zip(old, new, strict=True)) for old, new in zip(before, now, strict=True)
+    )

@@ -109,6 +109,24 @@ def build_names(offers: Iterable[tuple[ToolProvider, ToolName]]) -> tuple[dict[s
     return entries, tuple(clashes)
 
 
+#: Agents whose offered tools are kept filtered; past this the memory starts again.
+OFFERED_KEPT: Final = 1024
+
+
+@attrs.frozen
+class _Offered:
+    """One agent's offered tools, and what they were filtered from (compared by identity)."""
+
+    agent: Any
+    entries: dict[str, ToolEntry]
+    listed: list[list[ToolSpec]]
+    specs: list[ToolSpec]
+
+
+def _same_lists(before: list[list[ToolSpec]], now: list[list[ToolSpec]]) -> bool:
+    return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
+
+
 class ToolTable:
     """The table every listing and dispatch reads; ``daemon.tools`` (and ``turns.tools``).
 
@@ -124,6 +142,8 @@ class ToolTable:
         self._entries: dict[str, ToolEntry] = {}
         self._clashes: dict[str, NameClash] = {}
         self._on_clash = on_clash
+        #: Each agent's offered tools as last filtered (see :meth:`offered`), by agent name.
+        self._offered: dict[str | None, _Offered] = {}
         self._log = get_logger()
 
     def install(self, providers: Sequence[ToolProvider]) -> None:
@@ -162,16 +182,29 @@ class ToolTable:
 
     def offered(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
         """The tools ``turn/open`` offers: each provider's, in provider order, that the table
-        gives to that provider and the agent's allowed tools admit."""
+        gives to that provider and the agent's allowed tools admit.
+
+        Filtered once per agent while the table and every provider's list are the same objects
+        (providers keep their lists while nothing they are made of changes). Each caller gets a
+        list of its own; the specs in it are shared, as the providers share them.
+        """
+        listed = [provider.tools_for(agent, run) for provider in self._providers]
+        key = None if agent is None else agent.name
+        kept = self._offered.get(key)
+        if kept is not None and kept.agent is agent and kept.entries is self._entries and _same_lists(kept.listed, listed):
+            return list(kept.specs)
         specs: list[ToolSpec] = []
-        for provider in self._providers:
-            for spec in provider.tools_for(agent, run):
+        for provider, provided in zip(self._providers, listed, strict=True):
+            for spec in provided:
                 name = spec.get("name")
                 entry = self._entries.get(name) if isinstance(name, str) else None
                 if entry is None or entry.provider is not provider or not agent_may_call(agent, entry.tool.name):
                     continue
                 specs.append(spec)
-        return specs
+        if len(self._offered) >= OFFERED_KEPT:
+            self._offered.clear()  # hosts name agents freely: the memory stays bounded
+        self._offered[key] = _Offered(agent, self._entries, listed, specs)
+        return list(specs)
 
     def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
         """Whether a call by ``name`` posts somewhere (its round's plain text is then held)."""

@@ -134,6 +134,8 @@ DELIVER_SPEC: Final = {
 TUNE_OUT_TOOLS: Final = ("tune_out",)
 SUBCONSCIOUS_TOOLS: Final = ("cancel_tuneout", "speak_in_channel", "deliver_summary")
 _NAMES: Final = tuple(ToolName(name) for name in (*TUNE_OUT_TOOLS, *SUBCONSCIOUS_TOOLS))
+_AGENT_SPECS: Final[list[ToolSpec]] = [TUNE_OUT_SPEC]
+_SUBCONSCIOUS_SPECS: Final[list[ToolSpec]] = [TUNE_OUT_SPEC, CANCEL_SPEC, SPEAK_SPEC, DELIVER_SPEC]
 
 
 def tune_out_owner(agent: AgentSpec) -> str:
@@ -306,10 +308,9 @@ class TuneOuts:
         return _NAMES
 
     def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
-        specs: list[ToolSpec] = [dict(TUNE_OUT_SPEC)]
-        if is_subconscious(agent):
-            specs += [dict(CANCEL_SPEC), dict(SPEAK_SPEC), dict(DELIVER_SPEC)]
-        return specs
+        # Two lists, made once: the table keeps its filtered answer while a provider's list is
+        # the same object (tools/table.py).
+        return _SUBCONSCIOUS_SPECS if is_subconscious(agent) else _AGENT_SPECS
 
     def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """``speak_in_channel`` posts: its round's plain text is held (send-silencing)."""

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import re
+import types
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcpl_router.tools.connector_tools import SEND_TOOLS, exposed_name, is_send_tool
+from mcpl_router.config import ServerConfig
+from mcpl_router.mcpl.grants import Grant
+from mcpl_router.mcpl.link import LinkState
+from mcpl_router.routing.router import Router
+from mcpl_router.tools import ToolTable
+from mcpl_router.tools.connector_tools import SEND_TOOLS, ConnectorTools, exposed_name, is_send_tool
 
 MODEL_SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -46,3 +52,35 @@ def test_send_tools_are_the_known_names_or_marked_by_the_server() -> None:
     assert not is_send_tool({"name": "fetch_history"})
     assert is_send_tool({"name": "post", "_meta": {"mcpl/send": True}})
     assert not is_send_tool({"name": "post", "_meta": {"mcpl/send": "yes"}})
+
+
+def test_the_offered_list_is_the_same_until_a_link_its_grant_or_its_catalog_changes() -> None:
+    granted, ungranted = Grant(effective=frozenset({"tools"})), Grant()
+    link = types.SimpleNamespace(server_id="a", state=LinkState.READY, grant=granted, epoch=1,
+                                 config=ServerConfig(id="a", transport="stdio", command="true"))
+    links = {"a": link}
+    connector = ConnectorTools(links, Router(), ToolTable())  # type: ignore[arg-type]
+    send = {"name": "send_message", "description": "Send.", "inputSchema": {"type": "object"}}
+    connector._install(link, 1, [send])  # type: ignore[arg-type]
+
+    def offered() -> list[dict[str, object]]:
+        return connector.tools_for(None, None)  # type: ignore[arg-type]
+
+    first = offered()
+    assert [spec["name"] for spec in first] == ["send_message"]  # no toolPrefix configured
+    assert offered() is first  # nothing changed: the same list (the table's filter is kept)
+    link.grant = ungranted  # a featureSets/update narrowed it
+    assert offered() == []
+    link.grant = granted
+    link.state = LinkState.RETRYING
+    assert offered() == []
+    link.state = LinkState.READY
+    connector._install(link, 1, [send, {"name": "react", "inputSchema": {"type": "object"}}])  # type: ignore[arg-type]
+    assert [spec["name"] for spec in offered()] == ["send_message", "react"]
+    link.config = ServerConfig(id="a", transport="stdio", command="true", disabled_tools=("react",))  # a reload
+    assert [spec["name"] for spec in offered()] == ["send_message"]
+    links["b"] = types.SimpleNamespace(server_id="b", state=LinkState.READY, grant=granted, epoch=1, config=link.config)
+    connector._install(links["b"], 1, [send])  # type: ignore[arg-type]
+    # A server added (a reload): its tools too (each offered as its server lists it; the table
+    # refuses the name the two share).
+    assert [spec["description"] for spec in offered()] == ["[server a] Send.", "[server b] Send."]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import attrs
 import pytest
 from structlog.testing import capture_logs
 
@@ -91,3 +92,59 @@ def test_listing_and_dispatch_read_one_table() -> None:
     entry = table.entry("sleep")
     assert entry is not None and entry.provider is daemon
     assert table.is_send("channel_publish", {}) and not table.is_send("shared", {}) and not table.is_send("nope", {})
+
+
+# -- the offered tools, filtered once while nothing they come from has changed --------------
+
+
+class KeptProvider(Provider):
+    """Keeps its list object while its names are the same (as the daemon's providers do); a
+    ``reserved`` name is in the table but never offered (as tune_out's subconscious tools)."""
+
+    def __init__(self, *names: ToolName, reserved: Iterable[ToolName] = ()) -> None:
+        super().__init__(*names)
+        self.reserved = list(reserved)
+        self._kept: list[dict[str, Any]] = []
+        self._kept_for: list[str] | None = None
+
+    def tool_names(self) -> Iterable[ToolName]:
+        return [*self.names, *self.reserved]
+
+    def tools_for(self, agent: Any, run: Any) -> list[dict[str, Any]]:
+        now = [tool.name for tool in self.names]
+        if now != self._kept_for:
+            self._kept, self._kept_for = [{"name": name} for name in now], now
+        return self._kept
+
+
+@attrs.frozen
+class Agent:
+    name: str
+    allowed_tools: tuple[str, ...] | None = None
+
+
+def _names(specs: list[dict[str, Any]]) -> list[str]:
+    return [spec["name"] for spec in specs]
+
+
+def test_the_offered_tools_are_each_callers_own_and_follow_every_change_they_come_from() -> None:
+    table = ToolTable()
+    daemon, servers = KeptProvider(ToolName("sleep")), KeptProvider(server("a", "send"), server("a", "react"))
+    table.install([daemon, servers])
+    ann = Agent("ann")
+    first = table.offered(ann, None)
+    assert _names(first) == ["sleep", "mcpl--a--send", "mcpl--a--react"]
+    first.clear()  # a caller's list is its own: the next turn is offered the same tools
+    assert _names(table.offered(ann, None)) == ["sleep", "mcpl--a--send", "mcpl--a--react"]
+    # The table alone changes (the providers' lists are the very same objects): a daemon name
+    # now reserves a server tool's offered name, so that tool is refused.
+    daemon.reserved = [ToolName("mcpl--a--react")]
+    table.rebuild()
+    assert _names(table.offered(ann, None)) == ["sleep", "mcpl--a--send"]
+    # A provider's tools change (a catalog listed again: the table is rebuilt, the list is new).
+    servers.names = [server("a", "send"), server("a", "pin")]
+    table.rebuild()
+    assert _names(table.offered(ann, None)) == ["sleep", "mcpl--a--send", "mcpl--a--pin"]
+    # The agent changes (a reload: another spec under the same name), and another agent.
+    assert _names(table.offered(Agent("ann", ("sleep",)), None)) == ["sleep"]
+    assert _names(table.offered(Agent("bob", ("mcpl--a--*",)), None)) == ["mcpl--a--send", "mcpl--a--pin"]
