@@ -104,7 +104,13 @@ class ToolProvider(Protocol):
         ...
 
     def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[ToolSpec]:
-        """Tool specs offered to this agent in this turn (the table drops any name it refused)."""
+        """Tool specs offered to this agent in this turn (the table drops any name it refused).
+
+        A list once returned is never changed, nor are the specs in it: while a provider
+        returns the very same list object, the table serves the agent its filtered answer
+        from before (:meth:`~mcpl_router.tools.table.ToolTable.offered`). Different tools
+        mean a new list.
+        """
         ...
 
     def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:

@@ -72,7 +72,8 @@ def test_the_offered_list_is_the_same_until_a_link_its_grant_or_its_catalog_chan
     link.grant = ungranted  # a featureSets/update narrowed it
     assert offered() == []
     link.grant = granted
-    link.state = LinkState.RETRYING
+    assert offered() == first
+    link.state = LinkState.RETRYING  # the state alone (the grant object unchanged)
     assert offered() == []
     link.state = LinkState.READY
     connector._install(link, 1, [send, {"name": "react", "inputSchema": {"type": "object"}}])  # type: ignore[arg-type]
@@ -81,6 +82,25 @@ def test_the_offered_list_is_the_same_until_a_link_its_grant_or_its_catalog_chan
     assert [spec["name"] for spec in offered()] == ["send_message"]
     links["b"] = types.SimpleNamespace(server_id="b", state=LinkState.READY, grant=granted, epoch=1, config=link.config)
     connector._install(links["b"], 1, [send])  # type: ignore[arg-type]
-    # A server added (a reload): its tools too (each offered as its server lists it; the table
-    # refuses the name the two share).
+    # A server added (a reload): its tools too, each as its server lists it (this provider
+    # alone; the name table is what refuses a name two servers share).
     assert [spec["description"] for spec in offered()] == ["[server a] Send.", "[server b] Send."]
+
+
+def test_the_table_offers_what_the_connector_offers_now_as_its_link_comes_and_goes() -> None:
+    # No rebuild between the steps: a link's state changes the connector's list, not the table.
+    link = types.SimpleNamespace(server_id="a", state=LinkState.READY, grant=Grant(effective=frozenset({"tools"})), epoch=1,
+                                 config=ServerConfig(id="a", transport="stdio", command="true", tool_prefix="mcpl--a--"))
+    table = ToolTable()
+    connector = ConnectorTools({"a": link}, Router(), table)  # type: ignore[arg-type]
+    table.install([connector])
+    connector._install(link, 1, [{"name": "send_message", "inputSchema": {"type": "object"}}])  # type: ignore[arg-type]
+
+    def offered() -> list[str]:
+        return [spec["name"] for spec in table.offered(None, None)]  # type: ignore[arg-type]
+
+    assert offered() == ["mcpl--a--send_message"]
+    link.state = LinkState.RETRYING
+    assert offered() == []
+    link.state = LinkState.READY
+    assert offered() == ["mcpl--a--send_message"]
