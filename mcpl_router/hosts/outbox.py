@@ -56,9 +56,10 @@ class _Cursor:
     replaying: bool = True
     #: Counts wakes offered while replaying, so a page read meanwhile can't miss one.
     offers: int = 0
-    #: The wakes offered while replaying, in seq order (at most :data:`FRESH_LIMIT`; None once
-    #: more came): when a page shows the journal exhausted, these are what it may not have
-    #: held, so the replay ends on them instead of reading again while traffic keeps coming.
+    #: The wakes offered since the replay's current page read began, in seq order (at most
+    #: :data:`FRESH_LIMIT`; None once more came, until the next read): when that page shows the
+    #: journal exhausted, these are what it may not have held, so the replay ends on them
+    #: instead of reading again while traffic keeps coming.
     offered: deque[Wake] | None = attrs.field(factory=deque)
     sent: int = 0
     #: Seqs a gate's batched wake carries (hosts/gate.py): the replay skips them.
@@ -313,6 +314,11 @@ class HostOutbox:
                 continue
             limit = min(room, REPLAY_PAGE)
             offers = cursor.offers
+            # What the end needs is what is offered from here on: anything committed before
+            # the read's snapshot is in a page that comes back short. Started afresh at each
+            # read, so a memory that overflowed once (a host far behind under a long flood)
+            # doesn't keep the agent on the journal's path until traffic pauses.
+            cursor.offered = deque()
             page = await self._journal.unacked_deliveries(agent, after_seq=cursor.sent_through, limit=limit)
             if self._cursors.get(agent) is not cursor:
                 continue  # taken by another connection while we read

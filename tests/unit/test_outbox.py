@@ -99,6 +99,50 @@ async def test_replay_ends_while_wakes_keep_coming() -> None:
     assert connection.sent == list(range(1, connection.sent[-1] + 1))
 
 
+async def test_replay_ends_under_steady_traffic_after_its_memory_overflowed_once() -> None:
+    """A burst during one page read overflows the offered memory (a host far behind); traffic
+    then goes on, a wake during every read. The next short page still ends the replay: what
+    was offered before a read began is in that read's page, so the memory starts afresh."""
+    journal = _Journal()
+    connection = _Connection()
+    outbox = HostOutbox(
+        connection,  # type: ignore[arg-type]
+        journal,  # type: ignore[arg-type]
+        render=lambda wake: {"seq": wake.seq},
+        wake_of=lambda stored: _wake(stored.event.seq),
+        held=lambda wake: False,
+        fresh_limit=3,
+    )
+    for seq in range(1, 6):
+        journal.commit(seq)
+    next_seq = iter(range(6, 1000))
+
+    def arrive(count: int) -> None:
+        for _ in range(count):
+            seq = next(next_seq)
+            journal.commit(seq)
+            outbox.offer(_wake(seq))
+
+    # The first read: more than the memory holds; then one a read, for fifty reads (the code
+    # before this fix read the journal until the traffic stopped).
+    bursts = iter([5, *[1] * 50])
+    journal.during_read = lambda: arrive(next(bursts, 0))
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert outbox.statistics().offered_spills == 1
+        assert outbox.statistics().replaying == 0  # ended while a wake came during every read
+        assert journal.reads == 2  # the burst's read, then one short page that ended it
+        journal.during_read = None
+        arrive(3)  # fresh now: straight out
+        await trio.testing.wait_all_tasks_blocked()
+        assert journal.reads == 2
+        nursery.cancel_scope.cancel()
+    assert connection.sent == list(range(1, connection.sent[-1] + 1))  # each once, in seq order
+    assert connection.sent[-1] == 5 + 5 + 1 + 3
+
+
 async def test_a_wake_acked_while_replaying_is_not_sent_from_memory() -> None:
     journal = _Journal()
     connection = _Connection()
