@@ -64,6 +64,8 @@ class _Cursor:
     sent: int = 0
     #: Seqs a gate's batched wake carries (hosts/gate.py): the replay skips them.
     batched: set[int] = attrs.field(factory=set)
+    #: Counts rewinds: a page read or sent across one is from before it (see ``_send_pass``).
+    rewinds: int = 0
 
 
 @attrs.frozen
@@ -146,6 +148,7 @@ class HostOutbox:
         cursor.sent_through = min(cursor.sent_through, after_seq)
         cursor.replaying = True
         cursor.offers += 1
+        cursor.rewinds += 1
         # What was offered meanwhile is not all there is now: the replay reads the journal to
         # its end rather than ending on the offered wakes.
         cursor.offered = None
@@ -313,7 +316,7 @@ class HostOutbox:
             if not cursor.replaying:
                 continue
             limit = min(room, REPLAY_PAGE)
-            offers = cursor.offers
+            offers, rewinds = cursor.offers, cursor.rewinds
             # What the end needs is what is offered from here on: anything committed before
             # the read's snapshot is in a page that comes back short. Started afresh at each
             # read, so a memory that overflowed once (a host far behind under a long flood)
@@ -325,6 +328,11 @@ class HostOutbox:
             for stored in page:
                 if self._cursors.get(agent) is not cursor:
                     break  # taken by another connection while this page was being sent
+                if cursor.rewinds != rewinds:
+                    # Rewound during the read or a send: the older wakes handed over come
+                    # first, and sending this page on would move sent_through past them.
+                    progressed = True
+                    break
                 wake = self._wake_of(stored)
                 if (wake.seq, agent) in self._in_flight or wake.seq <= cursor.sent_through:
                     continue

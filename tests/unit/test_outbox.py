@@ -234,6 +234,36 @@ async def test_a_rewind_sends_the_older_wakes_handed_over_and_nothing_twice() ->
     assert outbox.statistics().replaying == 0
 
 
+async def test_a_rewind_during_a_page_read_sends_the_older_wakes_and_nothing_twice() -> None:
+    """A fork's spawn fails while kai's replay is reading a page: the page read before the
+    rewind is not sent on (it would move kai past the wakes handed over); the next read sends
+    2 and 3, then 5, and 4, sent already, not again."""
+    journal = _Journal()
+    connection = _Connection()
+    outbox = _outbox(journal, connection)
+    journal.commit(1)
+    journal.commit(4)
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(connection.sent) == [1, 4]
+        for seq in (2, 3, 5):
+            journal.commit(seq)
+        journal.rows.sort(key=lambda row: row.event.seq)
+
+        def handed_over_during_the_read() -> None:
+            journal.during_read = None
+            outbox.rewind("kai", 1)
+
+        journal.during_read = handed_over_during_the_read
+        outbox.rewind("kai", 4)  # a replay reading after 4 (5 is there); 2 and 3 come back during it
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert sorted(connection.sent) == [1, 2, 3, 4, 5] and len(connection.sent) == 5
+    assert outbox.statistics().replaying == 0
+
+
 class _Full(_Connection):
     """The connection's own outbox has no room now: every wake waits for the sender task."""
 
