@@ -7,6 +7,9 @@ durable in the journal, and the outbox reads it back in seq order, a page at a t
 make room. A backlog of any size (the 20,000 unacked wakes
 of a host that was away) is replayed the same way after ``session/hello``, so a host that reads
 and acks gets every wake, once, in order, and is never disconnected for the size of its backlog.
+A page is read while wakes are still being committed, acked and offered, so what the page lists
+is checked against what the outbox knows went out since: the wakes in flight, the acks whose
+commit the page may predate, a rewind under way, and a wake's offer that comes after its page.
 
 Other notifications (notices, traces, ``server/state``, ``channels/changed``, summary wakes)
 queue in order, up to :data:`NOTICE_LIMIT`. Sending waits on the connection's own bounded
@@ -19,7 +22,7 @@ journal.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -66,6 +69,12 @@ class _Cursor:
     batched: set[int] = attrs.field(factory=set)
     #: Counts rewinds: a page read or sent across one is from before it (see ``_send_pass``).
     rewinds: int = 0
+    #: Seqs the host acked whose ack may not be in a page's snapshot yet: True once the ack's
+    #: commit settled (kept until the next read begins), False while it is on its way. A page
+    #: read meanwhile can still list them; they never go out again (see :meth:`HostOutbox.acked`).
+    acking: dict[int, bool] = attrs.field(factory=dict)
+    #: True from a page read's start until that page has been sent.
+    paging: bool = False
 
 
 @attrs.frozen
@@ -177,6 +186,10 @@ class HostOutbox:
         cursor = self._cursors.get(wake.agent)
         if cursor is None or self.closed:
             return False
+        if wake.seq <= cursor.sent_through or (wake.seq, wake.agent) in self._in_flight:
+            # Sent already: a replay's page read, taken just after this wake's commit, had it
+            # before the commit's callback offered it (or the host's resume point covers it).
+            return True
         if cursor.replaying:
             cursor.offers += 1  # the replay reads it from the journal, in order
             self._keep_offered(cursor, wake)
@@ -231,6 +244,12 @@ class HostOutbox:
         return True
 
     def acked(self, agent: str, seqs: list[int]) -> None:
+        """The host acked ``seqs`` of ``agent``: the window opens now, before the ack is durable.
+
+        Until the ack's commit settles (:meth:`acks_settled`), a page read from the journal can
+        still list those wakes as unacked, so the cursor remembers them and the replay never
+        sends them again.
+        """
         cursor = self._cursors.get(agent)
         # Acked before it was sent (a host acking what it has from elsewhere): such a wake may
         # wait in memory (fresh, or offered during a replay) and must never go out after its
@@ -240,11 +259,34 @@ class HostOutbox:
             self._in_flight.discard((seq, agent))
             if cursor is not None:
                 cursor.batched.discard(seq)
+                cursor.acking[seq] = False
         if early:
             self._fresh = deque(wake for wake in self._fresh if wake.agent != agent or wake.seq not in early)
             if cursor is not None and cursor.offered:
                 cursor.offered = deque(wake for wake in cursor.offered if wake.seq not in early)
         self._poke()
+
+    def host_acked(self, agents: Sequence[str], seqs: Sequence[int]) -> Callable[[object], None]:
+        """``wake/ack`` of ``seqs`` for ``agents``: :meth:`acked` for each; returns what to call
+        once the ack's commit has settled (:meth:`acks_settled`)."""
+        for agent in agents:
+            self.acked(agent, list(seqs))
+        return lambda _failure: self.acks_settled(agents, seqs)
+
+    def acks_settled(self, agents: Sequence[str], seqs: Sequence[int]) -> None:
+        """The commit of an ack of ``seqs`` settled (durable; or failed, and then they stay owed
+        and a later replay may send them again): a page read from now on shows it. Forgotten at
+        once, unless a page is being read or sent, which may predate it: then at the next read."""
+        for agent in agents:
+            cursor = self._cursors.get(agent)
+            if cursor is None:
+                continue
+            for seq in seqs:
+                if seq in cursor.acking:
+                    if cursor.paging:
+                        cursor.acking[seq] = True
+                    else:
+                        del cursor.acking[seq]
 
     def close(self) -> None:
         self.closed = True
@@ -304,7 +346,7 @@ class HostOutbox:
         while self._fresh and len(self._in_flight) < self.window:
             wake = self._fresh.popleft()
             cursor = self._cursors.get(wake.agent)
-            if cursor is None or cursor.replaying or wake.seq <= cursor.sent_through:
+            if cursor is None or cursor.replaying or wake.seq <= cursor.sent_through or (wake.seq, wake.agent) in self._in_flight:
                 continue
             if not await self._send_wake(wake, cursor):
                 return False
@@ -315,47 +357,63 @@ class HostOutbox:
                 break
             if not cursor.replaying:
                 continue
-            limit = min(room, REPLAY_PAGE)
-            offers, rewinds = cursor.offers, cursor.rewinds
-            # What the end needs is what is offered from here on: anything committed before
-            # the read's snapshot is in a page that comes back short. Started afresh at each
-            # read, so a memory that overflowed once (a host far behind under a long flood)
-            # doesn't keep the agent on the journal's path until traffic pauses.
-            cursor.offered = deque()
-            page = await self._journal.unacked_deliveries(agent, after_seq=cursor.sent_through, limit=limit)
-            if self._cursors.get(agent) is not cursor:
-                continue  # taken by another connection while we read
-            for stored in page:
-                if self._cursors.get(agent) is not cursor:
-                    break  # taken by another connection while this page was being sent
-                if cursor.rewinds != rewinds:
-                    # Rewound during the read or a send: the older wakes handed over come
-                    # first, and sending this page on would move sent_through past them.
-                    progressed = True
-                    break
-                wake = self._wake_of(stored)
-                if (wake.seq, agent) in self._in_flight or wake.seq <= cursor.sent_through:
-                    continue
-                if wake.seq in cursor.batched:
-                    cursor.sent_through = wake.seq  # it went out (or will) in a gate's batch
-                    continue
-                if self._held(wake):
-                    cursor.sent_through = wake.seq  # held for a tune-out's summary; stays unacked
-                    continue
-                if not await self._send_wake(wake, cursor):
-                    return False
-                self._counts["wakes_replayed"] += 1
-                progressed = True
-            if self._cursors.get(agent) is not cursor:
-                continue  # taken meanwhile: its new connection replays it
-            if len(page) < limit and (cursor.offers == offers or self._end_on_offered(cursor)):
-                cursor.replaying = False
-                cursor.offered = deque()
-                self._log.info("wake.replay.caught_up", agent=agent, sent=cursor.sent, through=cursor.sent_through)
-                progressed = True
-            elif page:
-                progressed = True
+            cursor.paging = True
+            try:
+                sent = await self._send_page(agent, cursor, min(room, REPLAY_PAGE))
+            finally:
+                cursor.paging = False
+            if sent is None:
+                return False
+            progressed = progressed or sent
         return progressed
+
+    async def _send_page(self, agent: str, cursor: _Cursor, limit: int) -> bool | None:
+        """Read one page of a replaying agent's wakes after ``sent_through`` and send what is
+        owed; True if anything moved (there may be more), None if the connection is gone."""
+        offers, rewinds = cursor.offers, cursor.rewinds
+        # What the end needs is what is offered from here on: anything committed before the
+        # read's snapshot is in a page that comes back short. Started afresh at each read, so
+        # a memory that overflowed once (a host far behind under a long flood) doesn't keep
+        # the agent on the journal's path until traffic pauses.
+        cursor.offered = deque()
+        # Acks whose commit settled before this read are in its snapshot.
+        cursor.acking = {seq: settled for seq, settled in cursor.acking.items() if not settled}
+        page = await self._journal.unacked_deliveries(agent, after_seq=cursor.sent_through, limit=limit)
+        progressed = False
+        for stored in page:
+            if self._cursors.get(agent) is not cursor:
+                return progressed  # taken by another connection meanwhile: its new one replays it
+            if cursor.rewinds != rewinds:
+                # Rewound during the read or a send: the older wakes handed over come first,
+                # and sending this page on would move sent_through past them.
+                return True
+            wake = self._wake_of(stored)
+            if wake.seq <= cursor.sent_through:
+                continue
+            if (wake.seq, agent) in self._in_flight or wake.seq in cursor.acking:
+                # Out already (in flight), or acked after the read's snapshot: nothing to send,
+                # and the next read starts after it (a page of only these is not read again
+                # and again while the host holds them).
+                cursor.sent_through = wake.seq
+                continue
+            if wake.seq in cursor.batched:
+                cursor.sent_through = wake.seq  # it went out (or will) in a gate's batch
+                continue
+            if self._held(wake):
+                cursor.sent_through = wake.seq  # held for a tune-out's summary; stays unacked
+                continue
+            if not await self._send_wake(wake, cursor):
+                return None
+            self._counts["wakes_replayed"] += 1
+            progressed = True
+        if self._cursors.get(agent) is not cursor:
+            return progressed  # taken meanwhile: its new connection replays it
+        if len(page) < limit and (cursor.offers == offers or self._end_on_offered(cursor)):
+            cursor.replaying = False
+            cursor.offered = deque()
+            self._log.info("wake.replay.caught_up", agent=agent, sent=cursor.sent, through=cursor.sent_through)
+            return True
+        return progressed or bool(page)
 
     def _end_on_offered(self, cursor: _Cursor) -> bool:
         """The page just read found the journal exhausted, but wakes were offered meanwhile:

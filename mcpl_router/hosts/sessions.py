@@ -518,12 +518,11 @@ class SessionManager:
             session: HostSession | None = connection.session
             agents = sorted(name for name in (session.agents if session else ()) if self._owners.get(name) is connection)
         outbox = self._outboxes.get(connection)
-        if outbox is not None:
-            # The window opens as soon as the host has them; the journal's copy is marked below.
-            for agent in agents:
-                outbox.acked(agent, seqs)
+        # The window opens now; the journal's copy is marked below, and until that commit
+        # settles the outbox remembers the ack (hosts/outbox.py).
+        settled = None if outbox is None else outbox.host_acked(agents, seqs)
         try:
-            wait = await self._journal.submit_ack(agents, seqs)
+            wait = await self._journal.submit_ack(agents, seqs, on_done=settled)
         except JournalFailure as exc:
             raise _ack_not_recorded(exc) from exc
 

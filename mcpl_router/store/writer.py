@@ -477,18 +477,29 @@ class JournalWriter:
         wait = await self.submit_ack(agents, seqs)
         return await wait()
 
-    async def submit_ack(self, agents: Sequence[str], seqs: Sequence[int]) -> Callable[[], Awaitable[int]]:
+    async def submit_ack(
+        self, agents: Sequence[str], seqs: Sequence[int], *, on_done: Callable[[JournalFailure | None], None] | None = None
+    ) -> Callable[[], Awaitable[int]]:
         """Queue an ack for the next group commit; ``wait()`` gives how many were newly acked
-        once it is durable (or raises :class:`JournalFailure`)."""
+        once it is durable (or raises :class:`JournalFailure`). ``on_done`` is called once, on
+        the trio thread, when the commit has settled (None: durable; else the failure), with no
+        task waiting: at once when there is nothing to ack or the ack can't be queued."""
         if not agents or not seqs:
             await trio.lowlevel.checkpoint()
+            if on_done is not None:
+                on_done(None)
 
             async def nothing() -> int:
                 return 0
 
             return nothing
-        op = await self._submit(_AckOp(agents=list(agents), seqs=list(seqs)))
-        assert isinstance(op, _AckOp)
+        op = _AckOp(agents=list(agents), seqs=list(seqs), on_done=on_done)
+        try:
+            await self._submit(op)
+        except BaseException as exc:
+            if on_done is not None:
+                on_done(exc if isinstance(exc, JournalFailure) else JournalFailure("cancelled before it was queued"))
+            raise
 
         async def wait() -> int:
             await op.wait()

@@ -321,3 +321,22 @@ async def test_one_commit_sees_its_own_events_and_never_gives_a_pruned_seq_again
         assert journal.events() == []
         [later] = await journal.record_inbound([(message("m-3"), [KAI])])
         assert later.seq == other.seq + 1
+
+
+async def test_an_acks_on_done_is_told_once_durable_nothing_to_ack_or_not_queued(tmp_path: Path) -> None:
+    """The outbox forgets an ack it remembers on this callback, so it comes in every case, once."""
+    told: list[str] = []
+    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+        seq = (await (await journal.submit_inbound([(message("m-1"), [KAI])]))())[0].seq
+        wait = await journal.submit_ack(["kai"], [seq], on_done=lambda failure: told.append(f"durable {failure}"))
+        assert told == [] and await wait() == 1 and told == ["durable None"]
+        await journal.submit_ack(["kai"], [], on_done=lambda failure: told.append(f"nothing {failure}"))
+        assert told[-1] == "nothing None"
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(trio.Cancelled):
+                await journal.submit_ack(["kai"], [seq], on_done=lambda failure: told.append(type(failure).__name__))
+        assert told[-1] == "JournalFailure"
+    with pytest.raises(JournalFailure):
+        await journal.submit_ack(["kai"], [seq], on_done=lambda failure: told.append(f"closed {type(failure).__name__}"))
+    assert told[-1] == "closed JournalFailure" and len(told) == 4

@@ -1,4 +1,5 @@
-"""The host outbox's replay: it ends even while new wakes keep arriving during each page read."""
+"""The host outbox's replay: it ends even while new wakes keep arriving during each page read,
+and no interleaving across its reads and sends sends a wake twice, after its ack, or never."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class _Journal:
         row = StoredDelivery(Delivery("kai", "message", (), False), StoredEvent(seq, "s", "general", "message", {"n": seq}, 0.0))
         self.rows.append(row)
         return row
+
+    def ack_committed(self, *seqs: int) -> None:
+        self.rows = [row for row in self.rows if row.event.seq not in seqs]
 
     async def unacked_deliveries(self, agent: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredDelivery]:
         self.reads += 1
@@ -234,6 +238,167 @@ async def test_a_rewind_sends_the_older_wakes_handed_over_and_nothing_twice(duri
     expected = [1, 2, 3, 4, 5] if during_a_read else [1, 2, 3, 4]
     assert sorted(connection.sent) == expected and len(connection.sent) == len(expected)
     assert outbox.statistics().replaying == 0
+
+
+
+class _Roomy(_Connection):
+    """Room for every wake at once; a gate's batches recorded apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[int, ...]] = []
+
+    def notify_nowait(self, method: str, params: Any) -> bool | None:
+        if "seqs" in params:
+            self.batches.append(tuple(params["seqs"]))
+        else:
+            self.sent.append(params["seq"])
+        return True
+
+
+async def _replay_with(journal: _Journal, outbox: HostOutbox, during_read: Any) -> None:
+    journal.during_read = during_read
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_wake_acked_during_the_read_of_a_page_that_lists_it_is_not_sent_again() -> None:
+    """kai was sent 1 and 4; a fork hands 2 and 3 back (a rewind after 1). While that replay
+    reads, the host acks 4 and the ack commits: the page, read before, still lists 4."""
+    journal = _Journal()
+    connection = _Roomy()
+    outbox = _outbox(journal, connection)
+    journal.commit(1)
+    journal.commit(4)
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.sent == [1, 4]
+        journal.commit(2)
+        journal.commit(3)
+        journal.rows.sort(key=lambda row: row.event.seq)
+
+        def host_acks_4() -> None:
+            journal.during_read = None
+            outbox.acked("kai", [4])
+            journal.ack_committed(4)
+            outbox.acks_settled(["kai"], [4])  # durable, so answered: 4 must never go out again
+
+        journal.during_read = host_acks_4
+        outbox.rewind("kai", 1)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert connection.sent == [1, 4, 2, 3]
+
+
+async def test_a_gate_batch_acked_during_a_page_read_is_not_sent_again_one_by_one() -> None:
+    journal = _Journal()
+    connection = _Roomy()
+    outbox = _outbox(journal, connection)
+    for seq in (1, 2, 3):
+        journal.commit(seq)
+    outbox.add_agent("kai")
+    assert outbox.offer_batch("kai", (2, 3), {"seq": 3, "seqs": [2, 3]})
+
+    def host_acks_the_batch() -> None:
+        journal.during_read = None
+        outbox.acked("kai", [2, 3])
+        journal.ack_committed(2, 3)
+
+    await _replay_with(journal, outbox, host_acks_the_batch)
+    assert connection.batches == [(2, 3)]
+    assert connection.sent == [1]
+
+
+async def test_a_wake_acked_early_while_its_page_is_read_is_never_sent() -> None:
+    """As the test before, but the wake acked early is in the page being read, not in memory."""
+    journal = _Journal()
+    connection = _Roomy()
+    outbox = _outbox(journal, connection)
+    journal.commit(1)
+    journal.commit(2)
+
+    def host_acks_2_early() -> None:
+        journal.during_read = None
+        outbox.acked("kai", [2])  # it had 2 from elsewhere
+        journal.ack_committed(2)
+
+    outbox.add_agent("kai")
+    await _replay_with(journal, outbox, host_acks_2_early)
+    assert connection.sent == [1]
+
+
+async def test_a_wakes_late_offer_after_a_replay_page_sent_it_sends_nothing() -> None:
+    """Wake 2's commit lands just before a page read's snapshot, and its callback's offer runs
+    after the page was sent and the replay ended: the offer finds it sent already."""
+    journal = _Journal()
+    connection = _Roomy()
+    outbox = _outbox(journal, connection)
+    journal.commit(1)
+    journal.commit(2)  # committed; its offer is still to come
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.sent == [1, 2] and outbox.statistics().replaying == 0
+        assert outbox.offer(_wake(2))  # the commit's callback, late: still ours, nothing sent
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert connection.sent == [1, 2]
+
+
+async def test_a_rewound_replay_reads_past_its_wakes_in_flight_not_the_same_page_again() -> None:
+    """Window 3: 3 and 4 in flight, 2 handed back and sent, then acked. With room for one, the
+    page after 2 is [3], in flight: the next read starts after it, not at it again."""
+    journal = _Journal()
+    connection = _Roomy()
+    outbox = _outbox(journal, connection, window=3)
+    journal.commit(3)
+    journal.commit(4)
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.sent == [3, 4]
+        journal.commit(2)
+        journal.rows.sort(key=lambda row: row.event.seq)
+        outbox.rewind("kai", 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert connection.sent == [3, 4, 2]
+        reads = journal.reads
+        outbox.acked("kai", [2])
+        journal.ack_committed(2)
+        outbox.acks_settled(["kai"], [2])
+        with trio.move_on_after(1):
+            await trio.testing.wait_all_tasks_blocked()  # never returned while it read in a loop
+        assert journal.reads - reads <= 3  # [3], [4], then an empty page ends the replay
+        assert outbox.statistics().replaying == 0
+        nursery.cancel_scope.cancel()
+    assert connection.sent == [3, 4, 2]
+
+
+async def test_an_ack_is_remembered_only_until_its_commit_settles_or_the_next_read_after() -> None:
+    journal = _Journal()
+    outbox = _outbox(journal, _Roomy())
+    outbox.add_agent("kai")
+    outbox.acked("kai", [1, 2])
+    outbox.acks_settled(["kai"], [1, 2])  # no page under way: forgotten at once
+    outbox.acked("kai", [3])
+    seen: list[dict[int, bool]] = []
+
+    def settles_during_the_read() -> None:
+        journal.during_read = None
+        outbox.acks_settled(["kai"], [3])  # the page being read may predate it: kept for now
+        seen.append(dict(outbox._cursors["kai"].acking))
+
+    await _replay_with(journal, outbox, settles_during_the_read)
+    assert seen == [{3: True}]
+    outbox.rewind("kai", 0)  # another read: it forgets what settled before it began
+    await _replay_with(journal, outbox, None)
+    assert outbox._cursors["kai"].acking == {}
 
 
 class _Full(_Connection):

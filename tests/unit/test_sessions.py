@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams
+from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.sessions import SessionManager
 from mcpl_router.metrics import DaemonMetrics
 from mcpl_router.routing.router import Router
@@ -65,5 +67,30 @@ async def test_a_wake_read_from_memory_lets_no_other_task_run_first(tmp_path: Pa
                 wake = await sessions.wake(7, "ann")
                 assert wake is not None and wake.channel == ChannelRef("a", "general")
             assert passes.count == before
+    finally:
+        journal.close()
+
+
+async def test_an_ack_the_outbox_remembers_is_forgotten_once_the_journal_settles_it(tmp_path: Path) -> None:
+    """``wake/ack`` opens the window at once and the outbox remembers the seqs until the ack's
+    commit settles (a page read meanwhile may still list them): settled, they are forgotten, so
+    the memory holds only acks on their way. Also an ack of nothing, answered at once."""
+    sessions, journal = _sessions(tmp_path)
+    connection = HostConnection("unix")
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await nursery.start(sessions.run)
+            sessions.opened(connection)
+            sessions.hello(connection, HelloParams(host="h", agents=[AgentSpecParams(name="kai")]))
+            cursor = sessions._outboxes[connection]._cursors["kai"]
+            answer = await sessions.ack(connection, AckParams(seqs=[5, 6]))
+            assert cursor.acking == {5: False, 6: False}  # on its way: remembered
+            assert answer.wait is not None
+            assert await answer.wait() == {"acked": 0}
+            assert cursor.acking == {}
+            answer = await sessions.ack(connection, AckParams(seqs=[]))
+            assert answer.wait is not None and await answer.wait() == {"acked": 0}
+            nursery.cancel_scope.cancel()
     finally:
         journal.close()
