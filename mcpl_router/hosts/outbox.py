@@ -69,12 +69,17 @@ class _Cursor:
     batched: set[int] = attrs.field(factory=set)
     #: Counts rewinds: a page read or sent across one is from before it (see ``_send_pass``).
     rewinds: int = 0
-    #: Seqs the host acked whose ack may not be in a page's snapshot yet: True once the ack's
-    #: commit settled (kept until the next read begins), False while it is on its way. A page
-    #: read meanwhile can still list them; they never go out again (see :meth:`HostOutbox.acked`).
-    acking: dict[int, bool] = attrs.field(factory=dict)
+    #: Acks of each seq on their way (their commit not settled yet): a page read meanwhile can
+    #: still list the wake, which must not go out again (see :meth:`HostOutbox.acked`).
+    acking: dict[int, int] = attrs.field(factory=dict)
+    #: Seqs whose ack settled while the page under way was read or sent (it may predate the
+    #: ack); forgotten when that page is done.
+    settled_in_page: set[int] = attrs.field(factory=set)
     #: True from a page read's start until that page has been sent.
     paging: bool = False
+    #: The highest seq a replay page sent: a wake offered at or below it was in that page's
+    #: snapshot, so it went out then (its commit's callback came late).
+    replayed_through: int = 0
 
 
 @attrs.frozen
@@ -186,9 +191,9 @@ class HostOutbox:
         cursor = self._cursors.get(wake.agent)
         if cursor is None or self.closed:
             return False
-        if wake.seq <= cursor.sent_through or (wake.seq, wake.agent) in self._in_flight:
-            # Sent already: a replay's page read, taken just after this wake's commit, had it
-            # before the commit's callback offered it (or the host's resume point covers it).
+        if wake.seq <= cursor.replayed_through or (wake.seq, wake.agent) in self._in_flight or wake.seq in cursor.acking:
+            # Sent already (a replay's page read, taken just after this wake's commit, had it
+            # before the commit's callback offered it), or acked before it went out.
             return True
         if cursor.replaying:
             cursor.offers += 1  # the replay reads it from the journal, in order
@@ -259,7 +264,7 @@ class HostOutbox:
             self._in_flight.discard((seq, agent))
             if cursor is not None:
                 cursor.batched.discard(seq)
-                cursor.acking[seq] = False
+                cursor.acking[seq] = cursor.acking.get(seq, 0) + 1
         if early:
             self._fresh = deque(wake for wake in self._fresh if wake.agent != agent or wake.seq not in early)
             if cursor is not None and cursor.offered:
@@ -276,17 +281,21 @@ class HostOutbox:
     def acks_settled(self, agents: Sequence[str], seqs: Sequence[int]) -> None:
         """The commit of an ack of ``seqs`` settled (durable; or failed, and then they stay owed
         and a later replay may send them again): a page read from now on shows it. Forgotten at
-        once, unless a page is being read or sent, which may predate it: then at the next read."""
+        once, unless a page is being read or sent, which may predate it: then when that page is done."""
         for agent in agents:
             cursor = self._cursors.get(agent)
             if cursor is None:
                 continue
             for seq in seqs:
-                if seq in cursor.acking:
-                    if cursor.paging:
-                        cursor.acking[seq] = True
-                    else:
-                        del cursor.acking[seq]
+                pending = cursor.acking.get(seq)
+                if pending is None:
+                    continue
+                if pending > 1:
+                    cursor.acking[seq] = pending - 1  # another ack of it is still on its way
+                else:
+                    del cursor.acking[seq]
+                if cursor.paging:
+                    cursor.settled_in_page.add(seq)
 
     def close(self) -> None:
         self.closed = True
@@ -362,6 +371,7 @@ class HostOutbox:
                 sent = await self._send_page(agent, cursor, min(room, REPLAY_PAGE))
             finally:
                 cursor.paging = False
+                cursor.settled_in_page.clear()  # the next read's snapshot shows those acks
             if sent is None:
                 return False
             progressed = progressed or sent
@@ -376,8 +386,6 @@ class HostOutbox:
         # a memory that overflowed once (a host far behind under a long flood) doesn't keep
         # the agent on the journal's path until traffic pauses.
         cursor.offered = deque()
-        # Acks whose commit settled before this read are in its snapshot.
-        cursor.acking = {seq: settled for seq, settled in cursor.acking.items() if not settled}
         page = await self._journal.unacked_deliveries(agent, after_seq=cursor.sent_through, limit=limit)
         progressed = False
         for stored in page:
@@ -390,7 +398,7 @@ class HostOutbox:
             wake = self._wake_of(stored)
             if wake.seq <= cursor.sent_through:
                 continue
-            if (wake.seq, agent) in self._in_flight or wake.seq in cursor.acking:
+            if (wake.seq, agent) in self._in_flight or wake.seq in cursor.acking or wake.seq in cursor.settled_in_page:
                 # Out already (in flight), or acked after the read's snapshot: nothing to send,
                 # and the next read starts after it (a page of only these is not read again
                 # and again while the host holds them).
@@ -402,6 +410,7 @@ class HostOutbox:
             if self._held(wake):
                 cursor.sent_through = wake.seq  # held for a tune-out's summary; stays unacked
                 continue
+            cursor.replayed_through = max(cursor.replayed_through, wake.seq)
             if not await self._send_wake(wake, cursor):
                 return None
             self._counts["wakes_replayed"] += 1

@@ -11,6 +11,7 @@ import trio
 from mcpl_router.hosts.outbox import HostOutbox
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.wakes import Wake
+from mcpl_router.store.journal import JournalFailure
 from mcpl_router.store.records import Delivery, StoredDelivery, StoredEvent
 
 
@@ -357,25 +358,83 @@ async def test_a_rewound_replay_reads_past_its_wakes_in_flight_not_the_same_page
     assert connection.sent == [3, 4, 2]
 
 
-async def test_an_ack_is_remembered_only_until_its_commit_settles_or_the_next_read_after() -> None:
+async def test_an_ack_is_remembered_until_its_commit_settles_or_the_page_under_way_is_done() -> None:
+    """Nothing is kept for good: an ack settled with no page under way is forgotten at once;
+    one settled while a page is read, once that page is done (the next read's snapshot shows
+    it), even when the replay ends on that page and no read comes again."""
     journal = _Journal()
     outbox = _outbox(journal, _Roomy())
     outbox.add_agent("kai")
-    outbox.acked("kai", [1, 2])
-    outbox.acks_settled(["kai"], [1, 2])  # no page under way: forgotten at once
-    outbox.acked("kai", [3])
-    seen: list[dict[int, bool]] = []
+    outbox.host_acked(["kai"], [1, 2])(None)  # no page under way: forgotten at once
+    settle_7_to_9 = outbox.host_acked(["kai"], [7, 8, 9])  # e.g. wakes the host had from elsewhere
+    cursor = outbox._cursors["kai"]
+    assert cursor.acking == {7: 1, 8: 1, 9: 1}
+    seen: list[set[int]] = []
 
     def settles_during_the_read() -> None:
         journal.during_read = None
-        outbox.acks_settled(["kai"], [3])  # the page being read may predate it: kept for now
-        seen.append(dict(outbox._cursors["kai"].acking))
+        settle_7_to_9(None)  # the page being read may predate it: kept for that page
+        seen.append(set(cursor.settled_in_page))
 
     await _replay_with(journal, outbox, settles_during_the_read)
-    assert seen == [{3: True}]
-    outbox.rewind("kai", 0)  # another read: it forgets what settled before it began
-    await _replay_with(journal, outbox, None)
-    assert outbox._cursors["kai"].acking == {}
+    assert seen == [{7, 8, 9}] and outbox.statistics().replaying == 0
+    assert cursor.acking == {} and cursor.settled_in_page == set()
+
+
+@pytest.mark.parametrize("sent_before", [False, True])
+async def test_a_second_ack_of_a_wake_keeps_it_from_a_page_after_the_first_ack_failed(sent_before: bool) -> None:
+    """The host acks a wake twice before the first commit settles, and that one fails (the wake
+    stays owed). The second is still on its way when a page read predating it lists the wake;
+    it commits and is answered during the read: the page must not send the wake. Both for an
+    early ack (2, never sent) and for a wake sent, then handed around by a rewind (4)."""
+    journal = _Journal()
+    connection = _Roomy()
+    outbox = _outbox(journal, connection)
+    journal.commit(1)
+    journal.commit(4 if sent_before else 2)
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        if sent_before:
+            await trio.testing.wait_all_tasks_blocked()
+            assert connection.sent == [1, 4]
+        seq = 4 if sent_before else 2
+        first = outbox.host_acked(["kai"], [seq])
+        second = outbox.host_acked(["kai"], [seq])
+        first(JournalFailure("disk I/O error"))
+
+        def second_ack_commits() -> None:
+            journal.during_read = None
+            journal.ack_committed(seq)
+            second(None)  # durable, so answered: the wake must never go out after this
+
+        journal.during_read = second_ack_commits
+        if sent_before:
+            journal.commit(2)
+            journal.commit(3)
+            journal.rows.sort(key=lambda row: row.event.seq)
+            outbox.rewind("kai", 1)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert connection.sent == ([1, 4, 2, 3] if sent_before else [1])
+
+
+async def test_a_new_wake_at_or_below_a_hosts_resume_point_is_still_sent() -> None:
+    """``resumeFrom`` filters the re-send at hello, not what comes after: a wake committed later
+    with a lower seq (the host's point from another journal) is owed and goes out."""
+    journal = _Journal()
+    connection = _Roomy()
+    outbox = _outbox(journal, connection)
+    outbox.add_agent("kai", after_seq=10)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert outbox.statistics().replaying == 0
+        journal.commit(3)
+        assert outbox.offer(_wake(3))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert connection.sent == [3]
 
 
 class _Full(_Connection):

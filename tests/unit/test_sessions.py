@@ -85,7 +85,7 @@ async def test_an_ack_the_outbox_remembers_is_forgotten_once_the_journal_settles
             sessions.hello(connection, HelloParams(host="h", agents=[AgentSpecParams(name="kai")]))
             cursor = sessions._outboxes[connection]._cursors["kai"]
             answer = await sessions.ack(connection, AckParams(seqs=[5, 6]))
-            assert cursor.acking == {5: False, 6: False}  # on its way: remembered
+            assert cursor.acking == {5: 1, 6: 1}  # on its way: remembered
             assert answer.wait is not None
             assert await answer.wait() == {"acked": 0}
             assert cursor.acking == {}
