@@ -77,9 +77,6 @@ class _Cursor:
     settled_in_page: set[int] = attrs.field(factory=set)
     #: True from a page read's start until that page has been sent.
     paging: bool = False
-    #: The highest seq a replay page sent: a wake offered at or below it was in that page's
-    #: snapshot, so it went out then (its commit's callback came late).
-    replayed_through: int = 0
 
 
 @attrs.frozen
@@ -191,9 +188,11 @@ class HostOutbox:
         cursor = self._cursors.get(wake.agent)
         if cursor is None or self.closed:
             return False
-        if wake.seq <= cursor.replayed_through or (wake.seq, wake.agent) in self._in_flight or wake.seq in cursor.acking:
+        if wake.seq <= cursor.sent_through or (wake.seq, wake.agent) in self._in_flight or wake.seq in cursor.acking:
             # Sent already (a replay's page read, taken just after this wake's commit, had it
-            # before the commit's callback offered it), or acked before it went out.
+            # before the commit's callback offered it), or the host has it: its resume point
+            # (never past the journal's last seq at hello, so no later wake is below it), or
+            # an ack before it went out.
             return True
         if cursor.replaying:
             cursor.offers += 1  # the replay reads it from the journal, in order
@@ -410,7 +409,6 @@ class HostOutbox:
             if self._held(wake):
                 cursor.sent_through = wake.seq  # held for a tune-out's summary; stays unacked
                 continue
-            cursor.replayed_through = max(cursor.replayed_through, wake.seq)
             if not await self._send_wake(wake, cursor):
                 return None
             self._counts["wakes_replayed"] += 1

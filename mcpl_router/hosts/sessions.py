@@ -490,10 +490,11 @@ class SessionManager:
             session.agents.add(spec.name)
             log.info("agent.claimed", agent=spec.name)
         outbox = self._outboxes.get(connection)
-        for name in claimed:
-            if outbox is not None:
-                # Replayed from the journal in seq order, paced by acks (hosts/outbox.py).
-                outbox.add_agent(name, after_seq=params.resume_from or 0)
+        # Never past this journal's last seq (a host's point from another journal): no new wake is below it.
+        resume_from = min(params.resume_from or 0, self._journal.last_seq())
+        if outbox is not None:
+            for name in claimed:  # each replayed from the journal in seq order, paced by acks (hosts/outbox.py)
+                outbox.add_agent(name, after_seq=resume_from)
         pending = {name: self._journal.unacked_count(name) for name in claimed}
         log.info("session.hello", agents=sorted(session.agents), unacked_to_replay=sum(pending.values()), by_agent=pending)
         return {

@@ -419,24 +419,6 @@ async def test_a_second_ack_of_a_wake_keeps_it_from_a_page_after_the_first_ack_f
     assert connection.sent == ([1, 4, 2, 3] if sent_before else [1])
 
 
-async def test_a_new_wake_at_or_below_a_hosts_resume_point_is_still_sent() -> None:
-    """``resumeFrom`` filters the re-send at hello, not what comes after: a wake committed later
-    with a lower seq (the host's point from another journal) is owed and goes out."""
-    journal = _Journal()
-    connection = _Roomy()
-    outbox = _outbox(journal, connection)
-    outbox.add_agent("kai", after_seq=10)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(outbox.run)
-        await trio.testing.wait_all_tasks_blocked()
-        assert outbox.statistics().replaying == 0
-        journal.commit(3)
-        assert outbox.offer(_wake(3))
-        await trio.testing.wait_all_tasks_blocked()
-        nursery.cancel_scope.cancel()
-    assert connection.sent == [3]
-
-
 class _Full(_Connection):
     """The connection's own outbox has no room now: every wake waits for the sender task."""
 

@@ -8,9 +8,11 @@ A real journal in a temporary directory; no sockets.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams
 from mcpl_router.hosts.connection import HostConnection
@@ -94,3 +96,53 @@ async def test_an_ack_the_outbox_remembers_is_forgotten_once_the_journal_settles
             nursery.cancel_scope.cancel()
     finally:
         journal.close()
+
+
+class _RecordingPeer:
+    """What a host connection's peer is to the outbox: room for everything; the wakes it got."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.wakes: list[int] = []
+
+    def notify_nowait(self, method: str, params: Any) -> bool:
+        if method == "wake":
+            self.wakes.append(params["seq"])
+        return True
+
+    async def notify(self, method: str, params: Any) -> None:
+        await trio.lowlevel.checkpoint()
+        self.notify_nowait(method, params)
+
+
+@pytest.mark.parametrize("route", ["straight out", "behind a notice"])
+async def test_a_resume_point_past_the_journals_last_seq_holds_back_no_later_wake(tmp_path: Path, route: str) -> None:
+    """``resumeFrom`` from another journal (10, where this one's last seq is 0): the wakes that
+    come after the hello are new, whether they go out from the commit's callback or wait
+    behind a notice for the sender task."""
+    sessions, journal = _sessions(tmp_path)
+    peer = _RecordingPeer()
+    connection = HostConnection("unix", peer=peer)  # type: ignore[arg-type]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await nursery.start(sessions.run)
+            sessions.opened(connection)
+            sessions.hello(connection, HelloParams(host="h", agents=[AgentSpecParams(name="kai")], resume_from=10))
+            outbox = sessions._outboxes[connection]
+            with trio.fail_after(10):
+                while outbox.statistics().replaying:  # the hello's replay reads in a thread: nothing
+                    await trio.sleep(0.01)
+            if route == "behind a notice":
+                assert outbox.notify("server/state", {})
+            event = InboundEvent("a", "general", "message", "m-3", {"channelId": "general", "messageId": "m-3"})
+            sessions.accepted(3, event, [Delivery("kai", "message", (), True)])
+            with trio.fail_after(10):
+                while not peer.wakes:
+                    await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
+    assert peer.wakes == [3]
