@@ -145,7 +145,10 @@ class HostOutbox:
     # -- what the sessions tell it -------------------------------------------------------------
 
     def add_agent(self, agent: str, *, after_seq: int = 0) -> None:
-        """This connection now owns ``agent``: replay its unacked wakes after ``after_seq``."""
+        """This connection now owns ``agent``: replay its unacked wakes after ``after_seq``.
+
+        A wake at or below ``after_seq`` counts as the host's, so it must not be past the
+        journal's last seq (the sessions clamp a host's ``resumeFrom`` to it)."""
         self._cursors[agent] = _Cursor(sent_through=after_seq)
         self._poke()
 
