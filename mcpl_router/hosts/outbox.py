@@ -253,7 +253,7 @@ class HostOutbox:
     def acked(self, agent: str, seqs: list[int]) -> None:
         """The host acked ``seqs`` of ``agent``: the window opens now, before the ack is durable.
 
-        Until the ack's commit settles (:meth:`acks_settled`), a page read from the journal can
+        Until the ack's commit settles (see :meth:`host_acked`), a page read from the journal can
         still list those wakes as unacked, so the cursor remembers them and the replay never
         sends them again.
         """
@@ -274,20 +274,19 @@ class HostOutbox:
         self._poke()
 
     def host_acked(self, agents: Sequence[str], seqs: Sequence[int]) -> Callable[[object], None]:
-        """``wake/ack`` of ``seqs`` for ``agents``: :meth:`acked` for each; returns what to call
-        once the ack's commit has settled (:meth:`acks_settled`)."""
+        """``wake/ack`` of ``seqs`` for ``agents``: :meth:`acked` for each. Returns what to call
+        once the ack's commit has settled (durable; or failed, and then they stay owed and a
+        later replay may send them again): from then a page read shows it, so the cursors the
+        ack was counted on (not a later owner's) forget it: at once, or, while a page that may
+        predate it is being read or sent, when that page is done."""
         for agent in agents:
             self.acked(agent, list(seqs))
-        return lambda _failure: self.acks_settled(agents, seqs)
+        cursors = [cursor for cursor in map(self._cursors.get, agents) if cursor is not None]
+        return lambda _failure: self._acks_settled(cursors, seqs)
 
-    def acks_settled(self, agents: Sequence[str], seqs: Sequence[int]) -> None:
-        """The commit of an ack of ``seqs`` settled (durable; or failed, and then they stay owed
-        and a later replay may send them again): a page read from now on shows it. Forgotten at
-        once, unless a page is being read or sent, which may predate it: then when that page is done."""
-        for agent in agents:
-            cursor = self._cursors.get(agent)
-            if cursor is None:
-                continue
+    @staticmethod
+    def _acks_settled(cursors: list[_Cursor], seqs: Sequence[int]) -> None:
+        for cursor in cursors:
             for seq in seqs:
                 pending = cursor.acking.get(seq)
                 if pending is None:

@@ -234,9 +234,9 @@ async def test_a_rewind_sends_the_older_wakes_handed_over_and_nothing_twice(duri
             if during_the_read == "a second rewind":
                 outbox.rewind("kai", 1)
             else:
-                outbox.acked("kai", [4])
+                settle = outbox.host_acked(["kai"], [4])
                 journal.ack_committed(4)
-                outbox.acks_settled(["kai"], [4])  # durable, so answered
+                settle(None)  # durable, so answered
 
         journal.during_read = None if during_the_read == "nothing" else meanwhile
         journal.rows.sort(key=lambda row: row.event.seq)
@@ -347,9 +347,9 @@ async def test_a_rewound_replay_reads_past_its_wakes_in_flight_not_the_same_page
         await trio.testing.wait_all_tasks_blocked()
         assert connection.sent == [3, 4, 2]
         reads = journal.reads
-        outbox.acked("kai", [2])
+        settle = outbox.host_acked(["kai"], [2])
         journal.ack_committed(2)
-        outbox.acks_settled(["kai"], [2])
+        settle(None)
         with trio.move_on_after(1):
             await trio.testing.wait_all_tasks_blocked()  # never returned while it read in a loop
         assert journal.reads - reads <= 3  # [3], [4], then an empty page ends the replay
@@ -379,6 +379,22 @@ async def test_an_ack_is_remembered_until_its_commit_settles_or_the_page_under_w
     await _replay_with(journal, outbox, settles_during_the_read)
     assert seen == [{7, 8, 9}] and outbox.statistics().replaying == 0
     assert cursor.acking == {} and cursor.settled_in_page == set()
+
+
+async def test_an_ack_settling_after_its_agent_was_claimed_again_leaves_the_new_count_alone() -> None:
+    """kai leaves this connection and comes back (a new cursor) while an old ack of 3 is on its
+    way, and the host acks 3 again: the old ack's settling must not forget the new one's."""
+    journal = _Journal()
+    outbox = _outbox(journal, _Roomy())
+    outbox.add_agent("kai")
+    old_ack = outbox.host_acked(["kai"], [3])
+    outbox.remove_agent("kai")
+    outbox.add_agent("kai")
+    new_ack = outbox.host_acked(["kai"], [3])
+    old_ack(None)
+    assert outbox._cursors["kai"].acking == {3: 1}
+    new_ack(None)
+    assert outbox._cursors["kai"].acking == {}
 
 
 @pytest.mark.parametrize("sent_before", [False, True])
