@@ -3,6 +3,8 @@ and no interleaving across its reads and sends sends a wake twice, after its ack
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -73,6 +75,20 @@ def _outbox(journal: _Journal, connection: _Connection, **options: Any) -> HostO
         held=lambda wake: False,
         **options,
     )
+
+
+@asynccontextmanager
+async def _running_after_hello(journal: _Journal, outbox: HostOutbox, *backlog: int) -> AsyncIterator[None]:
+    """kai claimed with ``backlog`` in the journal; the outbox runs for the block, which starts
+    once the hello's replay has sent what it could."""
+    for seq in backlog:
+        journal.commit(seq)
+    outbox.add_agent("kai")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outbox.run)
+        await trio.testing.wait_all_tasks_blocked()
+        yield
+        nursery.cancel_scope.cancel()
 
 
 async def test_replay_ends_while_wakes_keep_coming() -> None:
@@ -217,12 +233,7 @@ async def test_a_rewind_sends_the_older_wakes_handed_over_and_nothing_twice(duri
     journal = _Journal()
     connection = _Connection()
     outbox = _outbox(journal, connection)
-    journal.commit(1)
-    journal.commit(4)
-    outbox.add_agent("kai")
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(outbox.run)
-        await trio.testing.wait_all_tasks_blocked()
+    async with _running_after_hello(journal, outbox, 1, 4):
         assert sorted(connection.sent) == [1, 4]
         journal.commit(2)
         journal.commit(3)
@@ -242,7 +253,6 @@ async def test_a_rewind_sends_the_older_wakes_handed_over_and_nothing_twice(duri
         journal.rows.sort(key=lambda row: row.event.seq)
         outbox.rewind("kai", 4 if during_the_read == "a second rewind" else 1)
         await trio.testing.wait_all_tasks_blocked()
-        nursery.cancel_scope.cancel()
     expected = [1, 2, 3, 4, 5] if during_the_read == "a second rewind" else [1, 2, 3, 4]
     assert sorted(connection.sent) == expected and len(connection.sent) == len(expected)
     assert outbox.statistics().replaying == 0
@@ -334,12 +344,7 @@ async def test_a_rewound_replay_reads_past_its_wakes_in_flight_not_the_same_page
     journal = _Journal()
     connection = _Roomy()
     outbox = _outbox(journal, connection, window=3)
-    journal.commit(3)
-    journal.commit(4)
-    outbox.add_agent("kai")
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(outbox.run)
-        await trio.testing.wait_all_tasks_blocked()
+    async with _running_after_hello(journal, outbox, 3, 4):
         assert connection.sent == [3, 4]
         journal.commit(2)
         journal.rows.sort(key=lambda row: row.event.seq)
@@ -354,7 +359,6 @@ async def test_a_rewound_replay_reads_past_its_wakes_in_flight_not_the_same_page
             await trio.testing.wait_all_tasks_blocked()  # never returned while it read in a loop
         assert journal.reads - reads <= 3  # [3], [4], then an empty page ends the replay
         assert outbox.statistics().replaying == 0
-        nursery.cancel_scope.cancel()
     assert connection.sent == [3, 4, 2]
 
 
