@@ -94,6 +94,18 @@ class OutboxStatistics:
     #: times a replay's offered memory overflowed (its replay then reads the journal to its end).
     fresh_spills: int = 0
     offered_spills: int = 0
+    #: Acked seqs remembered until their ack's commit settles (bounded by the acks the journal's
+    #: write queue holds).
+    acks_pending: int = 0
+
+    def to_wire(self) -> dict[str, int]:
+        """As ``status`` shows it: each field in camelCase (``inFlight``, ``freshSpills``…)."""
+        return {_camel(name): value for name, value in attrs.asdict(self).items()}
+
+
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
 
 
 class HostOutbox:
@@ -273,14 +285,14 @@ class HostOutbox:
                 cursor.offered = deque(wake for wake in cursor.offered if wake.seq not in early)
         self._poke()
 
-    def host_acked(self, agents: Sequence[str], seqs: Sequence[int]) -> Callable[[object], None]:
+    def host_acked(self, agents: Sequence[str], seqs: list[int]) -> Callable[[object], None]:
         """``wake/ack`` of ``seqs`` for ``agents``: :meth:`acked` for each. Returns what to call
         once the ack's commit has settled (durable; or failed, and then they stay owed and a
         later replay may send them again): from then a page read shows it, so the cursors the
         ack was counted on (not a later owner's) forget it: at once, or, while a page that may
         predate it is being read or sent, when that page is done."""
         for agent in agents:
-            self.acked(agent, list(seqs))
+            self.acked(agent, seqs)
         cursors = [cursor for cursor in map(self._cursors.get, agents) if cursor is not None]
         return lambda _failure: self._acks_settled(cursors, seqs)
 
@@ -310,6 +322,7 @@ class HostOutbox:
             notices_queued=len(self._notices),
             replaying=sum(1 for cursor in self._cursors.values() if cursor.replaying),
             offered_queued=sum(len(cursor.offered or ()) for cursor in self._cursors.values()),
+            acks_pending=sum(len(cursor.acking) for cursor in self._cursors.values()),
             **self._counts,
         )
 

@@ -234,25 +234,7 @@ class SessionManager:
 
     def outbox_statistics(self) -> list[dict[str, Any]]:
         """Each connection's wake window and queues (for ``status``)."""
-        rows = []
-        for connection, outbox in self._outboxes.items():
-            stats = outbox.statistics()
-            rows.append(
-                {
-                    "connection": connection.id,
-                    "agents": stats.agents,
-                    "inFlight": stats.in_flight,
-                    "replaying": stats.replaying,
-                    "noticesQueued": stats.notices_queued,
-                    "freshQueued": stats.fresh_queued,
-                    "wakesSent": stats.wakes_sent,
-                    "wakesReplayed": stats.wakes_replayed,
-                    "offeredQueued": stats.offered_queued,
-                    "freshSpills": stats.fresh_spills,
-                    "offeredSpills": stats.offered_spills,
-                }
-            )
-        return rows
+        return [{"connection": connection.id, **outbox.statistics().to_wire()} for connection, outbox in self._outboxes.items()]
 
     async def broadcast(self, method: str, params: Any) -> None:
         """Queue a notification to every connection that said hello."""

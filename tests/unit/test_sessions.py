@@ -88,9 +88,10 @@ async def test_an_ack_the_outbox_remembers_is_forgotten_once_the_journal_settles
             cursor = sessions._outboxes[connection]._cursors["kai"]
             answer = await sessions.ack(connection, AckParams(seqs=[5, 6]))
             assert cursor.acking == {5: 1, 6: 1}  # on its way: remembered
+            assert sessions.outbox_statistics()[0]["acksPending"] == 2  # and shown in ``status``
             assert answer.wait is not None
             assert await answer.wait() == {"acked": 0}
-            assert cursor.acking == {}
+            assert cursor.acking == {} and sessions.outbox_statistics()[0]["acksPending"] == 0
             answer = await sessions.ack(connection, AckParams(seqs=[]))
             assert answer.wait is not None and await answer.wait() == {"acked": 0}
             nursery.cancel_scope.cancel()
