@@ -11,6 +11,9 @@ journal commits and reads run there: the journal's share off the trio thread), b
 load's own CPU a message (the fixture servers and the bench's host client, on the same cores).
 Sides, interleaved and repeated:
 - the **forwarder** (bench/forwarder.py): answers ``accepted`` and forwards one wake per message;
+- the **journal floor** (``forwarder.py --journal``): the forwarder committing each message's
+  event and delivery rows (group commit, fsync) before ``accepted`` and the wake, and each ack
+  before its answer: the least any daemon keeping the delivery promise does;
 - the **daemon** with its journal pre-filled with 0, 50,000 and 200,000 acked rows;
 - the daemon with the journal's fsync off (``synchronous=OFF``): the disk's share;
 - with ``--journal-rounds N``: an empty and a 200,000-row journal alone, alternating N rounds;
@@ -24,7 +27,7 @@ Sides, interleaved and repeated:
 **Latency.** One server paced open-loop at 200, 500, 1,000 and 2,000 msgs/s for ``--seconds``
 each; the host measures each wake's delay from the message's send time (CLOCK_MONOTONIC, shared
 by the processes); p50/p99 through the daemon, the daemon with its journal's fsync off, and the
-forwarder, and the added p99 of each daemon.
+forwarder, the journal floor, and the added p99 of each.
 
 Prints a table and returns the figures (``bench/run.py`` collects them). Nothing is asserted.
 """
@@ -105,7 +108,7 @@ def _servers(fixtures: list[Any]) -> dict[str, dict[str, Any]]:
 
 
 async def throughput(workdir: Path, servers: int, messages: int, rounds: int) -> dict[str, Any]:
-    sides = ["forwarder", *(f"daemon@{rows}" for rows in SIZES), "daemon-no-fsync"]
+    sides = ["forwarder", "floor", *(f"daemon@{rows}" for rows in SIZES), "daemon-no-fsync"]
     rates: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[float]] = {side: [] for side in sides}
     threads: dict[str, list[tuple[float, float, float]]] = {side: [] for side in sides}
@@ -113,8 +116,8 @@ async def throughput(workdir: Path, servers: int, messages: int, rounds: int) ->
         for side in sides:
             tag = f"t{round_}-{side.replace('@', '-')}"
             async with fixtures_running(workdir, servers) as fixtures:
-                if side == "forwarder":
-                    context = forwarder_running(workdir, fixtures, tag=tag)
+                if side in ("forwarder", "floor"):
+                    context = forwarder_running(workdir, fixtures, tag=tag, journal=side == "floor")
                 elif side == "daemon-no-fsync":
                     context = daemon_running(workdir, _servers(fixtures), tag=tag, fsync=False)
                 else:
@@ -133,6 +136,7 @@ async def throughput(workdir: Path, servers: int, messages: int, rounds: int) ->
             "msgs_per_cpu_s": median(cpu[side]),
             "vs_forwarder": median([v / f for v, f in zip(rates[side], forwarder, strict=True)]),
             "vs_empty_journal": median([v / e for v, e in zip(rates[side], empty, strict=True)]) if side.startswith("daemon") else None,
+            "vs_floor": median([v / f for v, f in zip(rates[side], rates["floor"], strict=True)]),
             "main_thread_us_per_msg": median([main for main, _, _ in threads[side]]),
             "other_threads_us_per_msg": median([other for _, other, _ in threads[side]]),
             "load_us_per_msg": median([load for _, _, load in threads[side]]),
@@ -168,11 +172,11 @@ async def latency(workdir: Path, rates: tuple[int, ...], seconds: float) -> dict
     for rate in rates:
         messages = max(50, int(rate * seconds))
         row: dict[str, Any] = {}
-        for side in ("forwarder", "daemon", "daemon-no-fsync"):
+        for side in ("forwarder", "floor", "daemon", "daemon-no-fsync"):
             tag = f"l{rate}-{side}"
             async with fixtures_running(workdir, 1) as fixtures:
-                if side == "forwarder":
-                    context = forwarder_running(workdir, fixtures, tag=tag)
+                if side in ("forwarder", "floor"):
+                    context = forwarder_running(workdir, fixtures, tag=tag, journal=side == "floor")
                 else:
                     context = daemon_running(workdir, _servers(fixtures), tag=tag, fsync=side == "daemon")
                 async with context as (proc, socket):
@@ -183,18 +187,24 @@ async def latency(workdir: Path, rates: tuple[int, ...], seconds: float) -> dict
         row["added_p99_ms"] = row["daemon"]["p99_ms"] - row["forwarder"]["p99_ms"]
         # The journal's fsync's share: the same daemon with synchronous=OFF.
         row["no_fsync_added_p99_ms"] = row["daemon-no-fsync"]["p99_ms"] - row["forwarder"]["p99_ms"]
+        # What the delivery promise alone adds (the floor), and the daemon beyond it.
+        row["floor_added_p99_ms"] = row["floor"]["p99_ms"] - row["forwarder"]["p99_ms"]
         rows[str(rate)] = row
-        print(f"  latency at {rate}/s: daemon p99 {row['daemon']['p99_ms']:.2f} ms, forwarder p99 {row['forwarder']['p99_ms']:.2f} ms", flush=True)
+        print(
+            f"  latency at {rate}/s: daemon p99 {row['daemon']['p99_ms']:.2f} ms, floor p99 {row['floor']['p99_ms']:.2f} ms,"
+            f" forwarder p99 {row['forwarder']['p99_ms']:.2f} ms",
+            flush=True,
+        )
     return rows
 
 
 def print_throughput(figures: dict[str, Any], servers: int, messages: int) -> None:
     print(f"\nInbound: {servers} servers × {messages} messages, 128 outstanding each; host acks every 100")
-    print(f"{'':<30}{'msgs/s':>10}{'msgs/CPU-s':>12}{'÷ forwarder':>13}{'÷ empty journal':>17}{'µs/msg: trio thread':>21}{'others':>8}{'load':>7}")
+    print(f"{'':<30}{'msgs/s':>10}{'msgs/CPU-s':>12}{'÷ forwarder':>13}{'÷ floor':>9}{'÷ empty journal':>17}{'µs/msg: trio thread':>21}{'others':>8}{'load':>7}")
     for side, row in figures.items():
         vs_empty = "" if row["vs_empty_journal"] is None else f"{row['vs_empty_journal']:.3f}"
         print(
-            f"{side:<30}{row['msgs_per_s']:>10,.0f}{row['msgs_per_cpu_s']:>12,.0f}{row['vs_forwarder']:>13.3f}{vs_empty:>17}"
+            f"{side:<30}{row['msgs_per_s']:>10,.0f}{row['msgs_per_cpu_s']:>12,.0f}{row['vs_forwarder']:>13.3f}{row['vs_floor']:>9.3f}{vs_empty:>17}"
             f"{row['main_thread_us_per_msg']:>21,.0f}{row['other_threads_us_per_msg']:>8,.0f}{row['load_us_per_msg']:>7,.0f}"
         )
     print("(µs of CPU a message: the side's main thread, the trio loop; its other threads, the daemon's SQLite and fsync;")
@@ -203,12 +213,16 @@ def print_throughput(figures: dict[str, Any], servers: int, messages: int) -> No
 
 def print_latency(rows: dict[str, Any]) -> None:
     print("\nInbound→wake latency under offered load (open loop, one server)")
-    print(f"{'offered/s':>10}{'daemon p50':>12}{'p99':>9}{'fwd p50':>10}{'p99':>9}{'added p50':>11}{'added p99':>11}{'no fsync p50':>14}{'p99':>9}{'added p99':>11}  (ms)")
+    print(
+        f"{'offered/s':>10}{'daemon p50':>12}{'p99':>9}{'fwd p50':>10}{'p99':>9}{'added p50':>11}{'added p99':>11}"
+        f"{'floor p50':>11}{'p99':>9}{'added p99':>11}{'no fsync p50':>14}{'p99':>9}{'added p99':>11}  (ms)"
+    )
     for rate, row in rows.items():
-        d, f, n = row["daemon"], row["forwarder"], row["daemon-no-fsync"]
+        d, f, fl, n = row["daemon"], row["forwarder"], row["floor"], row["daemon-no-fsync"]
         print(
             f"{rate:>10}{d['p50_ms']:>12.2f}{d['p99_ms']:>9.2f}{f['p50_ms']:>10.2f}{f['p99_ms']:>9.2f}{row['added_p50_ms']:>11.2f}"
-            f"{row['added_p99_ms']:>11.2f}{n['p50_ms']:>14.2f}{n['p99_ms']:>9.2f}{row['no_fsync_added_p99_ms']:>11.2f}"
+            f"{row['added_p99_ms']:>11.2f}{fl['p50_ms']:>11.2f}{fl['p99_ms']:>9.2f}{row['floor_added_p99_ms']:>11.2f}"
+            f"{n['p50_ms']:>14.2f}{n['p99_ms']:>9.2f}{row['no_fsync_added_p99_ms']:>11.2f}"
         )
 
 

@@ -17,13 +17,24 @@ and serves hosts on a Unix socket with the same framing as the daemon (ndjson, t
   on both wires;
 - ``speak {server, channel, text}`` does that server wire work in one host call (the figure
   before the turn calls above were mirrored: kept as a second reading).
+
+With ``--journal PATH`` it is the **journal floor** instead: the least any daemon keeping the
+delivery promise does beyond forwarding. Each message's event and delivery rows (the daemon's
+schema, WAL, ``synchronous=FULL``) are committed, in a group commit off the trio thread, before
+the server hears ``accepted`` and before the message's wake goes out; each ``wake/ack`` is
+committed before it is answered. No dedup, digest, grant, registry, wake policy or flow control:
+what is left between the floor and the daemon is the daemon's routing work a message.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import sqlite3
 import sys
+import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +44,9 @@ import msgspec  # noqa: E402
 import trio  # noqa: E402
 
 from mcpl_router.jsonrpc import Inbound, MethodTable, NdjsonStream, Peer  # noqa: E402
+from mcpl_router.jsonrpc.handlers import Later  # noqa: E402
+from mcpl_router.jsonrpc.peer import Deferred  # noqa: E402
+from mcpl_router.store.schema import SCHEMA  # noqa: E402
 
 
 class Incoming(msgspec.Struct):
@@ -54,31 +68,124 @@ class TurnText(msgspec.Struct):
     round: int = 1
 
 
+class Ack(msgspec.Struct):
+    seqs: list[int] = []
+
+
 class Speak(msgspec.Struct):
     server: int
     channel: str
     text: str
 
 
-async def main(socket_path: str, ports: list[int], answers: dict[str, Any]) -> None:
+_INSERT_EVENT = (
+    "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at) VALUES (?, ?, ?, 'message', ?, ?, ?, ?)"
+)
+_INSERT_DELIVERY = "INSERT INTO deliveries (seq, agent, reason, tags, addressed) VALUES (?, 'bench', 'message', '[]', 1)"
+_ACK = "UPDATE deliveries SET acked = 1 WHERE agent = 'bench' AND acked = 0 AND seq IN (SELECT value FROM json_each(?))"
+
+
+class JournalFloor:
+    """Group commit of what arrived since the last commit, in a worker thread; each caller's
+    ``then`` runs on the trio thread once the commit holding its rows is durable."""
+
+    def __init__(self, path: str) -> None:
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", "cache_size=-65536"):
+            self._db.execute(f"PRAGMA {pragma}")
+        self._db.executescript(SCHEMA)
+        self._encode = msgspec.json.Encoder().encode
+        self._events: list[tuple[Any, ...]] = []
+        self._acks: list[int] = []
+        self._then: list[Callable[[], None]] = []
+        self._work = trio.Event()
+
+    def record(self, numbered: list[tuple[int, dict[str, Any]]], server: str, then: Callable[[], None]) -> None:
+        now = time.time()
+        for seq, message in numbered:
+            self._events.append((seq, server, message.get("channelId"), str(message.get("messageId")), b"", self._encode(message), now))
+        self._then.append(then)
+        self._work.set()
+
+    def ack(self, seqs: list[int], then: Callable[[], None]) -> None:
+        self._acks.extend(seqs)
+        self._then.append(then)
+        self._work.set()
+
+    def _commit(self, events: list[tuple[Any, ...]], acks: list[int]) -> None:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(_INSERT_EVENT, events)
+        db.executemany(_INSERT_DELIVERY, [(event[0],) for event in events])
+        if acks:
+            db.execute(_ACK, (self._encode(acks),))
+        db.execute("COMMIT")
+
+    async def run(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work = trio.Event()
+            events, acks, then = self._events, self._acks, self._then
+            self._events, self._acks, self._then = [], [], []
+            await trio.to_thread.run_sync(self._commit, events, acks)
+            for callback in then:
+                callback()
+
+
+def _wake(seq: int, message: dict[str, Any]) -> dict[str, Any]:
+    return {"seq": seq, "agent": "bench", "reason": "message",
+            "channel": {"serverId": "s", "channelId": message.get("channelId"), "shown": "s:general"},
+            "tags": [], "messages": [message]}
+
+
+async def main(socket_path: str, ports: list[int], answers: dict[str, Any], journal_path: str | None = None) -> None:
     hosts: list[Peer] = []
     servers: list[Peer] = []
     seqs = itertools.count(1)
+    journal = JournalFloor(journal_path) if journal_path else None
+    # The floor's wakes that found the host's outbox full, sent in order by a task of their own.
+    waiting: deque[dict[str, Any]] = deque()
+    room = trio.Event()
     async with trio.open_nursery() as nursery:
+
+        async def send_waiting() -> None:
+            nonlocal room
+            while True:
+                await room.wait()
+                room = trio.Event()
+                while waiting and hosts:
+                    await hosts[-1].notify("wake", waiting.popleft())
+
+        def journaled(messages: list[dict[str, Any]]) -> Deferred:
+            assert journal is not None
+            numbered = [(next(seqs), message) for message in messages]
+            later = Later()
+
+            def durable() -> None:
+                for seq, message in numbered:
+                    wake = _wake(seq, message)
+                    if waiting or not hosts or not hosts[-1].notify_nowait("wake", wake):
+                        waiting.append(wake)
+                        room.set()
+                later.settle({"results": [{"messageId": m.get("messageId"), "accepted": True} for m in messages]})
+
+            journal.record(numbered, "s", durable)
+            return Deferred.pushed(later)
 
         async def from_server(inbound: Inbound) -> Any:
             if inbound.method == "channels/incoming":
                 messages = inbound.decode_params(Incoming).messages
+                if journal is not None:
+                    return journaled(messages)
                 for message in messages:
                     if hosts:
-                        await hosts[-1].notify(
-                            "wake",
-                            {"seq": next(seqs), "agent": "bench", "reason": "message",
-                             "channel": {"serverId": "s", "channelId": message.get("channelId"), "shown": "s:general"},
-                             "tags": [], "messages": [message]},
-                        )
+                        await hosts[-1].notify("wake", _wake(next(seqs), message))
                 return {"results": [{"messageId": m.get("messageId"), "accepted": True} for m in messages]}
             return None if inbound.is_notification else {"results": []}
+
+        if journal is not None:
+            nursery.start_soon(journal.run)
+            nursery.start_soon(send_waiting)
 
         for port in ports:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -99,7 +206,11 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any]) -> N
             # What the typed client requires of a hello answer (it checks daemonVersion).
             return {"daemonVersion": "forwarder"}
 
-        async def ack(_params: Any, _inbound: Inbound) -> Any:
+        async def ack(params: Ack, _inbound: Inbound) -> Any:
+            if journal is not None:
+                durable = trio.Event()
+                journal.ack(params.seqs, durable.set)
+                await durable.wait()
             return {"acked": 0}
 
         async def speak(params: Speak, _inbound: Inbound) -> Any:
@@ -164,7 +275,7 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any]) -> N
         table.add("turn/context", turn_context, TurnRef, concurrent=True)
         table.add("turn/text", turn_text, TurnText)
         table.add("turn/close", turn_close, TurnRef, concurrent=True)
-        table.add("wake/ack", ack)
+        table.add("wake/ack", ack, Ack)
         table.add("speak", speak, Speak, concurrent=True)
 
         async def serve(stream: trio.SocketStream) -> None:
@@ -186,10 +297,11 @@ if __name__ == "__main__":
     parser.add_argument("--socket", required=True)
     parser.add_argument("--mode", default="inbound")
     parser.add_argument("--answers", type=Path, help="the daemon's answers to a turn's host calls, as JSON {open, context, close}")
+    parser.add_argument("--journal", help="be the journal floor: journal each message and ack in this SQLite file first")
     parser.add_argument("ports", nargs="+", type=int)
     args = parser.parse_args()
     try:
-        trio.run(main, args.socket, args.ports, msgspec.json.decode(args.answers.read_bytes()) if args.answers else {})
+        trio.run(main, args.socket, args.ports, msgspec.json.decode(args.answers.read_bytes()) if args.answers else {}, args.journal)
     except KeyboardInterrupt:
         pass
     finally:

@@ -122,6 +122,13 @@ def main() -> None:
         print(f"  {name:<40} {shown:>10}  target {op} {limit:<6} {'met' if met else 'MISSED'}")
     floor = results["commit_floor"]["durable"]["p99_ms"]
     print(f"  (one durable commit alone on this disk: p99 {floor:.2f} ms, the floor under the added p99)")
+    journal_floor = results["inbound"]["floor"]["vs_forwarder"]
+    floor_latency = results["latency"].get("1000", {}).get("floor_added_p99_ms")
+    print(
+        f"  (the journal floor, the forwarder doing only what the delivery promise needs: inbound ÷ forwarder {journal_floor:.3f},"
+        f" added p99 at 1,000/s {floor_latency if floor_latency is None else f'{floor_latency:.2f} ms'};"
+        f" the daemon ÷ the floor: {results['inbound']['daemon@0']['vs_floor']:.3f})"
+    )
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2, default=str))
