@@ -26,8 +26,9 @@ Sides, interleaved and repeated:
 
 **Latency.** One server paced open-loop at 200, 500, 1,000 and 2,000 msgs/s for ``--seconds``
 each; the host measures each wake's delay from the message's send time (CLOCK_MONOTONIC, shared
-by the processes); p50/p99 through the daemon, the daemon with its journal's fsync off, and the
-forwarder, the journal floor, and the added p99 of each.
+by the processes); p50/p99 through the daemon, the daemon with its journal's fsync off, the
+journal floor and the forwarder, ``--latency-rounds`` interleaved rounds of each (medians), and
+the added p99 of each over the forwarder (the median of the rounds' differences).
 
 Prints a table and returns the figures (``bench/run.py`` collects them). Nothing is asserted.
 """
@@ -167,32 +168,47 @@ async def journal_sizes(workdir: Path, servers: int, messages: int, rounds: int)
     }
 
 
-async def latency(workdir: Path, rates: tuple[int, ...], seconds: float) -> dict[str, Any]:
+LATENCY_SIDES = ("forwarder", "floor", "daemon", "daemon-no-fsync")
+
+
+async def latency(workdir: Path, rates: tuple[int, ...], seconds: float, rounds: int = 1) -> dict[str, Any]:
+    """Each rate's sides, interleaved, ``rounds`` times. A side's p50 and p99 are the medians of
+    its rounds'; an added p99 is the median of the rounds' differences from the forwarder (one
+    4-second reading's p99 is 40 messages' worth of this machine's noise)."""
     rows: dict[str, Any] = {}
     for rate in rates:
         messages = max(50, int(rate * seconds))
-        row: dict[str, Any] = {}
-        for side in ("forwarder", "floor", "daemon", "daemon-no-fsync"):
-            tag = f"l{rate}-{side}"
-            async with fixtures_running(workdir, 1) as fixtures:
-                if side in ("forwarder", "floor"):
-                    context = forwarder_running(workdir, fixtures, tag=tag, journal=side == "floor")
-                else:
-                    context = daemon_running(workdir, _servers(fixtures), tag=tag, fsync=side == "daemon")
-                async with context as (proc, socket):
-                    measured = await _drive(socket, proc.pid, fixtures, messages, tag, rate=rate)
-            delays = [d * 1000 for d in measured["latencies"]]
-            row[side] = {"p50_ms": percentile(delays, 0.5), "p99_ms": percentile(delays, 0.99), "achieved": measured["rate"]}
-        row["added_p50_ms"] = row["daemon"]["p50_ms"] - row["forwarder"]["p50_ms"]
-        row["added_p99_ms"] = row["daemon"]["p99_ms"] - row["forwarder"]["p99_ms"]
+        readings: dict[str, list[dict[str, float]]] = {side: [] for side in LATENCY_SIDES}
+        for round_ in range(rounds):
+            for side in LATENCY_SIDES:
+                tag = f"l{rate}-{round_}-{side}"
+                async with fixtures_running(workdir, 1) as fixtures:
+                    if side in ("forwarder", "floor"):
+                        context = forwarder_running(workdir, fixtures, tag=tag, journal=side == "floor")
+                    else:
+                        context = daemon_running(workdir, _servers(fixtures), tag=tag, fsync=side == "daemon")
+                    async with context as (proc, socket):
+                        measured = await _drive(socket, proc.pid, fixtures, messages, tag, rate=rate)
+                delays = [d * 1000 for d in measured["latencies"]]
+                readings[side].append({"p50_ms": percentile(delays, 0.5), "p99_ms": percentile(delays, 0.99), "achieved": measured["rate"]})
+
+        def added(side: str, key: str) -> float:
+            return median([mine[key] - fwd[key] for mine, fwd in zip(readings[side], readings["forwarder"], strict=True)])
+
+        row: dict[str, Any] = {side: {key: median([r[key] for r in readings[side]]) for key in readings[side][0]} for side in LATENCY_SIDES}
+        row["rounds"] = rounds
+        row["added_p50_ms"] = added("daemon", "p50_ms")
+        row["added_p99_ms"] = added("daemon", "p99_ms")
+        row["added_p99_ms_each"] = [d["p99_ms"] - f["p99_ms"] for d, f in zip(readings["daemon"], readings["forwarder"], strict=True)]
         # The journal's fsync's share: the same daemon with synchronous=OFF.
-        row["no_fsync_added_p99_ms"] = row["daemon-no-fsync"]["p99_ms"] - row["forwarder"]["p99_ms"]
-        # What the delivery promise alone adds (the floor), and the daemon beyond it.
-        row["floor_added_p99_ms"] = row["floor"]["p99_ms"] - row["forwarder"]["p99_ms"]
+        row["no_fsync_added_p99_ms"] = added("daemon-no-fsync", "p99_ms")
+        # What the delivery promise alone adds (the journal floor), and the daemon beyond it.
+        row["floor_added_p99_ms"] = added("floor", "p99_ms")
+        row["floor_added_p99_ms_each"] = [d["p99_ms"] - f["p99_ms"] for d, f in zip(readings["floor"], readings["forwarder"], strict=True)]
         rows[str(rate)] = row
         print(
-            f"  latency at {rate}/s: daemon p99 {row['daemon']['p99_ms']:.2f} ms, floor p99 {row['floor']['p99_ms']:.2f} ms,"
-            f" forwarder p99 {row['forwarder']['p99_ms']:.2f} ms",
+            f"  latency at {rate}/s ({rounds} rounds): added p99 daemon {row['added_p99_ms']:+.2f} ms,"
+            f" floor {row['floor_added_p99_ms']:+.2f} ms (forwarder p99 {row['forwarder']['p99_ms']:.2f} ms)",
             flush=True,
         )
     return rows
@@ -212,7 +228,8 @@ def print_throughput(figures: dict[str, Any], servers: int, messages: int) -> No
 
 
 def print_latency(rows: dict[str, Any]) -> None:
-    print("\nInbound→wake latency under offered load (open loop, one server)")
+    rounds = next(iter(rows.values()), {}).get("rounds", 1)
+    print(f"\nInbound→wake latency under offered load (open loop, one server; medians of {rounds} interleaved rounds)")
     print(
         f"{'offered/s':>10}{'daemon p50':>12}{'p99':>9}{'fwd p50':>10}{'p99':>9}{'added p50':>11}{'added p99':>11}"
         f"{'floor p50':>11}{'p99':>9}{'added p99':>11}{'no fsync p50':>14}{'p99':>9}{'added p99':>11}  (ms)"
@@ -301,7 +318,7 @@ async def main(args: argparse.Namespace) -> None:
             sizes = await journal_sizes(Path(tmp), args.servers, args.messages, args.journal_rounds)
             print(f"\n200,000-row journal ÷ empty, {sizes['rounds']} alternating rounds: {sizes['rate_ratio']:.3f} (msgs/s), {sizes['cpu_ratio']:.3f} (msgs per CPU-second)")
         if args.latency:
-            print_latency(await latency(Path(tmp), (200, 500, 1000, 2000), args.seconds))
+            print_latency(await latency(Path(tmp), (200, 500, 1000, 2000), args.seconds, args.latency_rounds))
         if args.per_request > 1:
             print_per_request(await per_request_split(Path(tmp), args.servers, args.messages, args.per_request, 2))
         if args.thread_states:
@@ -318,6 +335,7 @@ if __name__ == "__main__":
     parser.add_argument("--latency", action="store_true", help="also measure latency under offered load")
     parser.add_argument("--journal-rounds", type=int, default=0, help="also compare an empty and a 200,000-row journal, alternating, this many rounds")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--latency-rounds", type=int, default=3, help="interleaved rounds of each rate's sides (medians)")
     parser.add_argument("--per-request", type=int, default=1, help="also split the trio thread's cost into a request's and a message's, against this many messages a request")
     parser.add_argument("--thread-states", action="store_true", help="also sample what the daemon's threads are doing in one more round")
     configure_logging("error", json=True)

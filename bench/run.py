@@ -62,7 +62,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print("journal sizes…", flush=True)
         results["journal_sizes"] = await bench_inbound.journal_sizes(workdir, 4, 1000 if quick else 3000, 2 if quick else 5)
         print("latency…", flush=True)
-        results["latency"] = await bench_inbound.latency(workdir, (200, 500, 1000, 2000), 1.5 if quick else 4.0)
+        results["latency"] = await bench_inbound.latency(workdir, (200, 500, 1000, 2000), 1.5 if quick else 4.0, 1 if quick else 3)
         print("speech…", flush=True)
         results["speech"] = await bench_speech.speech(workdir, 10, 20 if quick else 200, 1 if quick else 7)
         print("startup…", flush=True)
