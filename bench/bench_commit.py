@@ -1,4 +1,4 @@
-"""The floor under the latency: one durable commit on this disk, with nothing else running.
+"""One durable commit on this disk, alone, with nothing else running: what a wake waits for, at least.
 
     python bench/bench_commit.py [--rate 1000] [--seconds 4]
 

@@ -1,6 +1,6 @@
 """The bare forwarder the benchmarks measure the daemon against: the same wire work, no routing.
 
-    python bench/forwarder.py --socket PATH [--mode inbound|speech] [--answers FILE] PORT [PORT …]
+    python bench/forwarder.py --socket PATH [--mode inbound|speech] [--answers FILE] [--journal FILE] PORT [PORT …]
 
 It dials each fixture server on 127.0.0.1:PORT (initialize, initialized, featureSets/update),
 and serves hosts on a Unix socket with the same framing as the daemon (ndjson, the same Peer):
@@ -18,12 +18,19 @@ and serves hosts on a Unix socket with the same framing as the daemon (ndjson, t
 - ``speak {server, channel, text}`` does that server wire work in one host call (the figure
   before the turn calls above were mirrored: kept as a second reading).
 
-With ``--journal PATH`` it is the **journal floor** instead: the least any daemon keeping the
-delivery promise does beyond forwarding. Each message's event and delivery rows (the daemon's
-schema, WAL, ``synchronous=FULL``) are committed, in a group commit off the trio thread, before
-the server hears ``accepted`` and before the message's wake goes out; each ``wake/ack`` is
-committed before it is answered. No dedup, digest, grant, registry, wake policy or flow control:
-what is left between the floor and the daemon is the daemon's routing work a message.
+With ``--journal FILE`` (an SQLite file, made if new) it is the **journal floor** instead: the
+least any daemon keeping the durability promises does beyond forwarding. Each message's event
+and delivery rows (the daemon's schema, WAL, ``synchronous=FULL``) are committed, in a group
+commit off the trio thread, before the server hears ``accepted`` and before the message's wake
+goes out, in seq order; each ``wake/ack`` is committed before it is answered, by the daemon's own
+two ack statements (the deliveries, then the events all of whose deliveries are acked). Nothing
+else: no dedup or digest, grant, registry, wake policy, window or replay, and no bound on the
+wakes waiting for a host that doesn't read (a bench tool's host reads). What is left between the
+floor and the daemon is the daemon's work beyond the durable writes.
+
+Both modes tune the cyclic collector as the daemon does (``mcpl_router.cli.tune_gc``: start-up
+objects frozen, the young generation collected every 20,000 allocations), so a difference in a
+tail is not a difference in collectors.
 """
 
 from __future__ import annotations
@@ -43,10 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgspec  # noqa: E402
 import trio  # noqa: E402
 
-from mcpl_router.jsonrpc import Inbound, MethodTable, NdjsonStream, Peer  # noqa: E402
+from mcpl_router.cli import tune_gc  # noqa: E402
+from mcpl_router.jsonrpc import Inbound, MethodTable, NdjsonStream, Peer, PeerClosed  # noqa: E402
 from mcpl_router.jsonrpc.handlers import Later  # noqa: E402
 from mcpl_router.jsonrpc.peer import Deferred  # noqa: E402
-from mcpl_router.store.schema import SCHEMA  # noqa: E402
+from mcpl_router.store.schema import SCHEMA, SQL_ACK_DELIVERIES, SQL_ACK_EVENTS  # noqa: E402
 
 
 class Incoming(msgspec.Struct):
@@ -82,7 +90,6 @@ _INSERT_EVENT = (
     "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at) VALUES (?, ?, ?, 'message', ?, ?, ?, ?)"
 )
 _INSERT_DELIVERY = "INSERT INTO deliveries (seq, agent, reason, tags, addressed) VALUES (?, 'bench', 'message', '[]', 1)"
-_ACK = "UPDATE deliveries SET acked = 1 WHERE agent = 'bench' AND acked = 0 AND seq IN (SELECT value FROM json_each(?))"
 
 
 class JournalFloor:
@@ -94,6 +101,8 @@ class JournalFloor:
         for pragma in ("journal_mode=WAL", "synchronous=FULL", "cache_size=-65536"):
             self._db.execute(f"PRAGMA {pragma}")
         self._db.executescript(SCHEMA)
+        #: Seqs go on after the file's last (a file used before keeps its rows).
+        self.seqs = itertools.count(int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM inbound").fetchone()[0]) + 1)
         self._encode = msgspec.json.Encoder().encode
         self._events: list[tuple[Any, ...]] = []
         self._acks: list[int] = []
@@ -118,7 +127,9 @@ class JournalFloor:
         db.executemany(_INSERT_EVENT, events)
         db.executemany(_INSERT_DELIVERY, [(event[0],) for event in events])
         if acks:
-            db.execute(_ACK, (self._encode(acks),))
+            seqs = self._encode(sorted(set(acks)))
+            db.execute(SQL_ACK_DELIVERIES, ("bench", seqs))
+            db.execute(SQL_ACK_EVENTS, (seqs,))
         db.execute("COMMIT")
 
     async def run(self) -> None:
@@ -132,6 +143,46 @@ class JournalFloor:
                 callback()
 
 
+class FloorWakes:
+    """The floor's wakes to the newest host, in seq order: queued straight into its outbox while
+    that has room, the rest sent by :meth:`run` as room comes (or as a host comes)."""
+
+    def __init__(self, hosts: list[Peer]) -> None:
+        self._hosts = hosts
+        self._waiting: deque[dict[str, Any]] = deque()
+        self._sending = False  # run() is waiting for room with the head of the queue
+        self._more = trio.Event()
+
+    def send(self, wakes: list[dict[str, Any]]) -> None:
+        self._waiting.extend(wakes)
+        while not self._sending and self._waiting and self._hosts:
+            try:
+                if not self._hosts[-1].notify_nowait("wake", self._waiting[0]):
+                    break
+            except PeerClosed:
+                break
+            self._waiting.popleft()
+        if self._waiting:
+            self._more.set()
+
+    def host_came(self) -> None:
+        self._more.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._more.wait()
+            self._more = trio.Event()
+            while self._waiting and self._hosts:
+                self._sending = True
+                try:
+                    await self._hosts[-1].notify("wake", self._waiting[0])
+                except PeerClosed:
+                    break  # that host is gone: the next one gets it (host_came)
+                finally:
+                    self._sending = False
+                self._waiting.popleft()
+
+
 def _wake(seq: int, message: dict[str, Any]) -> dict[str, Any]:
     return {"seq": seq, "agent": "bench", "reason": "message",
             "channel": {"serverId": "s", "channelId": message.get("channelId"), "shown": "s:general"},
@@ -141,20 +192,10 @@ def _wake(seq: int, message: dict[str, Any]) -> dict[str, Any]:
 async def main(socket_path: str, ports: list[int], answers: dict[str, Any], journal_path: str | None = None) -> None:
     hosts: list[Peer] = []
     servers: list[Peer] = []
-    seqs = itertools.count(1)
     journal = JournalFloor(journal_path) if journal_path else None
-    # The floor's wakes that found the host's outbox full, sent in order by a task of their own.
-    waiting: deque[dict[str, Any]] = deque()
-    room = trio.Event()
+    seqs = journal.seqs if journal is not None else itertools.count(1)
+    floor_wakes = FloorWakes(hosts)
     async with trio.open_nursery() as nursery:
-
-        async def send_waiting() -> None:
-            nonlocal room
-            while True:
-                await room.wait()
-                room = trio.Event()
-                while waiting and hosts:
-                    await hosts[-1].notify("wake", waiting.popleft())
 
         def journaled(messages: list[dict[str, Any]]) -> Deferred:
             assert journal is not None
@@ -162,11 +203,7 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any], jour
             later = Later()
 
             def durable() -> None:
-                for seq, message in numbered:
-                    wake = _wake(seq, message)
-                    if waiting or not hosts or not hosts[-1].notify_nowait("wake", wake):
-                        waiting.append(wake)
-                        room.set()
+                floor_wakes.send([_wake(seq, message) for seq, message in numbered])
                 later.settle({"results": [{"messageId": m.get("messageId"), "accepted": True} for m in messages]})
 
             journal.record(numbered, "s", durable)
@@ -185,7 +222,7 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any], jour
 
         if journal is not None:
             nursery.start_soon(journal.run)
-            nursery.start_soon(send_waiting)
+            nursery.start_soon(floor_wakes.run)
 
         for port in ports:
             stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -281,6 +318,7 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any], jour
         async def serve(stream: trio.SocketStream) -> None:
             peer = Peer(NdjsonStream(stream, stream, skip_log_lines=False), table, concurrent_methods=table.concurrent_methods)
             hosts.append(peer)
+            floor_wakes.host_came()
             try:
                 await peer.run()
             finally:
@@ -300,6 +338,7 @@ if __name__ == "__main__":
     parser.add_argument("--journal", help="be the journal floor: journal each message and ack in this SQLite file first")
     parser.add_argument("ports", nargs="+", type=int)
     args = parser.parse_args()
+    tune_gc()
     try:
         trio.run(main, args.socket, args.ports, msgspec.json.decode(args.answers.read_bytes()) if args.answers else {}, args.journal)
     except KeyboardInterrupt:

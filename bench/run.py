@@ -3,11 +3,12 @@
     python bench/run.py [--quick] [--json PATH]
 
 Sections (each also runs alone; see its module): inbound throughput against the bare
-forwarder and by journal size (bench_inbound), latency under offered load (bench_inbound),
+forwarder and the journal floor (the forwarder journaling what the durability promises need),
+and by journal size (bench_inbound), latency under offered load (bench_inbound),
 speech with 10 agents against a same-wire-work forwarder (bench_speech), memory and listing at
 1k/10k/100k channels (bench_scale), start-to-ready with 50 stdio servers (bench_startup), the
-limit of a minimal relay (bench_relay), and the floor under the latency: one durable commit alone
-on this disk (bench_commit). Everything runs on loopback; the machine is noisy, so
+limit of a minimal relay (bench_relay), and one durable commit alone on this disk
+(bench_commit). Everything runs on loopback; the machine is noisy, so
 sides are interleaved and repeated and ratios are medians of per-round ratios. Writes the
 figures as JSON and prints each table and the targets. Nothing is asserted.
 """
@@ -121,11 +122,11 @@ def main() -> None:
         shown = "—" if value is None else f"{value:,.3f}"
         print(f"  {name:<40} {shown:>10}  target {op} {limit:<6} {'met' if met else 'MISSED'}")
     floor = results["commit_floor"]["durable"]["p99_ms"]
-    print(f"  (one durable commit alone on this disk: p99 {floor:.2f} ms, the floor under the added p99)")
+    print(f"  (one durable commit alone on this disk: p99 {floor:.2f} ms)")
     journal_floor = results["inbound"]["floor"]["vs_forwarder"]
     floor_latency = results["latency"].get("1000", {}).get("floor_added_p99_ms")
     print(
-        f"  (the journal floor, the forwarder doing only what the delivery promise needs: inbound ÷ forwarder {journal_floor:.3f},"
+        f"  (the journal floor, the forwarder doing only the durable writes the promises need: inbound ÷ forwarder {journal_floor:.3f},"
         f" added p99 at 1,000/s {floor_latency if floor_latency is None else f'{floor_latency:.2f} ms'};"
         f" the daemon ÷ the floor: {results['inbound']['daemon@0']['vs_floor']:.3f})"
     )

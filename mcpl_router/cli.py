@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Keep the cyclic collector off the message path.
 
     A message's objects (its task, events, wake, answer) live for a few commits; with the
@@ -153,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
         get_logger().warning("config.runtime_problem", key=problem.key, problem=problem.problem, fix=problem.fix)
     try:
         daemon = Daemon(config)
-        _tune_gc()
+        tune_gc()
         trio.run(run_until_signalled, daemon)
     except BaseException as exc:
         refusal = _startup_refusal(exc)
