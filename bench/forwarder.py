@@ -20,12 +20,12 @@ and serves hosts on a Unix socket with the same framing as the daemon (ndjson, t
 
 With ``--journal FILE`` (an SQLite file, made if new) it is the **journal floor** instead: the
 least any daemon keeping the durability promises does beyond forwarding. Each message's event
-and delivery rows (the daemon's schema, WAL, ``synchronous=FULL``) are committed, in a group
+and delivery rows (the daemon's schema and insert statements, WAL, ``synchronous=FULL``) are committed, in a group
 commit off the trio thread, before the server hears ``accepted`` and before the message's wake
 goes out, in seq order; each ``wake/ack`` is committed before it is answered, by the daemon's own
 two ack statements (the deliveries, then the events all of whose deliveries are acked). Nothing
-else: no dedup or digest, grant, registry, wake policy, window or replay, and no bound on the
-wakes waiting for a host that doesn't read (a bench tool's host reads). What is left between the
+else: no dedup or digest, grant, registry, wake policy, window or replay; a host that stops
+reading stops the floor with an error (:data:`WAITING_LIMIT`). What is left between the
 floor and the daemon is the daemon's work beyond the durable writes.
 
 Both modes tune the cyclic collector as the daemon does (``mcpl_router.cli.tune_gc``: start-up
@@ -43,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -54,7 +54,13 @@ from mcpl_router.cli import tune_gc  # noqa: E402
 from mcpl_router.jsonrpc import Inbound, MethodTable, NdjsonStream, Peer, PeerClosed  # noqa: E402
 from mcpl_router.jsonrpc.handlers import Later  # noqa: E402
 from mcpl_router.jsonrpc.peer import Deferred  # noqa: E402
-from mcpl_router.store.schema import SCHEMA, SQL_ACK_DELIVERIES, SQL_ACK_EVENTS  # noqa: E402
+from mcpl_router.store.schema import (  # noqa: E402
+    SCHEMA,
+    SQL_ACK_DELIVERIES,
+    SQL_ACK_EVENTS,
+    SQL_INSERT_DELIVERY,
+    SQL_INSERT_EVENT_AT,
+)
 
 
 class Incoming(msgspec.Struct):
@@ -86,15 +92,18 @@ class Speak(msgspec.Struct):
     text: str
 
 
-_INSERT_EVENT = (
-    "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at) VALUES (?, ?, ?, 'message', ?, ?, ?, ?)"
-)
-_INSERT_DELIVERY = "INSERT INTO deliveries (seq, agent, reason, tags, addressed) VALUES (?, 'bench', 'message', '[]', 1)"
+#: A bench whose host doesn't read is broken: past this many wakes waiting for it, the floor stops
+#: with an error rather than grow (the daemon, here, would read them back from its journal).
+WAITING_LIMIT: Final = 100_000
 
 
 class JournalFloor:
     """Group commit of what arrived since the last commit, in a worker thread; each caller's
-    ``then`` runs on the trio thread once the commit holding its rows is durable."""
+    ``then`` runs on the trio thread once the commit holding its rows is durable.
+
+    What waits for a commit is bounded by the peers that sent it: a link's answers awaiting
+    their commit (the peer's deferred-answer bound, after which its lane waits) and a host's
+    ``wake/ack`` calls (each handled in turn, under the peer's inbound bound)."""
 
     def __init__(self, path: str) -> None:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -112,7 +121,10 @@ class JournalFloor:
     def record(self, numbered: list[tuple[int, dict[str, Any]]], server: str, then: Callable[[], None]) -> None:
         now = time.time()
         for seq, message in numbered:
-            self._events.append((seq, server, message.get("channelId"), str(message.get("messageId")), b"", self._encode(message), now))
+            # The daemon's own row: no digest (the floor keeps no dedup), unacked.
+            self._events.append(
+                (seq, server, message.get("channelId"), "message", str(message.get("messageId")), None, self._encode(message), now, 0)
+            )
         self._then.append(then)
         self._work.set()
 
@@ -124,8 +136,9 @@ class JournalFloor:
     def _commit(self, events: list[tuple[Any, ...]], acks: list[int]) -> None:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
-        db.executemany(_INSERT_EVENT, events)
-        db.executemany(_INSERT_DELIVERY, [(event[0],) for event in events])
+        # The journal's own statements (store/schema.py), as its writer runs them.
+        db.executemany(SQL_INSERT_EVENT_AT, events)
+        db.executemany(SQL_INSERT_DELIVERY, [("bench", event[0], "message", b"[]", 1) for event in events])
         if acks:
             seqs = self._encode(sorted(set(acks)))
             db.execute(SQL_ACK_DELIVERIES, ("bench", seqs))
@@ -155,6 +168,8 @@ class FloorWakes:
 
     def send(self, wakes: list[dict[str, Any]]) -> None:
         self._waiting.extend(wakes)
+        if len(self._waiting) > WAITING_LIMIT:
+            raise SystemExit(f"journal floor: {len(self._waiting):,} wakes wait for a host that doesn't read; stopping")
         while not self._sending and self._waiting and self._hosts:
             try:
                 if not self._hosts[-1].notify_nowait("wake", self._waiting[0]):

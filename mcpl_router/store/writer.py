@@ -485,9 +485,9 @@ class JournalWriter:
         the trio thread, when the commit has settled (None: durable; else the failure), with no
         task waiting: at once when there is nothing to ack or the ack can't be queued."""
         if not agents or not seqs:
-            await trio.lowlevel.checkpoint()
             if on_done is not None:
-                on_done(None)
+                on_done(None)  # before the checkpoint: a cancelled caller is still told, once
+            await trio.lowlevel.checkpoint()
 
             async def nothing() -> int:
                 return 0

@@ -335,8 +335,13 @@ async def test_an_acks_on_done_is_told_once_durable_nothing_to_ack_or_not_queued
         with trio.CancelScope() as scope:
             scope.cancel()
             with pytest.raises(trio.Cancelled):
+                await journal.submit_ack([], [seq], on_done=lambda failure: told.append(f"nothing, cancelled {failure}"))
+        assert told[-1] == "nothing, cancelled None"
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(trio.Cancelled):
                 await journal.submit_ack(["kai"], [seq], on_done=lambda failure: told.append(type(failure).__name__))
         assert told[-1] == "JournalFailure"
     with pytest.raises(JournalFailure):
         await journal.submit_ack(["kai"], [seq], on_done=lambda failure: told.append(f"closed {type(failure).__name__}"))
-    assert told[-1] == "closed JournalFailure" and len(told) == 4
+    assert told[-1] == "closed JournalFailure" and len(told) == 5
