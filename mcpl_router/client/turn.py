@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import trio
 
@@ -42,8 +42,18 @@ from mcpl_router.client.results import (
 )
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 
-if TYPE_CHECKING:
-    from mcpl_router.client.connection import RouterClient
+_Result = TypeVar("_Result")
+
+
+class TurnCaller(Protocol):
+    """What a turn needs of its connection (the client's :class:`RouterClient` is one): the
+    turn module sits below the connection that makes turns, so it names only this."""
+
+    async def request(
+        self, method: str, params: Any, result_type: type[_Result], *, timeout: float | None = None
+    ) -> _Result: ...
+
+    async def notify(self, method: str, params: Any = None) -> None: ...
 
 __all__ = ["Outcome", "Turn", "TurnAlreadyClosed"]
 
@@ -60,7 +70,7 @@ class TurnAlreadyClosed(RuntimeError):
 class Turn:
     """An open turn (``turn/open``'s answer) and the calls about it. Made by ``client.turn()``."""
 
-    def __init__(self, client: RouterClient, agent: str, opened: TurnOpened) -> None:
+    def __init__(self, client: TurnCaller, agent: str, opened: TurnOpened) -> None:
         self._client = client
         self.agent = agent
         self.opened = opened

@@ -33,7 +33,7 @@ import attrs
 import msgspec
 import trio
 
-from mcpl_router.inference import refusals
+import mcpl_router.inference.refusals as refusals
 from mcpl_router.inference.budget import InferenceBudget
 from mcpl_router.inference.serving import INFERENCE, MODEL_INFO, Serving
 from mcpl_router.jsonrpc import Inbound, Peer, PeerClosed, RequestTimeout, RpcError

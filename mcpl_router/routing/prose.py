@@ -24,7 +24,7 @@ The five modes (``proseRouting``), each in its own file under ``routing/modes/``
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
 import attrs
 
@@ -32,10 +32,6 @@ from mcpl_router.routing import texts
 from mcpl_router.routing.names import KIND_AMBIGUOUS, KIND_UNKNOWN, ChannelNames, Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import TurnRouting, WakeFact, own_channel_named
-
-if TYPE_CHECKING:
-    # Modes read this module's grammar; here they are only asked their questions.
-    from mcpl_router.routing.modes import ProseMode
 
 __all__ = [
     "EXPLICIT",
@@ -476,72 +472,7 @@ def example_target(
     return token if token is not None else "<channel>"
 
 
-# ---------------------------------------------------------------------- the invitation
-
-
 def is_target_token(picked: str | None) -> bool:
     """Whether a string can be written as one ``>>``/``>>>`` target token: not empty, not
     ``skip_reply`` (which the line reads as private speech), no whitespace (which ends it)."""
     return picked is not None and picked not in ("", SKIP_REPLY) and not any(char.isspace() for char in picked)
-
-
-def invitation_text(
-    mode: ProseMode,
-    names: ChannelNames,
-    ref: ChannelRef,
-    author: str | None,
-    *,
-    may_publish: bool,
-) -> str:
-    """The closed-channel invitation for an agent in ``mode`` addressed in ``ref``.
-
-    The first option reaches that channel alone in the agent's mode
-    (:meth:`ProseMode.invitation_reply <mcpl_router.routing.modes.ProseMode.invitation_reply>`):
-    a ``>>``/``>>>`` line with :func:`target_token`'s token, the turn's plain text, a
-    ``channel_publish`` call with the name that picks it alone (a ``channelId`` is no target
-    line, so ``skip_reply`` or a name with a space is fine there), or a note that no name does
-    (then: a server's send tool).
-    """
-    reply = mode.invitation_reply(names.pick_name(ref), token=target_token(names, ref), may_publish=may_publish)
-    return texts.invitation(author, names.name_shown(ref), reply, channel_id=ref.channel_id, server_id=ref.server_id)
-
-
-# ---------------------------------------------------------------------- mid-turn arrivals
-
-
-@attrs.frozen
-class Arrival:
-    """A message that arrived for the agent while its turn was open."""
-
-    ref: ChannelRef | None
-    thread_id: str | None
-    addressed: bool
-    conversational: bool = True
-
-
-def hold_for_arrivals(
-    mode: ProseMode, routing: TurnRouting, state: ProseState, arrivals: Sequence[Arrival], *, deliberate: bool
-) -> tuple[ChannelRef, ...]:
-    """Whether mid-turn arrivals hold an inferred route (PROSE: mid-turn hold).
-
-    A message from a *different* conversation that addresses the agent, or continues one the
-    agent sent into this turn, holds an inferred locus for the rest of the turn. Deliberate
-    routes (a ``channel_open``, a ``>>>`` pin) and same-conversation arrivals change nothing.
-
-    Returns:
-        The competing channels (the old locus first) when the route becomes held, else ``()``.
-    """
-    locus = routing.locus
-    if not mode.infers_locus or locus is None or deliberate or state.pin is not None:
-        return ()
-    others = [
-        arrival.ref
-        for arrival in arrivals
-        if arrival.ref is not None
-        and arrival.conversational
-        and arrival.ref != locus
-        and (arrival.addressed or arrival.ref in routing.engaged)
-    ]
-    if not others:
-        return ()
-    return tuple(dict.fromkeys([locus, *others]))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
-from mcpl_router.routing import prose
+from mcpl_router.routing import rounds
 from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.refs import ChannelRef
 
@@ -77,5 +77,5 @@ class Invitations:
         key = (mode, ref, author, may_publish)
         text = self._cache.get(key)
         if text is None:
-            text = self._cache[key] = prose.invitation_text(mode, self._router.names, ref, author, may_publish=may_publish)
+            text = self._cache[key] = rounds.invitation_text(mode, self._router.names, ref, author, may_publish=may_publish)
         return text

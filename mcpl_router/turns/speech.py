@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mcpl_router.logs import get_logger
-from mcpl_router.routing import prose, texts
+from mcpl_router.routing import prose, rounds, texts
 from mcpl_router.routing.drafts import Draft
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.modes import ProseMode
@@ -244,13 +244,13 @@ class Speech:
                 continue  # a start of this turn (turn/continue): the turn answers it
             payload = event.payload if isinstance(event.payload, Mapping) else {}
             thread = payload.get("threadId")
-            arrivals.append(prose.Arrival(ref, thread if isinstance(thread, str) else None, item.delivery.addressed,
+            arrivals.append(rounds.Arrival(ref, thread if isinstance(thread, str) else None, item.delivery.addressed,
                                           conversational=event.kind == "message"))
         if any(arrival.conversational for arrival in arrivals):
             run.explicit_send_rounds.clear()
         routing = turn.routing
         deliberate = routing.deliberate_locus
-        competing = prose.hold_for_arrivals(run.mode, routing, run.prose, arrivals, deliberate=deliberate)
+        competing = rounds.hold_for_arrivals(run.mode, routing, run.prose, arrivals, deliberate=deliberate)
         if not competing:
             return
         routing.locus = None

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from mcpl_router.routing import prose, texts
+from mcpl_router.routing import prose, rounds, texts
 from mcpl_router.routing.desired import DesiredChannels
 from mcpl_router.routing.drafts import Draft, new_draft_id, page
 from mcpl_router.routing.modes import mode_named
@@ -245,12 +245,12 @@ async def test_drafts_survive_reopening_the_journal(tmp_path) -> None:  # type: 
 
 
 def test_invitation_reply_reaches_that_channel_alone_per_mode(names: ChannelNames) -> None:
-    text = prose.invitation_text(mode_named("explicit"), names, B_GENERAL, "Dee", may_publish=True)
+    text = rounds.invitation_text(mode_named("explicit"), names, B_GENERAL, "Dee", may_publish=True)
     assert "1. Reply without joining: begin a line with >>b:general" in text and text.startswith("[channels] Dee addressed you in b:general")
-    assert "begin a line with >>> random" in prose.invitation_text(mode_named("hybrid"), names, B_RANDOM, None, may_publish=True)
-    assert 'channel_publish with channelId "b:general"' in prose.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=True)
-    assert texts.INVITATION_REPLY_SEND_TOOL in prose.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=False)
-    assert texts.INVITATION_REPLY_NONE in prose.invitation_text(mode_named("disabled"), names, B_GENERAL, None, may_publish=False)
+    assert "begin a line with >>> random" in rounds.invitation_text(mode_named("hybrid"), names, B_RANDOM, None, may_publish=True)
+    assert 'channel_publish with channelId "b:general"' in rounds.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=True)
+    assert texts.INVITATION_REPLY_SEND_TOOL in rounds.invitation_text(mode_named("named"), names, B_GENERAL, None, may_publish=False)
+    assert texts.INVITATION_REPLY_NONE in rounds.invitation_text(mode_named("disabled"), names, B_GENERAL, None, may_publish=False)
 
 
 @pytest.mark.parametrize("order", [("a", "b"), ("b", "a")], ids=["a-first", "b-first"])
@@ -298,16 +298,16 @@ def test_the_invitation_asks_whether_the_agent_has_the_channel_open_not_the_tran
 def test_mid_turn_hold_only_for_an_inferred_route_and_another_addressed_conversation() -> None:
     routing = TurnRouting.starting_at(B_GENERAL)
     state = prose.ProseState()
-    elsewhere = prose.Arrival(A_GENERAL, None, addressed=True)
-    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [prose.Arrival(B_GENERAL, None, True)], deliberate=False) == ()
-    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [prose.Arrival(A_GENERAL, None, False)], deliberate=False) == ()
-    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [elsewhere], deliberate=True) == ()
-    assert prose.hold_for_arrivals(mode_named("explicit"), routing, state, [elsewhere], deliberate=False) == ()
-    assert prose.hold_for_arrivals(mode_named("hybrid"), routing, prose.ProseState(pin=B_RANDOM), [elsewhere], deliberate=False) == ()
-    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [elsewhere], deliberate=False) == (B_GENERAL, A_GENERAL)
+    elsewhere = rounds.Arrival(A_GENERAL, None, addressed=True)
+    assert rounds.hold_for_arrivals(mode_named("locus"), routing, state, [rounds.Arrival(B_GENERAL, None, True)], deliberate=False) == ()
+    assert rounds.hold_for_arrivals(mode_named("locus"), routing, state, [rounds.Arrival(A_GENERAL, None, False)], deliberate=False) == ()
+    assert rounds.hold_for_arrivals(mode_named("locus"), routing, state, [elsewhere], deliberate=True) == ()
+    assert rounds.hold_for_arrivals(mode_named("explicit"), routing, state, [elsewhere], deliberate=False) == ()
+    assert rounds.hold_for_arrivals(mode_named("hybrid"), routing, prose.ProseState(pin=B_RANDOM), [elsewhere], deliberate=False) == ()
+    assert rounds.hold_for_arrivals(mode_named("locus"), routing, state, [elsewhere], deliberate=False) == (B_GENERAL, A_GENERAL)
     routing.engage(A_GENERAL)
-    ambient = prose.Arrival(A_GENERAL, None, addressed=False)
-    assert prose.hold_for_arrivals(mode_named("locus"), routing, state, [ambient], deliberate=False) == (B_GENERAL, A_GENERAL)
+    ambient = rounds.Arrival(A_GENERAL, None, addressed=False)
+    assert rounds.hold_for_arrivals(mode_named("locus"), routing, state, [ambient], deliberate=False) == (B_GENERAL, A_GENERAL)
 
 
 @pytest.mark.parametrize("first", ["a", "b"])
@@ -396,7 +396,7 @@ def test_the_invitation_reply_reaches_a_skip_reply_channel_by_its_qualified_name
     skip, room = ChannelRef("a", "skip_reply"), ChannelRef("a", "my room")
 
     def reply(mode: str, ref: ChannelRef, *, may_publish: bool = True) -> str:
-        text = prose.invitation_text(mode_named(mode), names, ref, "Dee", may_publish=may_publish)
+        text = rounds.invitation_text(mode_named(mode), names, ref, "Dee", may_publish=may_publish)
         return next(line for line in text.split("\n") if line.startswith("1. "))
 
     assert reply("explicit", skip) == "1. Reply without joining: " + texts.invitation_reply_prefix(">>a:skip_reply")
@@ -425,7 +425,7 @@ def test_a_skip_reply_id_two_servers_share_is_offered_by_each_qualified_name(ord
     for ref in (a_skip, b_skip):
         assert prose.resolve_target(ref.qualified_name, names, None).ref == ref
         assert prose.example_target((), prose.PIN, names, ref) == ref.qualified_name
-        text = prose.invitation_text(mode_named("explicit"), names, ref, None, may_publish=True)
+        text = rounds.invitation_text(mode_named("explicit"), names, ref, None, may_publish=True)
         assert texts.invitation_reply_prefix(f">>{ref.qualified_name}") in text
     # Trying tokens counts no refusal: /metrics counts names agents and hosts gave.
     assert names.refusals == {}
@@ -445,7 +445,7 @@ def test_a_channel_no_token_reaches_alone_is_offered_by_none(order: tuple[str, .
     assert prose.target_token(names, ChannelRef("c", "b:room")) == "c:b:room"
     assert prose.candidate_tokens(names, [lonely, ChannelRef("c", "b:room")], prose.EXPLICIT) == (">>c:b:room",)
     assert prose.example_target((), prose.EXPLICIT, names, lonely) == "<channel>"
-    assert texts.INVITATION_REPLY_NONE in prose.invitation_text(mode_named("explicit"), names, lonely, None, may_publish=True)
+    assert texts.INVITATION_REPLY_NONE in rounds.invitation_text(mode_named("explicit"), names, lonely, None, may_publish=True)
 
 
 def test_a_token_the_line_reads_another_way_falls_back_to_the_qualified_name() -> None:
