@@ -58,17 +58,26 @@ class _Result(msgspec.Struct, rename="camel", kw_only=True):
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
+class _FrozenResult(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
+    """A result that is a value (hashable, a dict key): frozen from its base up, as a frozen
+    struct may not inherit from a mutable one."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The value as the daemon wrote it (camelCase keys, plain JSON values)."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
 # ------------------------------------------------------------------ channels
 
 
-class ChannelRef(_Result, frozen=True):
+class ChannelRef(_FrozenResult, frozen=True):
     """A channel's exact pair: which server, which of its channels."""
 
     server_id: str
     channel_id: str
 
 
-class ShownChannel(_Result, frozen=True):
+class ShownChannel(_FrozenResult, frozen=True):
     """A channel's pair and the name the agent is shown (the id, or ``serverId:channelId``)."""
 
     server_id: str

@@ -171,7 +171,7 @@ def params_of(spec: AgentSpec) -> AgentSpecParams:
     """The spec as ``session/hello`` would declare it (how a host-declared agent is journaled)."""
     return AgentSpecParams(
         name=spec.name,
-        prose_routing=spec.prose_routing,  # type: ignore[arg-type]
+        prose_routing=spec.prose_routing,
         allowed_tools=None if spec.allowed_tools is None else list(spec.allowed_tools),
         wake=WakeParams(
             channels=list(spec.wake_channels),

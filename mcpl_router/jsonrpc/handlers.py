@@ -138,7 +138,12 @@ class Deferred:
         assert self.subscribe is not None
         done = trio.Event()
         box: list[Any] = []
-        self.subscribe(lambda result, error: (box.extend((result, error)), done.set()))
+
+        def answered(result: Any, error: Exception | None) -> None:
+            box.extend((result, error))
+            done.set()
+
+        self.subscribe(answered)
         await done.wait()
         result, error = box
         if error is not None:

@@ -9,7 +9,7 @@ journals the accepted ones (one transaction per batch) and only then answers ``a
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
@@ -61,7 +61,7 @@ def registration_policy(link: ServerLink, inbound: Inbound | None = None) -> Reg
     return RegistrationPolicy(
         may_register=grant.allows("channels.register"),
         may_receive=grant.allows("channels.incoming"),
-        id_patterns=tuple(link.config.channel_patterns),
+        id_patterns=link.config.channel_patterns,
     )
 
 
@@ -159,7 +159,7 @@ class ServerInbound:
 
     async def _register(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(RegisterParams)
-        form = "notification" if inbound.is_notification else "request"
+        form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         descriptors = [_plain_or_none(raw) for raw in params.channels]
         results = self.registry.register(link.server_id, descriptors, registration_policy(link, inbound), form=form)
         added = [ChannelRef(link.server_id, r.id) for r in results if r.accepted]
@@ -169,7 +169,7 @@ class ServerInbound:
 
     async def _changed(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(ChangedParams)
-        form = "notification" if inbound.is_notification else "request"
+        form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         removed = [item for item in params.removed if isinstance(item, str)]
         if len(removed) != len(params.removed):
             get_logger(server=link.server_id).warning(
@@ -198,7 +198,7 @@ class ServerInbound:
 
     async def _incoming(self, link: ServerLink, inbound: Inbound) -> Any:
         params = inbound.decode_params(IncomingParams)
-        form = "notification" if inbound.is_notification else "request"
+        form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         policy = registration_policy(link, inbound)
         log = self._log_of(link.server_id)
         results: list[dict[str, Any] | None] = []

@@ -11,7 +11,7 @@ needs the link's transport, handshake or reconnect loop.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 
@@ -29,7 +29,11 @@ __all__ = [
 ]
 
 #: What :meth:`ServerLink.request_or_notify` returns when the method went as a Notification.
-NOTIFIED: Any = enum.Enum("Notified", "NOTIFIED").NOTIFIED
+class _Notified(enum.Enum):
+    NOTIFIED = "notified"
+
+
+NOTIFIED: Final = _Notified.NOTIFIED
 
 
 class LinkState(enum.Enum):

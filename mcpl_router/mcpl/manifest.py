@@ -268,7 +268,7 @@ def _parse_feature_sets(value: object, problems: list[str]) -> tuple[FeatureSet,
 def _named_entries(items: list[object], problems: list[str]) -> Iterable[tuple[str, object]]:
     for index, item in enumerate(items):
         name = item.get("name") if isinstance(item, dict) else None
-        if not isinstance(name, str) or not name:
+        if not isinstance(item, dict) or not isinstance(name, str) or not name:
             problems.append(f"featureSets[{index}] has no name, ignored")
             continue
         # Drop `name` so a set reads the same whichever shape declared it (diffs compare raw).

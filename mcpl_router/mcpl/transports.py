@@ -133,7 +133,9 @@ async def open_transport(
 
 
 async def _spawn_stdio(config: ServerConfig, nursery: trio.Nursery, max_message_bytes: int) -> OpenTransport:
-    argv = [config.command, *config.args]
+    command = config.command
+    assert command is not None, "the config reader requires a command for a stdio server"
+    argv = [command, *config.args]
     if config.cwd is not None and not config.cwd.is_dir():
         # Otherwise exec reports ENOENT and the message blames the command.
         raise TransportError(f"the working directory {str(config.cwd)!r} (mcplServers.{config.id}.cwd) does not exist")
@@ -156,7 +158,7 @@ async def _spawn_stdio(config: ServerConfig, nursery: trio.Nursery, max_message_
         ) from exc
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     stream = NdjsonStream(process.stdin, process.stdout, max_message_bytes=max_message_bytes)
-    transport = OpenTransport(stream=stream, description=os.path.basename(config.command), process=process)
+    transport = OpenTransport(stream=stream, description=os.path.basename(command), process=process)
     nursery.start_soon(_pump_stderr, process.stderr, config.id, transport.stderr_tail)
     return transport
 
@@ -180,6 +182,7 @@ async def _pump_stderr(stderr: trio.abc.ReceiveStream, server_id: str, tail: col
 
 
 async def _dial_tcp(config: ServerConfig, max_message_bytes: int) -> OpenTransport:
+    assert config.host is not None and config.port is not None, "the config reader requires host and port for tcp"
     try:
         with trio.fail_after(TCP_CONNECT_TIMEOUT):
             stream = await trio.open_tcp_stream(config.host, config.port)
@@ -213,6 +216,7 @@ async def _dial_websocket_once(
     headers: list[tuple[bytes, bytes]] = []
     if config.token and token_place == "header":
         headers.append((config.token_header.encode(), f"Bearer {config.token}".encode()))
+    assert config.url is not None, "the config reader requires a url for a websocket server"
     shown = safe_url(config.url)
     parts = urlsplit(config.url)
     secure = parts.scheme == "wss"

@@ -84,7 +84,7 @@ class ChannelDescriptor:
     hash.
     """
 
-    id: str = attrs.field(validator=[attrs.validators.instance_of(str), attrs.validators.min_len(1)])
+    id: str = attrs.field(validator=attrs.validators.and_(attrs.validators.instance_of(str), attrs.validators.min_len(1)))
     type: str = "channel"
     # A channel without a label of its own is labelled by its id, as from_wire reads it.
     label: str = attrs.field(default=attrs.Factory(lambda self: self.id, takes_self=True))

@@ -55,6 +55,10 @@ CHANNEL_NOT_PERMITTED: Final = -32017
 Form = Literal["request", "notification"]
 
 
+def _patterns_tuple(patterns: Iterable[str]) -> tuple[str, ...]:
+    return tuple(patterns)
+
+
 @attrs.frozen
 class RegistrationPolicy:
     """What one server may do with channels, as its grant stands when a message is received.
@@ -71,7 +75,7 @@ class RegistrationPolicy:
 
     may_register: bool = False
     may_receive: bool = False
-    id_patterns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    id_patterns: tuple[str, ...] = attrs.field(default=(), converter=_patterns_tuple)
 
     @classmethod
     def permissive(cls, *id_patterns: str) -> RegistrationPolicy:
@@ -246,16 +250,16 @@ class ChannelRegistry(ChannelNameIndex):
                 parsed.append((item.id, item, None))
                 continue
             try:
-                descriptor = ChannelDescriptor.from_wire(item)
+                read = ChannelDescriptor.from_wire(item)
             except ValueError as exc:
                 # Refuse this descriptor alone; the rest of the call stands on its own.
                 raw_id = item.get("id") if isinstance(item, Mapping) else None
                 parsed.append((raw_id if isinstance(raw_id, str) else "", None, texts.reason_malformed(str(exc))))
             else:
-                parsed.append((descriptor.id, descriptor, None))
+                parsed.append((read.id, read, None))
         seen: dict[str, int] = {}
-        for channel_id, descriptor, _ in parsed:
-            if descriptor is not None:
+        for channel_id, counted, _ in parsed:
+            if counted is not None:
                 seen[channel_id] = seen.get(channel_id, 0) + 1
 
         results: list[DescriptorResult] = []

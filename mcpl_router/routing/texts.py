@@ -995,7 +995,6 @@ def channel_listing(lines: Sequence[str]) -> str:
 
 # Host channels/publish (publishForAgent) reasons: stable strings hosts read.
 REASON_SHARED_ID: Final = "shared-id"
-REASON_UNCONFIRMED: Final = "unconfirmed"
 
 
 def host_publish_shared(name: str, candidates: Sequence[str]) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import trio
@@ -21,6 +21,8 @@ from mcpl_router.store.records import Delivery, SavedTuneOut, StoredDelivery, St
 from mcpl_router.store.schema import SQL_DELIVERY, SQL_EVENT, SQL_TUNE_OUT_HELD, SQL_UNACKED_DELIVERIES
 
 __all__ = ["JournalReads"]
+
+_Read = TypeVar("_Read")
 
 
 class JournalReads:
@@ -37,8 +39,8 @@ class JournalReads:
 
     # -- reads in a thread (per turn, per replay page) ------------------------------------------
 
-    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        def run() -> Any:
+    async def _read(self, fn: Callable[[sqlite3.Connection], _Read]) -> _Read:
+        def run() -> _Read:
             if self._thread_reader is None:
                 self._thread_reader = self._connect()
             return fn(self._thread_reader)

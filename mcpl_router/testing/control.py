@@ -22,7 +22,7 @@ import msgspec
 import trio
 
 from mcpl_router.jsonrpc import MethodTable, NdjsonStream, Peer
-from mcpl_router.testing.descriptors import channel_descriptor
+from mcpl_router.testing.descriptors import channel_descriptor as channel_descriptor
 
 FIXTURE_MODULE = "mcpl_router.testing.fixture_server"
 # Oversized test frames travel through the control channel: allow far more than any host does.
