@@ -146,11 +146,6 @@ class LinkRegrant:
             return
         await self._send_current_policy(peer)
 
-    async def regrant(self, config: ServerConfig) -> None:
-        """:meth:`regrant_host_side`, then :meth:`send_policy` when the server is to be told."""
-        if self.regrant_host_side(config):
-            await self.send_policy()
-
     async def _send_current_policy(self, peer: Peer) -> None:
         assert self.manifest is not None
         generation = self._policy_generation

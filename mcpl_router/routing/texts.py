@@ -407,11 +407,6 @@ def bounce_why_takes_no_posts(shown: str) -> str:
     return f"{shown} takes no posts (it only brings messages in)."
 
 
-def bounce_why_refused(text: str) -> str:
-    """A target the resolver refused for another reason (its own text)."""
-    return text
-
-
 def bounce_why_not_delivered(shown: str, reason: str) -> str:
     """A delivery that failed."""
     return f"the delivery to {shown} failed ({reason})."
@@ -525,10 +520,6 @@ def note_named(count: int) -> str:
     )
 
 
-def note_dismissed(ids: Sequence[str]) -> str:
-    return f"{len(ids)} draft(s) dismissed: {', '.join(ids)}"
-
-
 def prose_receipt(places: Sequence[str], notes: Sequence[str]) -> str:
     """``[delivered] plain speech → a · b — notes`` or ``[delivered] nothing — notes``."""
     head = receipt_places(places)
@@ -570,10 +561,6 @@ def draft_no_destination(named: bool) -> str:
             " channel. channel_list shows the channel ids."
         )
     return "Nothing was sent: this turn has no destination to resend to. Give a channelId; channel_list shows them."
-
-
-def draft_takes_no_posts(shown: str) -> str:
-    return f"{shown} takes no posts (it only brings messages in). Nothing was sent. Name a channel you can post in."
 
 
 def draft_dismissed(ids: Sequence[str]) -> str:
@@ -943,11 +930,6 @@ def opened(shown: str, server_id: str, *, speech_here: bool, outside_turn: bool)
     if speech_here:
         text += f" Your plain speech now lands in {shown}."
     return text
-
-
-def already_open(shown: str, server_id: str) -> str:
-    """channel_open of an open channel its server can't be asked about."""
-    return f"{shown} on server {quoted(server_id)} is open already."
 
 
 def closed(shown: str, server_id: str) -> str:
