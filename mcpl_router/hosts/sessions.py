@@ -167,7 +167,8 @@ class SessionManager:
     def configure_agents(self, agents: dict[str, AgentConfig]) -> tuple[list[str], list[str]]:
         """A reloaded config's agents: added ones declared, changed ones updated (new turns
         use the new spec). Returns (added, changed) names. Agents it no longer lists stay."""
-        added, changed = [], []
+        added: list[str] = []
+        changed: list[str] = []
         for name, config in agents.items():
             spec = AgentSpec.from_config(config)
             previous = self._agents.get(name)
