@@ -3,6 +3,11 @@
 Every event is a name with fields (``log.info("link.state", server="a", state="ready")``), never
 an interpolated sentence. Secrets never reach a log: fields named like a secret are redacted
 by :func:`_redact_secrets` before rendering, as a second line of defence behind not logging them.
+
+Records from the standard library's :mod:`logging` (trio-websocket, h11, any dependency) go
+through the same steps (level, timestamp, redaction, renderer) by structlog's
+``ProcessorFormatter`` on one root handler, so stderr is one stream of one format: a record's
+``extra`` fields become fields (redacted like ours), its logger's name becomes ``logger``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,36 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at each record, as structlog's ``PrintLogger`` does
+    not: both streams then land in the same place (a test's capture included)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _route_stdlib_logging(numeric: int, steps: list[Any], tracebacks: list[Any], renderer: Any) -> None:
+    """One root handler formats every stdlib record as our own lines are (replacing the one a
+    previous call installed, so configuring twice never writes a record twice)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _StderrHandler):
+            root.removeHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder(), *steps],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *tracebacks, renderer],
+        )
+    )
+    root.addHandler(handler)
+    root.setLevel(numeric)
+
+
 def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     """Configure structlog once for the process.
 
@@ -59,15 +94,15 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
         if json
         else []
     )
+    steps: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _redact_secrets,
+    ]
+    _route_stdlib_logging(numeric, steps, tracebacks, renderer)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            _redact_secrets,
-            *tracebacks,
-            renderer,
-        ],
+        processors=[*steps, *tracebacks, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
