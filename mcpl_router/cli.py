@@ -144,12 +144,18 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     fmt = config.logging.format
     configure_logging(args.log_level or config.logging.level, json=None if fmt == "auto" else fmt == "json")
-    from mcpl_router.config import runtime_problems
+    from mcpl_router.config import preflight
     from mcpl_router.logs import get_logger
 
-    # Not fatal (a program may be installed, a directory mounted, later; the link retries),
-    # but said once, up front, with the key and the fix.
-    for problem in runtime_problems(config):
+    # The checks check-config makes (config/preflight.py): a refusal before anything is made,
+    # listens or dials; a problem said once, up front, with the key and the fix, but not fatal
+    # (a program may be installed, a directory mounted, later; the link retries).
+    checks = preflight(config)
+    if checks.refusals:
+        for refusal in checks.refusals:
+            print(f"mcpl-router: not started: {refusal}", file=sys.stderr)
+        return EXIT_CONFIG
+    for problem in checks.problems:
         get_logger().warning("config.runtime_problem", key=problem.key, problem=problem.problem, fix=problem.fix)
     try:
         daemon = Daemon(config)

@@ -22,7 +22,7 @@ This package's face is the names below; its modules, one concept each:
   ``${VAR}``, and the typed getters every section reader uses;
 - ``read_servers``, ``read_daemon_sections``, ``read_agents``: one reader per section;
 - ``loading``: :func:`load_config`, :func:`parse_config` and :func:`check_config`;
-- ``locate``, ``runtime_checks``: finding a running daemon, and checks beyond the file;
+- ``locate``, ``preflight``: finding a running daemon, and what ``run`` checks before it starts;
 - ``addresses``, ``paths``: how addresses are judged and shown, and where paths point.
 """
 
@@ -44,7 +44,7 @@ from mcpl_router.config.model import (
     WebSocketListenConfig,
 )
 from mcpl_router.config.paths import default_unix_socket_path
-from mcpl_router.config.runtime_checks import runtime_problems
+from mcpl_router.config.preflight import Preflight, preflight, runtime_problems
 
 __all__ = [
     "DEFAULT_ENV_ALLOWLIST",
@@ -53,6 +53,7 @@ __all__ = [
     "DaemonLocation",
     "HealthConfig",
     "HostConfig",
+    "Preflight",
     "JournalConfig",
     "LoggingConfig",
     "ReconnectPolicy",
@@ -64,5 +65,6 @@ __all__ = [
     "load_config",
     "locate_daemon",
     "parse_config",
+    "preflight",
     "runtime_problems",
 ]

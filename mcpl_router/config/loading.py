@@ -2,7 +2,7 @@
 
 :func:`parse_config` is the one pass over a config: substitute every ``${VAR}``, read each
 section with its reader, then raise one :class:`ConfigError` holding every problem found, in the
-file's order. :func:`check_config` adds the checks only the running machine can answer.
+file's order. :func:`check_config` adds the checks only the running machine can answer (:mod:`.preflight`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from mcpl_router.config.read_daemon_sections import (
     parse_logging,
 )
 from mcpl_router.config.read_servers import parse_servers
-from mcpl_router.config.runtime_checks import runtime_problems
+from mcpl_router.config.preflight import preflight
 from mcpl_router.config.section_reader import Section
 from mcpl_router.config.substitution import substitute_config
 
@@ -121,7 +121,8 @@ def check_config(
         config = load_config(path, environ=environ)
     except ConfigError as exc:
         return False, str(exc)
-    problems = runtime_problems(config, environ=environ)
+    # What run would refuse, and what would fail a server once started: the same checks run makes.
+    problems = preflight(config, environ=environ).everything
     if problems:
         return False, str(ConfigError.collect(problems))
     return True, config.summary()

@@ -261,6 +261,9 @@ class ServerConfig:
     # stdio
     command: str | None = None
     args: tuple[str, ...] = ()
+    # Which of ``args`` were written ./ or ../ and so read as paths from the config's
+    # directory: check-config and run say when one isn't there.
+    path_args: tuple[int, ...] = ()
     env: dict[str, str] = attrs.field(factory=dict, repr=_env_repr)
     cwd: Path | None = None
     env_allowlist: tuple[str, ...] = DEFAULT_ENV_ALLOWLIST

@@ -256,6 +256,7 @@ def _stdio_endpoint(
         # As connectome-host reads mcpl-servers.json (src/mcpl-config.ts:66): an argument that
         # starts with ./ or ../ is a path relative to the config file, wherever the daemon runs.
         "args": tuple(_relative_arg(arg, base_dir) for arg in args),
+        "path_args": tuple(index for index, arg in enumerate(args) if arg.startswith(("./", "../"))),
         "env": s.string_map("env"),
         # No default: the child starts where the daemon runs, as `python -m pkg` commands
         # (the demo's, the tests') need when the package is importable from there.

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
+from mcpl_router.config.preflight import socket_directory_problem
 from mcpl_router.config.read_daemon_sections import UNIX_SOCKET_MAX_BYTES
 from mcpl_router.hosts.api import host_methods
 from mcpl_router.hosts.connection import HostConnection
@@ -36,19 +37,14 @@ class SocketSetupError(Exception):
 def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
     """Create the socket's directory 0700 (or check an existing one), remove a stale socket."""
     socket_path = Path(path)
-    directory = socket_path.parent
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    info = directory.stat()
-    if info.st_uid != os.getuid():
-        raise SocketSetupError(f"{directory} belongs to uid {info.st_uid}, not us ({os.getuid()}); choose another host.unixSocket path")
-    if stat.S_IMODE(info.st_mode) & 0o077:
-        raise SocketSetupError(
-            f"{directory} is mode {stat.S_IMODE(info.st_mode):o}; others could reach the host socket. "
-            f"Run: chmod 700 {directory}"
-        )
+    # Checked before the directory is made (a path that can't be made is said, not raised as
+    # an OSError) and again after (the directory we found may not be the one now there).
+    for _ in range(2):
+        problem = socket_directory_problem(socket_path)
+        if problem is not None:
+            raise SocketSetupError(f"host.unixSocket {socket_path}: " + " ".join(problem))
+        socket_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if socket_path.exists() or socket_path.is_symlink():
-        if not stat.S_ISSOCK(socket_path.lstat().st_mode):
-            raise SocketSetupError(f"{socket_path} exists and is not a socket; remove it or choose another path")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(str(socket_path))

@@ -220,3 +220,23 @@ async def test_run_refuses_an_unsafe_socket_directory_with_a_clear_message(tmp_p
     stderr = result.stderr.decode()
     assert f"chmod 700 {socket_dir}" in stderr
     assert "Traceback" not in stderr
+
+
+async def test_run_refuses_what_check_config_refuses_before_making_anything(tmp_path: Path) -> None:
+    """A journal directory that can't be made is refused in one line, like check-config's (not a
+    traceback), and nothing is made or started first."""
+    with tempfile.TemporaryDirectory(prefix="mr-pre-", dir="/tmp") as directory:
+        Path(directory, "state").write_text("a file where the journal's directory goes")
+        config = tmp_path / "config.toml"
+        config.write_text(
+            f'[host]\nunixSocket = "{directory}/run/host.sock"\n[host.websocket]\nenabled = false\n'
+            f'[journal]\npath = "{directory}/state/journal.sqlite3"\n'
+        )
+        with trio.fail_after(30):
+            checked = await trio.run_process([*CLI, "check-config", str(config)], capture_stderr=True, check=False)
+            result = await trio.run_process([*CLI, "run", "--config", str(config)], capture_stderr=True, check=False)
+        assert not Path(directory, "run").exists(), "the socket's directory was made before the refusal"
+    assert checked.returncode == 2 and result.returncode == 2
+    refusal = checked.stderr.decode().strip()
+    assert "journal.path" in refusal and "is not a directory" in refusal
+    assert result.stderr.decode().strip() == f"mcpl-router: not started: {refusal}"

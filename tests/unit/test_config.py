@@ -817,8 +817,9 @@ def test_check_config_summarises(tmp_path: Path) -> None:
         '[mcplServers.a]\ncommand = "sh"\n[mcplServers.b]\nurl = "ws://h/"\n'
         '[agents.kai]\nproseRouting = "named"\n',
     )
-    ok, text = check_config(path, environ=ENV)
-    assert ok
+    # The state directory and socket where this test may make them (check-config checks both).
+    ok, text = check_config(path, environ={"HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")})
+    assert ok, text
     assert text.splitlines()[0] == "OK: 2 servers (a: stdio, b: websocket), 1 agent (kai: named)"
     bad = write(tmp_path, '[mcplServers.a]\nurl = "ftp://h"\n')
     bad_ok, bad_text = check_config(bad, environ=ENV)
