@@ -80,7 +80,8 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
-        numeric = logging.INFO
+        # Never a silent default: "loud" logging at info would hide that it was not understood.
+        raise ValueError(f"{level!r} is not a log level: use debug, info, warning or error.")
     if json is None:
         json = not sys.stderr.isatty()
     global _json_encoder

@@ -231,6 +231,7 @@ class ChannelNames:
         not_done: str = texts.NOTHING_DONE,
         server_id_accepted: bool = True,
         counted: bool = True,
+        lister: str = texts.AGENT_LISTER,
     ) -> Resolved | Refusal:
         """The one channel a name (and optional server) picks, or a refusal saying why not.
 
@@ -246,23 +247,25 @@ class ChannelNames:
             counted: whether a refusal counts in :attr:`refusals` (``/metrics``). False for a
                 name the daemon only tries (explain; a token it might offer an agent), so the
                 count stays one of names agents and hosts gave.
+            lister: what the refusal says lists the channels (the agent's tool, or for an
+                operator their command).
         """
-        result = self._channel_named(name, server_id, not_done, server_id_accepted)
+        result = self._channel_named(name, server_id, not_done, server_id_accepted, lister)
         if counted and isinstance(result, Refusal):
             self.refusals[result.kind] += 1
         return result
 
     def _channel_named(
-        self, name: str | None, server_id: str | None, not_done: str, server_id_accepted: bool
+        self, name: str | None, server_id: str | None, not_done: str, server_id_accepted: bool, lister: str
     ) -> Resolved | Refusal:
         server_id = server_id or None
         if not name:
-            return Refusal(KIND_NO_NAME, texts.no_name(not_done), (), "", server_id)
+            return Refusal(KIND_NO_NAME, texts.no_name(not_done, lister), (), "", server_id)
         if server_id is not None:
             ref = ChannelRef(server_id, name)
             if self.registry.is_registered(ref):
                 return Resolved(ref, RULE_EXACT_PAIR)
-            return self._refuse_not_on_server(name, server_id, not_done, server_id_accepted)
+            return self._refuse_not_on_server(name, server_id, not_done, server_id_accepted, lister)
         candidates = self.channels_named(name)
         if len(candidates) == 1:
             return Resolved(candidates[0], RULE_ONE_MATCH)
@@ -270,7 +273,7 @@ class ChannelNames:
             return self.refuse_ambiguous(
                 name, candidates, not_done=not_done, server_id_accepted=server_id_accepted
             )
-        return self._refuse_unknown(name, not_done)
+        return self._refuse_unknown(name, not_done, lister)
 
     def channel_qualified(self, name: str, *, not_done: str = texts.NOTHING_DONE) -> Resolved | Refusal:
         """The one registered pair whose ``serverId:channelId`` is ``name``, the qualified
@@ -345,7 +348,7 @@ class ChannelNames:
         """
         refs = tuple(dict.fromkeys(candidates))
         if not refs:
-            return self._refuse_unknown(name, not_done)
+            return self._refuse_unknown(name, not_done, texts.AGENT_LISTER)
         lines = []
         for ref in refs:
             picked = self.pick_name(ref)
@@ -362,17 +365,17 @@ class ChannelNames:
             text = texts.ambiguous_on_server(name, next(iter(servers)), lines, not_done)
         return Refusal(KIND_AMBIGUOUS, text, refs, name, None)
 
-    def _refuse_unknown(self, name: str, not_done: str) -> Refusal:
+    def _refuse_unknown(self, name: str, not_done: str, lister: str) -> Refusal:
         registry = self.registry
         # The first few in registration order, without walking the rest: a refusal must stay
         # cheap with 100k channels registered.
         first = registry.first_entries(UNKNOWN_LISTING_CAP)
         shown = [self.name_shown(entry.ref) for entry in first]
-        text = texts.unknown_name(name, shown, len(registry) - len(first), not_done)
+        text = texts.unknown_name(name, shown, len(registry) - len(first), not_done, lister)
         return Refusal(KIND_UNKNOWN, text, (), name, None)
 
     def _refuse_not_on_server(
-        self, name: str, server_id: str, not_done: str, server_id_accepted: bool
+        self, name: str, server_id: str, not_done: str, server_id_accepted: bool, lister: str
     ) -> Refusal:
         sole = self._sole(name)
         if sole is not None and sole.server_id == server_id and sole.qualified_name == name:
@@ -393,7 +396,7 @@ class ChannelNames:
                 places.append(
                     texts.place_by_route(ref.channel_id, ref.server_id, server_id_accepted=server_id_accepted)
                 )
-        text = texts.not_on_server(name, server_id, places, not_done)
+        text = texts.not_on_server(name, server_id, places, not_done, lister)
         return Refusal(KIND_NOT_ON_SERVER, text, tuple(holders), name, server_id)
 
     # ------------------------------------------------------------------ listing
@@ -485,7 +488,8 @@ class ChannelNames:
         """
         name = name or ""
         server_id = server_id or None
-        result = self.channel_named(name, server_id, counted=False)
+        # An operator reads it (``mcpl-router explain``): the refusal names their command.
+        result = self.channel_named(name, server_id, counted=False, lister=texts.OPERATOR_LISTER)
         matches = self._matches(name)
         if server_id is not None:
             pair = ChannelRef(server_id, name)

@@ -90,7 +90,13 @@ def ambiguous_on_server(name: str, server_id: str, lines: Sequence[str], not_don
     )
 
 
-def unknown_name(name: str, shown: Sequence[str], more: int, not_done: str) -> str:
+#: What lists the channels, named in a refusal: the agent's tool, or (in ``explain``, which an
+#: operator reads) the operator's command.
+AGENT_LISTER: Final = "channel_list"
+OPERATOR_LISTER: Final = "`mcpl-router channels`"
+
+
+def unknown_name(name: str, shown: Sequence[str], more: int, not_done: str, lister: str = AGENT_LISTER) -> str:
     """A name no channel answers to, with a short list of what exists."""
     if not shown:
         return (
@@ -102,7 +108,7 @@ def unknown_name(name: str, shown: Sequence[str], more: int, not_done: str) -> s
         listing += f", and {more} more"
     return (
         f"No channel answers to {quoted(name)}. {not_done} Channels registered now: {listing}."
-        " channel_list lists every channel with its server."
+        f" {lister} lists every channel with its server."
     )
 
 
@@ -123,7 +129,9 @@ def no_qualified_pair(name: str, id_on: Sequence[str], not_done: str) -> str:
     return text
 
 
-def not_on_server(name: str, server_id: str, places: Sequence[str], not_done: str) -> str:
+def not_on_server(
+    name: str, server_id: str, places: Sequence[str], not_done: str, lister: str = AGENT_LISTER
+) -> str:
     """A ``serverId`` given with an id that server doesn't have.
 
     ``places`` describe each server that has the id (see :func:`place_by_name` and
@@ -133,7 +141,7 @@ def not_on_server(name: str, server_id: str, places: Sequence[str], not_done: st
     if not places:
         return (
             f"{head} No server has a channel {quoted(name)}."
-            " channel_list lists every channel with its server."
+            f" {lister} lists every channel with its server."
         )
     if len(places) == 1:
         return f"{head} A channel {quoted(name)} is on {places[0]}."
@@ -169,9 +177,9 @@ def qualified_with_server(name: str, server_id: str, target_channel: str, target
     )
 
 
-def no_name(not_done: str) -> str:
+def no_name(not_done: str, lister: str = AGENT_LISTER) -> str:
     """A call that named no channel where one was needed."""
-    return f"No channel was named. {not_done} Give a channel's name as channelId; channel_list lists them."
+    return f"No channel was named. {not_done} Give a channel's name as channelId; {lister} lists them."
 
 
 # ---------------------------------------------------------------------- explain's rules

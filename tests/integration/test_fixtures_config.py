@@ -57,6 +57,10 @@ async def test_the_fixtures_config_checks_runs_and_stops(clone: Path) -> None:
             await wait_until(ready, timeout=30, interval=0.2)
             explained = await trio.run_process([*CLI, "explain", "a:general", "--config", str(config)], capture_stdout=True, env=env)
             assert explained.stdout.decode().startswith('"a:general" picks channel general on server a')
+            # Read by a person: it names their command, not an agent's tool.
+            nosuch = await trio.run_process([*CLI, "explain", "nosuch", "--config", str(config)], capture_stdout=True, check=False, env=env)
+            assert nosuch.returncode == 3
+            assert b"`mcpl-router channels` lists every channel" in nosuch.stdout and b"channel_list" not in nosuch.stdout
             assert (clone / "run" / "host.sock").exists()
             daemon.send_signal(signal.SIGTERM)
             assert await daemon.wait() == 0

@@ -11,7 +11,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from mcpl_router.cli import _http_get
+from mcpl_router.query import http_get as _http_get
 from mcpl_router.client import RouterClient
 from mcpl_router.config import parse_config
 from mcpl_router.daemon import Daemon

@@ -463,3 +463,14 @@ def test_channel_on_server_reads_a_name_on_that_server_only(reverse: bool) -> No
     assert 'could mean more than one channel on server "b"' in refusal.text and SENT in refusal.text
     assert names.refusals["ambiguous"] == 1
     assert names.channel_on_server("", "b") is None
+
+
+def test_explain_names_the_operators_command_where_an_agent_is_named_its_tool(reverse: bool) -> None:
+    """`mcpl-router explain nosuch` is read by a person at a shell: it points at `mcpl-router
+    channels`, not at channel_list, a tool only an agent has."""
+    names = names_for(TWO_GENERALS, reverse)
+    for explained in (names.explain("nosuch"), names.explain("nowhere", "a"), names.explain("")):
+        assert explained.refusal is not None
+        assert "`mcpl-router channels`" in explained.refusal.text and "channel_list" not in explained.refusal.text
+    for result in (names.channel_named("nosuch"), names.channel_named("nowhere", server_id="a"), names.channel_named("")):
+        assert isinstance(result, Refusal) and "channel_list" in result.text
