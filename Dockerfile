@@ -14,17 +14,18 @@
 # which drop it. Build with `--format docker` there, or use the orchestrator's probes on
 # /healthz and /readyz (docs/container.md).
 
-FROM python:3.11-slim AS build
+# Both stages name Debian's release, so the apt pin below names a version that exists there.
+FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY mcpl_router ./mcpl_router
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM python:3.11-slim-bookworm
 # tini is PID 1: it forwards SIGTERM to the daemon and reaps orphans (the grandchildren a stdio
 # server's wrapper leaves behind), which the daemon, not being PID 1, never sees.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends tini \
+    && apt-get install -y --no-install-recommends tini=0.19.0-1+b3 \
     && rm -rf /var/lib/apt/lists/*
 # The home directory is outside the state volume, so shell dotfiles never land in it.
 RUN useradd --system --uid 10001 --user-group --create-home --home-dir /home/mcpl \
@@ -36,7 +37,8 @@ COPY config/container.toml /etc/mcpl-router/config.toml
 ENV MCPL_ROUTER_STATE_DIR=/var/lib/mcpl-router \
     HOME=/home/mcpl \
     PYTHONUNBUFFERED=1
-USER mcpl
+# Numeric, so an orchestrator's runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
 WORKDIR /home/mcpl
 VOLUME ["/var/lib/mcpl-router"]
 # 7420: the host WebSocket (host.websocket.port); 9464: /healthz, /readyz, /metrics (health.port).

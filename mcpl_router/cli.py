@@ -8,18 +8,14 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import trio
 
 from mcpl_router import __version__
 from mcpl_router.config.model import LOG_LEVELS
-
-if TYPE_CHECKING:
-    from mcpl_router.daemon import Daemon
 
 
 #: Exit codes (docs/operations.md): the same for every command.
@@ -284,6 +280,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         daemon = Daemon(config)
         tune_gc()
+        from mcpl_router.supervision import run_until_signalled
+
         trio.run(run_until_signalled, daemon)
     except BaseException as exc:
         refusal = _startup_refusal(exc)
@@ -308,24 +306,3 @@ def _startup_refusal(exc: BaseException) -> BaseException | None:
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
-
-async def run_until_signalled(daemon: Daemon, *, task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run ``daemon``; SIGINT or SIGTERM starts a graceful shutdown (a second one too);
-    SIGHUP reloads the config file."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    from mcpl_router.logs import get_logger
-
-                    get_logger().info("daemon.signal", signal=name)
-                    if signum == signal.SIGHUP:
-                        daemon.request_reload()
-                    else:
-                        daemon.request_shutdown(f"signal {name}")
-
-            nursery.start_soon(watch)
-            await daemon.run(task_status=task_status)
-            nursery.cancel_scope.cancel()

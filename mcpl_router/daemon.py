@@ -89,7 +89,7 @@ class Daemon:
         enabled = {server_id: server for server_id, server in config.servers.items() if not server.disabled}
         self.links: dict[str, ServerLink] = {server_id: ServerLink(server, self) for server_id, server in enabled.items()}
         self.observers: list[Observer] = list(observers or [])
-        self._shutdown = trio.Event()
+        self.shutdown_requested = trio.Event()
         self._log = get_logger()
         self.host_socket_path: str | None = None
         #: ``ws://host:port/path`` once the host WebSocket listens (the actual port).
@@ -346,7 +346,7 @@ class Daemon:
 
     def request_shutdown(self, reason: str = "requested") -> None:
         self._shutdown_reason = self._shutdown_reason or reason
-        self._shutdown.set()
+        self.shutdown_requested.set()
 
     def request_reload(self) -> None:
         """Reload the config file soon (SIGHUP); requests made while one waits are one reload."""
@@ -410,7 +410,7 @@ class Daemon:
                         await serving.start(self._run_link, link)
                     serving.start_soon(self._serve_reloads)
                     task_status.started(self)
-                    await self._shutdown.wait()
+                    await self.shutdown_requested.wait()
                     self.draining = True
                     self._log.info("daemon.draining", open_turns=len(self.turns.table.all()), reason=self._shutdown_reason)
                     # Hosts hear it first, so they stop opening turns and know the grace.

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import trio
 
 from mcpl_router.config import RouterConfig, parse_config
-from mcpl_router.cli import run_until_signalled
+from mcpl_router.supervision import run_until_signalled
 from mcpl_router.client import RouterClient, RpcError
 from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, fixture_command

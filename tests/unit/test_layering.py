@@ -118,8 +118,9 @@ def test_the_checker_allows_pure_imports(source: str) -> None:
 
 # ---------------------------------------------------------------------- the daemon is only wired
 
-#: The modules that may build a daemon: the command line and the demo (and the daemon itself).
-ENTRY_POINTS = frozenset({"cli.py", "demo.py", "daemon.py"})
+#: The modules that may build a daemon: the command line and the demo (and the daemon itself),
+#: and supervision.py, which runs one under signals and systemd for both.
+ENTRY_POINTS = frozenset({"cli.py", "demo.py", "daemon.py", "supervision.py"})
 #: Larger by nature: fixture servers, and the one module of texts an agent reads.
 SIZE_EXEMPT = ("testing/", "routing/texts.py")
 MAX_LINES = 600
@@ -152,7 +153,7 @@ def test_only_the_entry_points_import_the_daemon(path: Path) -> None:
         for line, module in imported_modules(path.read_text(encoding="utf-8"), _package_of(path))
         if _is_the_daemon(module)
     ]
-    assert not violations, "the daemon hands each part its collaborators; only cli.py and demo.py import it:\n" + "\n".join(violations)
+    assert not violations, "the daemon hands each part its collaborators; only the entry points import it:\n" + "\n".join(violations)
 
 
 @pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.relative_to(SOURCE).as_posix())
