@@ -11,7 +11,8 @@ room, so idle sockets can't starve the health check (a full house of busy ones i
 - ``GET /healthz``: 200 ``ok`` while the daemon's event loop answers (liveness).
 - ``GET /readyz``: 200 ``ready``, or 503 with one line per reason (a ``required`` server not
   ready, the journal failing, no server ready at all, shutting down).
-- ``GET /metrics``: Prometheus text format (see :mod:`mcpl_router.metrics`).
+- ``GET /metrics``: Prometheus text format, or OpenMetrics when the ``Accept`` header asks for
+  it (see :mod:`mcpl_router.metrics`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import trio
 from mcpl_router.config import HealthConfig
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.logs import get_logger
-from mcpl_router.metrics import CONTENT_TYPE, DaemonMetrics
+from mcpl_router.metrics import DaemonMetrics
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -206,8 +207,9 @@ async def _serve_one(pages: _Pages, stream: trio.SocketStream, slots: _Slots) ->
         return  # too slow (or closed to make room): no answer
     method = request.method.decode("ascii", "replace").upper()
     path = request.target.decode("ascii", "replace").split("?", 1)[0]
+    accept = b", ".join(value for name, value in request.headers if name == b"accept").decode("latin-1")
     try:
-        status, body, content_type = _route(pages, method, path)
+        status, body, content_type = _route(pages, method, path, accept)
     except Exception:
         # A bug reading some part's state must not take the listener (and the daemon) down.
         get_logger().exception("health.request.crashed", path=path)
@@ -219,7 +221,7 @@ async def _serve_one(pages: _Pages, stream: trio.SocketStream, slots: _Slots) ->
             pass
 
 
-def _route(pages: _Pages, method: str, path: str) -> tuple[int, bytes, str]:
+def _route(pages: _Pages, method: str, path: str, accept: str) -> tuple[int, bytes, str]:
     text = "text/plain; charset=utf-8"
     if method not in ("GET", "HEAD"):
         return 405, b"method not allowed: use GET\n", text
@@ -229,7 +231,8 @@ def _route(pages: _Pages, method: str, path: str) -> tuple[int, bytes, str]:
         state = pages.ready()
         return (200 if state.ready else 503), state.text().encode(), text
     if path == "/metrics":
-        return 200, pages.metrics.render(), CONTENT_TYPE
+        body, content_type = pages.metrics.exposition(accept)
+        return 200, body, content_type
     return 404, b"not found: try /healthz, /readyz or /metrics\n", text
 
 

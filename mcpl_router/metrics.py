@@ -10,21 +10,28 @@ Two kinds of series, in one per-daemon :class:`prometheus_client.CollectorRegist
   indicators, open turns. Reading the parts' own ``status()``/``statistics()`` at scrape time
   keeps the hot paths free of metric calls and cannot drift from what ``status`` says.
 
-Every series is prefixed ``mcpl_router_``; ``docs/operations.md`` lists them.
+Every series of the daemon's own is prefixed ``mcpl_router_``; beside them, the process and
+platform series every Python exporter has (``process_*``, ``python_*``). ``docs/operations.md``
+lists them. No ``_created`` series: they double a scrape for a start time ``process_start_time_seconds``
+already gives. A scraper that asks for OpenMetrics (its ``Accept`` header) gets it.
 """
 
 from __future__ import annotations
 
 import collections
+import platform
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, Info, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from mcpl_router import __version__
 from mcpl_router.routing import texts
+from mcpl_router.store.records import COMMIT_SECONDS_BUCKETS
 
 if TYPE_CHECKING:
     from mcpl_router.health import Readiness
@@ -35,9 +42,6 @@ if TYPE_CHECKING:
     from mcpl_router.store.journal import Journal, JournalStatistics
     from mcpl_router.tools.table import NameClash
     from mcpl_router.turns import TurnManager
-
-#: The Content-Type of :meth:`DaemonMetrics.render`.
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LINK_STATES = ("connecting", "ready", "retrying", "closed", "failed")
@@ -74,6 +78,14 @@ class DaemonMetrics:
     def __init__(self, configured_agents: Collection[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
+        # What every Python exporter shows: memory, CPU, descriptors, start time; the
+        # interpreter; the collector's passes.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        Info("mcpl_router_build", "The daemon's version and the Python that runs it.", registry=registry).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
         self.inbound = Counter(
             "mcpl_router_inbound_messages",
             "Messages and pushes servers sent, by how they were answered (code: the refusal's JSON-RPC code).",
@@ -103,7 +115,7 @@ class DaemonMetrics:
         )
         self.context_outcomes = Counter(
             "mcpl_router_before_inference",
-            "context/beforeInference requests by outcome (ok, timeout, error).",
+            "Requests for context/beforeInference sent to servers, by outcome (ok, timeout, error).",
             ["server", "outcome"],
             registry=registry,
         )
@@ -138,7 +150,13 @@ class DaemonMetrics:
 
     def render(self) -> bytes:
         """The exposition text (Prometheus format 0.0.4)."""
-        return generate_latest(self.registry)
+        return self.exposition(None)[0]
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """The page and its Content-Type for a scraper that sent ``accept``: OpenMetrics when
+        it asks for it, the Prometheus text format otherwise."""
+        encode, content_type = choose_encoder(accept or "")
+        return encode(_WithoutCreated(self.registry)), content_type
 
     # -- recording (called by the shell) ----------------------------------------------------
 
@@ -218,6 +236,19 @@ class DaemonMetrics:
         # An ack names seqs, not agents: with several agents the count goes to "*".
         if count and agents:
             self.wakes_acked.labels(self.agent_label(agents[0]) if len(agents) == 1 else "*").inc(count)
+
+
+@attrs.frozen
+class _WithoutCreated:
+    """The registry's series without the ``_created`` samples prometheus_client adds to each
+    counter and histogram (filtered per scrape, not switched off process-wide)."""
+
+    registry: CollectorRegistry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            metric.samples = [sample for sample in metric.samples if not sample.name.endswith("_created")]
+            yield metric
 
 
 @attrs.frozen
@@ -340,17 +371,22 @@ def _journal_series(stats: JournalStatistics) -> Iterator[Metric]:
     """The journal's own statistics (it commits in groups, in a thread)."""
     commits = CounterMetricFamily("mcpl_router_journal_commits", "Journal commits (each a group of writes).")
     commits.add_metric([], float(stats.commits))
-    seconds = GaugeMetricFamily("mcpl_router_journal_last_commit_seconds", "How long the latest commit took (fsync included).")
-    seconds.add_metric([], stats.last_commit_seconds)
-    batch = GaugeMetricFamily("mcpl_router_journal_batch_size", "Writes in the latest commit (last) and the most one commit held (largest).", labels=["which"])
-    batch.add_metric(["last"], float(stats.last_batch))
-    batch.add_metric(["largest"], float(stats.largest_batch))
+    seconds = HistogramMetricFamily("mcpl_router_journal_commit_seconds", "How long each journal commit took, fsync included.")
+    buckets = [(str(bound), float(count)) for bound, count in zip(COMMIT_SECONDS_BUCKETS, stats.commit_seconds_buckets, strict=False)]
+    buckets.append(("+Inf", float(stats.commit_seconds_buckets[-1])))
+    seconds.add_metric([], buckets, sum_value=stats.commit_seconds_total)
+    last_batch = GaugeMetricFamily("mcpl_router_journal_last_batch_size", "Writes in the latest journal commit.")
+    last_batch.add_metric([], float(stats.last_batch))
+    high_water = GaugeMetricFamily(
+        "mcpl_router_journal_batch_size_high_water_mark", "The most writes one journal commit has held since the daemon started."
+    )
+    high_water.add_metric([], float(stats.largest_batch))
     failing = GaugeMetricFamily("mcpl_router_journal_failing", "1 while the journal's commits keep failing.")
     failing.add_metric([], 0.0 if stats.failing is None else 1.0)
     pruned = CounterMetricFamily("mcpl_router_journal_pruned", "Rows pruned once acked or settled.", labels=["what"])
     pruned.add_metric(["events"], float(stats.pruned_events))
     pruned.add_metric(["drafts"], float(stats.pruned_drafts))
-    yield from (commits, seconds, batch, failing, pruned)
+    yield from (commits, seconds, last_batch, high_water, failing, pruned)
 
 
 def _peer_series(

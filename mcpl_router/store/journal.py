@@ -171,6 +171,8 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             last_seq=self._last_seq,
             queued_writes=self._queue_send.statistics().current_buffer_used + len(self._backlog),
             last_commit_seconds=self._last_commit_seconds,
+            commit_seconds_buckets=self._commit_durations.cumulative(),
+            commit_seconds_total=self._commit_durations.total_seconds,
             failing=self.failing,
             **self._stats,
         )

@@ -8,8 +8,10 @@ the inbound path computes it before a message reaches the journal.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
-from typing import Any
+import itertools
+from typing import Any, Final
 
 import attrs
 import msgspec
@@ -107,6 +109,28 @@ class SavedTuneOut:
     held: tuple[int, ...] = ()
 
 
+#: Upper bounds, in seconds, of the commit-duration histogram's buckets: an fsync on a local SSD
+#: takes well under a millisecond, on a busy or network disk tens of milliseconds or more.
+COMMIT_SECONDS_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+@attrs.define
+class CommitDurations:
+    """How long each commit took, counted into :data:`COMMIT_SECONDS_BUCKETS` (a histogram's
+    state, read at scrape time: one list index per commit, nothing per bucket)."""
+
+    counts: list[int] = attrs.field(factory=lambda: [0] * (len(COMMIT_SECONDS_BUCKETS) + 1))
+    total_seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(COMMIT_SECONDS_BUCKETS, seconds)] += 1
+        self.total_seconds += seconds
+
+    def cumulative(self) -> tuple[int, ...]:
+        """Commits at or under each bound, then all of them (the ``+Inf`` bucket)."""
+        return tuple(itertools.accumulate(self.counts))
+
+
 @attrs.frozen
 class JournalStatistics:
     last_seq: int
@@ -117,6 +141,10 @@ class JournalStatistics:
     largest_batch: int
     #: Seconds the last commit took in its thread (fsync included).
     last_commit_seconds: float
+    #: Commits at or under each of :data:`COMMIT_SECONDS_BUCKETS`, then all of them.
+    commit_seconds_buckets: tuple[int, ...]
+    #: Seconds all commits took together.
+    commit_seconds_total: float
     pruned_events: int
     pruned_drafts: int
     #: The last commit's error while it keeps failing; None when healthy.

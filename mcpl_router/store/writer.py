@@ -28,7 +28,7 @@ import msgspec
 import trio
 
 from mcpl_router.store.pruning import PRUNE_INTERVAL
-from mcpl_router.store.records import Delivery, InboundEvent, JournalFailure, Recorded, content_digest
+from mcpl_router.store.records import CommitDurations, Delivery, InboundEvent, JournalFailure, Recorded, content_digest
 from mcpl_router.store.schema import (
     SQL_ACK_DELIVERIES,
     SQL_ACK_EVENTS,
@@ -233,6 +233,7 @@ class JournalWriter:
     _stopped: bool
     _stats: dict[str, int]
     _last_commit_seconds: float
+    _commit_durations: CommitDurations
     failing: str | None
 
     if TYPE_CHECKING:
@@ -247,6 +248,7 @@ class JournalWriter:
         self._stopped = False
         self._stats = {"commits": 0, "last_batch": 0, "largest_batch": 0, "pruned_events": 0, "pruned_drafts": 0}
         self._last_commit_seconds = 0.0
+        self._commit_durations = CommitDurations()
         self.failing = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -338,6 +340,7 @@ class JournalWriter:
                 self._log.info("journal.commit.recovered")
             self.failing = None
         self._last_commit_seconds = time.perf_counter() - started
+        self._commit_durations.observe(self._last_commit_seconds)
         self._stats["commits"] += 1
         self._stats["last_batch"] = len(batch)
         self._stats["largest_batch"] = max(self._stats["largest_batch"], len(batch))

@@ -271,10 +271,10 @@ async def test_the_health_listener_answers_bad_requests_and_stays_bounded(short_
                 await holder.aclose()
                 await wait_until(lambda: _healthz_ok(daemon.health_url), timeout=10)
                 # A scrape that crashes is one 500, not a dead listener.
-                def broken() -> bytes:
+                def broken(accept: str | None) -> tuple[bytes, str]:
                     raise RuntimeError("bug")
 
-                monkeypatch.setattr(daemon.metrics, "render", broken)
+                monkeypatch.setattr(daemon.metrics, "exposition", broken)
                 assert (await _get(daemon.health_url + "/metrics"))[0] == 500
                 assert (await _get(daemon.health_url + "/healthz"))[0] == 200
                 post = await trio.open_tcp_stream(host, int(port))
