@@ -114,13 +114,13 @@ async def run_demo(*, once: bool = False, out: TextIO = sys.stdout) -> int:
             if once:
                 daemon.request_shutdown()
             else:
-                print_next_steps(daemon, out)
+                print_next_steps(daemon, workdir, out)
                 print("Running. Press Ctrl-C to stop.", file=out, flush=True)
         print("demo stopped; every server process has exited.", file=out, flush=True)
     return 0
 
 
-def print_next_steps(daemon: Daemon, out: TextIO) -> None:
+def print_next_steps(daemon: Daemon, workdir: Path, out: TextIO) -> None:
     """Where the running demo listens, and the commands to try against it."""
     socket = daemon.host_socket_path
     print(f"The daemon's host socket is {socket}", file=out)
@@ -129,6 +129,10 @@ def print_next_steps(daemon: Daemon, out: TextIO) -> None:
     print("Try, in another terminal, while this runs:", file=out)
     for command in ("status", "channels", "explain general", "explain b:general", "health"):
         print(f"  mcpl-router {command} --socket {socket}", file=out)
+    # Nothing arrives by itself: a host started beside the demo waits until a server speaks.
+    print("A host of your own (examples/fixed_reply_host.py) answers what a server sends:", file=out)
+    print(f"  python3 examples/fixed_reply_host.py --socket {socket} --agent kai", file=out)
+    print(f'  python3 -m mcpl_router.testing.drive {workdir / "b.control.json"} message general "hello kai"', file=out)
     print("(Logs are off in the demo; `mcpl-router demo --log-level info` shows them.)", file=out, flush=True)
 
 

@@ -62,6 +62,35 @@ async def test_the_fixtures_config_checks_runs_and_stops(clone: Path) -> None:
             assert nosuch.returncode == 3
             assert b"`mcpl-router channels` lists every channel" in nosuch.stdout and b"channel_list" not in nosuch.stdout
             assert (clone / "run" / "host.sock").exists()
+            # What docs/client.md tells a host author to try: the example host beside it, and
+            # a message made to arrive with the drive command the config's header names.
+            host_log = clone / "host.log"
+            with host_log.open("wb") as out:
+                host = await trio.lowlevel.open_process(
+                    [sys.executable, str(REPO / "examples" / "fixed_reply_host.py"), "--socket", str(clone / "run" / "host.sock"),
+                     "--agent", "kai", "--reply", "On it.", "--count", "1"],
+                    env=env, stdout=out, stderr=out,
+                )
+            try:
+
+                async def claimed() -> bool:
+                    result = await trio.run_process([*CLI, "status", "--config", str(config)], capture_stdout=True, check=False, env=env)
+                    return b"agent kai" in result.stdout and b"not claimed" not in result.stdout
+
+                await wait_until(claimed, timeout=30, interval=0.2)
+                drive = [sys.executable, "-m", "mcpl_router.testing.drive", str(clone / "run" / "b.control.json")]
+                sent = await trio.run_process([*drive, "message", "general", "hello kai"], capture_stdout=True, env=env)
+                assert b'"accepted": true' in sent.stdout, sent.stdout
+                with trio.fail_after(30):
+                    assert await host.wait() == 0, host_log.read_text()
+                assert "[delivered]" in host_log.read_text(), host_log.read_text()
+                # A channel the fixture never registered: refused, and the command says so.
+                refused = await trio.run_process([*drive, "message", "nosuch", "x"], capture_stdout=True, check=False, env=env)
+                assert refused.returncode == 1 and b'"accepted": false' in refused.stdout
+            finally:
+                if host.returncode is None:
+                    host.kill()
+                    await host.wait()
             daemon.send_signal(signal.SIGTERM)
             assert await daemon.wait() == 0
         finally:

@@ -226,6 +226,27 @@ async def test_tuned_out_traffic_does_not_set_the_default_channel(tmp_path: Path
 
 
 
+async def test_tuned_out_refuses_open_close_and_decline_but_not_a_publish(tmp_path: Path) -> None:
+    """What docs/errors.md says of ``tuned-out``: the channel lifecycle tools are refused for a
+    channel the agent tuned out (the tune-out decides whether it is open), while a publish there
+    is the agent choosing to speak, and goes out through the channel's own server."""
+    with trio.fail_after(60):
+        async with two_servers_sharing_general(tmp_path, "a") as (daemon, servers), host(daemon) as client:
+            await mention(servers["a"], "on a")
+            wake = await next_wake(client)
+            opened = await client.call("turn/open", {"agent": AGENT, "wakes": [wake["seq"]]})
+            entered = await tool(client, opened["turnId"], "tune_out", {"channelId": "b:general", "cadence": 600})
+            assert entered["isError"] is False
+            for verb in ("channel_open", "channel_close", "channel_decline"):
+                refused = await tool(client, opened["turnId"], verb, {"channelId": "b:general"})
+                assert refused["isError"] is True and refused["reason"] == "tuned-out", (verb, refused)
+            posted = await tool(client, opened["turnId"], "channel_publish", {"channelId": "b:general", "content": "still here"})
+            assert posted["isError"] is False and posted["structuredContent"]["serverId"] == "b", posted
+            await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
+            published = [entry["params"]["content"][0]["text"] for entry in await servers["b"].recorded("channels/publish")]
+            assert published == ["still here"]
+
+
 @pytest.mark.parametrize("first", ["a", "b"])
 async def test_tune_out_of_a_closed_channel_opens_it_on_its_own_server(tmp_path: Path, first: str) -> None:
     """Tuning out a channel that is registered but closed opens it (``channels/open``) on its
