@@ -94,7 +94,7 @@ def readiness(
 async def serve_health(
     health: HealthConfig,
     *,
-    config_source: str | None,
+    config_source: str,
     ready: Callable[[], Readiness],
     metrics: DaemonMetrics,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,

@@ -344,12 +344,12 @@ class _StateCollector(Collector):
         hosts.add_metric([], float(len(connections)))
         yield hosts
         wakes = GaugeMetricFamily("mcpl_router_wakes_pending", "Wakes journaled for the agent and not acked yet.", labels=["agent"])
-        pending: dict[str, float] = {}
+        unacked: dict[str, float] = {}
         for spec in parts.sessions.agents():
             label = self._metrics.agent_label(spec.name)
-            pending[label] = pending.get(label, 0.0) + parts.journal.unacked_count(spec.name)
-        for label, count in pending.items():
-            wakes.add_metric([label], count)
+            unacked[label] = unacked.get(label, 0.0) + parts.journal.unacked_count(spec.name)
+        for label, waiting in unacked.items():
+            wakes.add_metric([label], waiting)
         yield wakes
         refusals = CounterMetricFamily("mcpl_router_resolution_refusals", "Channel names that picked no single channel, by kind.", labels=["kind"])
         for kind, count in parts.router.names.refusals.items():

@@ -106,7 +106,8 @@ def _parse_server(
 
     enabled_tools = s.strings("enabledTools", None, item="tool pattern")
     request_timeout = _seconds_or_ms(s, "requestTimeout", "requestTimeoutMs", 30.0)
-    config_fields = {
+    # Checked field by field above; ServerConfig's own types say what each must be.
+    config_fields: dict[str, Any] = {
         "enabled_capabilities": enabled_capabilities,
         "disabled_capabilities": disabled_capabilities,
         "enabled_feature_sets": enabled_feature_sets,
@@ -287,8 +288,8 @@ def _tcp_endpoint(s: Section) -> dict[str, Any] | None:
             return None
         host, port = parsed
         return {"host": host, "port": port, "url": s.raw("url")}
-    host = s.string("host", fix='Give the address to dial, e.g. host = "127.0.0.1".')
-    port = s.integer("port", 0, at_least=1, at_most=65535)
+    given_host = s.string("host", fix='Give the address to dial, e.g. host = "127.0.0.1".')
+    given_port = s.integer("port", 0, at_least=1, at_most=65535)
     for name in ("host", "port"):
         if not s.has(name):
             s.error(
@@ -296,9 +297,9 @@ def _tcp_endpoint(s: Section) -> dict[str, Any] | None:
                 "is missing: a tcp server needs host and port.",
                 f'Add {name}, or give url = "tcp://host:port".',
             )
-    if host is None or not port:
+    if given_host is None or not given_port:
         return None
-    return {"host": host, "port": port}
+    return {"host": given_host, "port": given_port}
 
 
 def _websocket_endpoint(s: Section, token_in_default: str) -> dict[str, Any] | None:

@@ -77,9 +77,11 @@ async def serve_unix_socket(
     try:
         async with trio.open_nursery() as nursery:
             task_status.started(str(socket_path))
-            await trio.serve_listeners(
-                lambda stream: _serve_connection(services, stream), [listener], handler_nursery=nursery
-            )
+
+            async def serve(stream: trio.SocketStream) -> None:
+                await _serve_connection(services, stream)
+
+            await trio.serve_listeners(serve, [listener], handler_nursery=nursery)
     finally:
         socket_path.unlink(missing_ok=True)
 

@@ -58,7 +58,8 @@ class NotificationOut(msgspec.Struct):
 
 
 class ResultOut(msgspec.Struct):
-    id: RequestId
+    #: The request's id echoed back: ``null`` when the request's own id was ``null``.
+    id: RequestId | None
     result: Any
     jsonrpc: str = "2.0"
 

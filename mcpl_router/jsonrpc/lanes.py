@@ -193,11 +193,12 @@ class PeerLanes:
             self._on_answer(envelope)
             self._answered_since_yield = True
             return
-        is_notification = envelope.id is msgspec.UNSET
+        request_id = envelope.id
+        is_notification = isinstance(request_id, msgspec.UnsetType)
         inbound = Inbound(
             method=envelope.method,
             params=None if envelope.params is msgspec.UNSET else envelope.params,
-            id=None if is_notification else envelope.id,
+            id=None if isinstance(request_id, msgspec.UnsetType) else request_id,
             is_notification=is_notification,
             stamp=self._stamp() if self._stamp is not None else None,
         )

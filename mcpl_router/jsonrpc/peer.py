@@ -275,6 +275,8 @@ class Peer(PeerLanes, PeerOutbox):
             self._answer_hooks.pop(request_id, None)
         if isinstance(answer, BaseException):
             raise answer
+        # Set before ``done`` fires, and ``done`` is the only way out of the wait but a timeout.
+        assert answer is not None
         if answer.error is not msgspec.UNSET:
             error = answer.error
             raise RpcError(error.code, error.message, error.data)
@@ -306,7 +308,11 @@ class Peer(PeerLanes, PeerOutbox):
 
     def _on_answer(self, envelope: Envelope) -> None:
         answer_id = envelope.id
-        waiter = self._pending.get(answer_id) if isinstance(answer_id, int) and not isinstance(answer_id, bool) else None
+        # Ours are ints: an answer naming anything else (a string, a bool, none) is no one's.
+        if not isinstance(answer_id, int) or isinstance(answer_id, bool):
+            self._log.warning("jsonrpc.response.unmatched", id=None if isinstance(answer_id, msgspec.UnsetType) else answer_id)
+            return
+        waiter = self._pending.get(answer_id)
         if waiter is None:
             self._log.warning("jsonrpc.response.unmatched", id=answer_id)
             return

@@ -449,7 +449,7 @@ class JournalWriter:
         on_committed: Callable[[list[Recorded]], None] | None = None,
         *,
         on_done: Callable[[JournalFailure | None], None] | None = None,
-    ) -> Callable[[], Any]:
+    ) -> Callable[[], Awaitable[list[Recorded]]]:
         """Queue a batch (each event with the agents it wakes) for the next group commit.
 
         Returns ``wait``: awaiting it gives the batch's :class:`Recorded` list once it is

@@ -192,6 +192,12 @@ class FixtureControl:
         """Call any control method with keyword params; returns its result."""
         return await self._peer.request(method, params)
 
+    async def call_for_object(self, method: str, /, **params: Any) -> dict[str, Any]:
+        """:meth:`call` for a method that answers a JSON object."""
+        answer = await self.call(method, **params)
+        assert isinstance(answer, dict), f"{method} answered {answer!r}, not an object"
+        return answer
+
     async def register(
         self, channels: Sequence[str | Mapping[str, Any]], *, form: str | None = None
     ) -> Any:
@@ -223,7 +229,9 @@ class FixtureControl:
         """Have the fixture send ``count`` ``channels/incoming`` requests, ``outstanding`` at once
         (a pipelining server): ``{accepted, refused, failed, seconds}``."""
         params = {"count": count, "outstanding": outstanding, "perRequest": per_request, "prefix": prefix, **fields}
-        return await self._peer.request("flood", params, timeout=600)
+        answer = await self._peer.request("flood", params, timeout=600)
+        assert isinstance(answer, dict), answer
+        return answer
 
     async def push(self, event_id: str | None = None, **fields: Any) -> Any:
         """Send ``push/event`` (``origin``, ``payload``, ``tags``, ``featureSet``, ``form``)."""
@@ -231,19 +239,19 @@ class FixtureControl:
 
     async def host_call(self, method: str, params: Any = None, *, form: str = "request") -> dict[str, Any]:
         """Make an arbitrary call to the host: ``{"result": …}`` or ``{"error": {code, message, data}}``."""
-        return await self.call("call", method=method, params=params, form=form)
+        return await self.call_for_object("call", method=method, params=params, form=form)
 
     async def send_raw(self, data: str, *, repeat: int = 1, suffix: str = "") -> dict[str, Any]:
         """Write ``data * repeat + suffix`` verbatim to the host transport (no newline added)."""
-        return await self.call("sendRaw", data=data, repeat=repeat, suffix=suffix)
+        return await self.call_for_object("sendRaw", data=data, repeat=repeat, suffix=suffix)
 
     async def send_bytes(self, data: bytes) -> dict[str, Any]:
         """Write ``data`` verbatim to the host transport: bytes a string can't carry (bad UTF-8)."""
-        return await self.call("sendRaw", hex=data.hex())
+        return await self.call_for_object("sendRaw", hex=data.hex())
 
     async def manifest_changed(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the manifest and announce it with ``mcpl/manifestChanged`` (if a host is up)."""
-        return await self.call("manifestChanged", manifest=dict(manifest))
+        return await self.call_for_object("manifestChanged", manifest=dict(manifest))
 
     async def configure(
         self,
@@ -267,19 +275,21 @@ class FixtureControl:
 
     async def recorded(self, method: str | None = None, *, epoch: int | None = None) -> list[dict[str, Any]]:
         """Host messages received so far, in order (optionally one method / one epoch)."""
-        return await self.call("recorded", **_given(method=method, epoch=epoch))
+        answer = await self.call("recorded", **_given(method=method, epoch=epoch))
+        assert isinstance(answer, list), answer
+        return answer
 
     async def state(self) -> dict[str, Any]:
         """Epoch, connection, grant, registered channels, eager/auto answers, personality."""
-        return await self.call("state")
+        return await self.call_for_object("state")
 
     async def disconnect(self) -> dict[str, Any]:
         """Drop the host connection (tcp/ws: the host must reconnect; stdio: the process exits)."""
-        return await self.call("disconnect")
+        return await self.call_for_object("disconnect")
 
     async def exit(self, code: int = 0) -> dict[str, Any]:
         """Make the fixture process exit with ``code``."""
-        return await self.call("exit", code=code)
+        return await self.call_for_object("exit", code=code)
 
 
 class FixtureProcess(FixtureControl):

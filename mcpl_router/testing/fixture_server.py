@@ -852,7 +852,8 @@ class _HostSession:
     def _receipt(self, grant: dict[str, Any]) -> dict[str, Any]:
         granted = _effective(grant)
         enabled = grant.get("enabled")
-        disabled = grant.get("disabled") if isinstance(grant.get("disabled"), list) else []
+        disabled_given = grant.get("disabled")
+        disabled = disabled_given if isinstance(disabled_given, list) else []
         unavailable = []
         for name, uses in self._declared_feature_sets():
             if (isinstance(enabled, list) and name not in enabled) or name in disabled:
@@ -906,7 +907,8 @@ class _HostSession:
         message_id = f"m-{self.server.published}"
         self.log.info("fixture.publish.received", channel=channel_id, message_id=message_id)
         if self.options.personality == "editor":
-            content = params.get("content") if isinstance(params.get("content"), list) else []
+            content_given = params.get("content")
+            content = content_given if isinstance(content_given, list) else []
             text = "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
             self.server.chat_store.append({"author": "Agent", "source": "agent", "text": text, "at": _now()})
         if inbound.is_notification:
@@ -1148,7 +1150,7 @@ class _ControlSession:
         form = params.get("form") or self.server.options.register_form
         if form not in FORMS:
             raise RpcError(-32602, f"form must be one of {', '.join(FORMS)}", {"form": form})
-        return form
+        return str(form)
 
     async def _register(self, params: dict[str, Any], _inbound: Inbound) -> Any:
         session = self.server.require_session()

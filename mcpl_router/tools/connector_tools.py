@@ -405,14 +405,15 @@ class ConnectorTools:
             text = texts.connector_failed(call.name, server_id, error.message)
             return tool_result(text, error=True, reason=texts.REASON_SERVER_REFUSED, data={**data, "code": error.code})
         result = dict(answer) if isinstance(answer, Mapping) else {"content": [], "isError": False}
-        if not isinstance(result.get("content"), list):
-            result["content"] = []
+        content = result.get("content")
+        if not isinstance(content, list):
+            content = []
         failed = result.get("isError") is True
         notices: list[str] = []
         if tool.is_send and not failed:
             channel = self._result_channel(tool, result) or channel
             notices = self._engage(call, channel, log)
-        result["content"] = [*result["content"], *({"type": "text", "text": n} for n in notices)]
+        result["content"] = [*content, *({"type": "text", "text": n} for n in notices)]
         result["isError"] = failed
         if failed:
             result.setdefault("reason", texts.REASON_TOOL_FAILED)

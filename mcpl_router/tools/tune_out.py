@@ -411,7 +411,8 @@ class TuneOuts:
     async def _speak(self, call: ToolCall) -> dict[str, Any]:
         text = call.arguments.get("text")
         if not isinstance(text, str) or not text.strip():
-            text = call.arguments.get("content") if isinstance(call.arguments.get("content"), str) else ""
+            content = call.arguments.get("content")
+            text = content if isinstance(content, str) else ""
         if not text.strip():
             return tool_result(texts.tuneout_bad_argument("text", "is empty", texts.NOTHING_POSTED), error=True, reason=texts.REASON_BAD_ARGUMENT)
         ref = self._channel(call, texts.NOTHING_POSTED)
