@@ -1,15 +1,14 @@
-"""Agents as hosts declare them (the wire) and as the daemon serves them (:class:`AgentSpec`).
+"""Agents as hosts declare them (the wire), and the :class:`~mcpl_router.routing.agents.AgentSpec`
+read from a declaration or from the operator's config.
 
-An agent comes from the operator's config (``agents``) or from a host's ``session/hello``; either
-way the daemon holds one :class:`AgentSpec`: its prose-routing mode, the tools it may call, its
-wake policy and home channel. Host-declared specs are journaled, so they survive a restart.
+Host-declared specs are journaled (as the ``session/hello`` params :func:`params_of` gives), so
+they survive a restart.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-import attrs
 import msgspec
 
 from mcpl_router.config import AgentConfig
@@ -17,12 +16,23 @@ from mcpl_router.config.errors import Problems
 from mcpl_router.config.read_conversations import parse_conversations
 from mcpl_router.config.read_gate import parse_wake_gate
 from mcpl_router.config.section_reader import Section
+from mcpl_router.routing.agents import AgentSpec
 from mcpl_router.routing.forks import ConversationsSpec
 from mcpl_router.routing.gating import WakeGateSpec
-from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES, ProseMode, mode_named
+from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES
 from mcpl_router.routing.refs import ChannelRef
 
-__all__ = ["AckParams", "AgentSpec", "AgentSpecParams", "ChannelRefParams", "HelloParams", "ServesParams", "WakeParams", "params_of"]
+__all__ = [
+    "AckParams",
+    "AgentSpecParams",
+    "ChannelRefParams",
+    "HelloParams",
+    "ServesParams",
+    "WakeParams",
+    "params_of",
+    "spec_from_config",
+    "spec_from_params",
+]
 
 #: The wire's names of the prose-routing modes (``routing/modes/`` holds what each does).
 ProseRouting = Literal[MODE_NAMES]  # type: ignore[valid-type]
@@ -84,87 +94,43 @@ class AckParams(msgspec.Struct, rename="camel"):
     agent: str | None = None
 
 
-# -- values --------------------------------------------------------------------------------------
+# -- reading a spec ------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class AgentSpec:
-    """An agent as the daemon serves it: prose routing, tools, wake policy, home channel.
+def spec_from_config(config: AgentConfig) -> AgentSpec:
+    """The spec of an agent the operator's config declares."""
+    return AgentSpec(
+        name=config.name,
+        prose_routing=config.prose_routing,
+        allowed_tools=config.allowed_tools,
+        home_channel=config.home_channel,
+        wake_channels=config.wake_channels,
+        wake_servers=config.wake_servers,
+        # The config can't tell "no tags" from "not given": empty means the default.
+        wake_tags=config.wake_tags or None,
+        subconscious_for=config.subconscious_for,
+        wake_gate=config.wake_gate,
+        conversations=config.conversations,
+        configured=True,
+    )
 
-    ``wake_tags`` of ``None`` means the default policy's tags (see
-    :mod:`mcpl_router.routing.wakes`); ``allowed_tools`` of ``None`` allows every tool.
-    """
 
-    name: str
-    prose_routing: str = DEFAULT_MODE.name
-    allowed_tools: tuple[str, ...] | None = None
-    home_channel: ChannelRef | None = None
-    wake_channels: tuple[str, ...] = ()
-    wake_servers: tuple[str, ...] = ()
-    wake_tags: tuple[str, ...] | None = None
-    #: Declared in the daemon's config (its spec is the operator's, not the host's).
-    configured: bool = False
-    #: The primary agent this one is the subconscious of (its tune-out tools act on the primary's).
-    subconscious_for: str | None = None
-    #: When its admitted wakes go out (routing/gating.py; hosts/gate.py runs it).
-    wake_gate: WakeGateSpec = WakeGateSpec()
-    #: Its conversation forks (routing/forks.py; hosts/forks.py runs them), or None.
-    conversations: ConversationsSpec | None = None
-
-    @classmethod
-    def from_config(cls, config: AgentConfig) -> AgentSpec:
-        return cls(
-            name=config.name,
-            prose_routing=config.prose_routing,
-            allowed_tools=config.allowed_tools,
-            home_channel=config.home_channel,
-            wake_channels=config.wake_channels,
-            wake_servers=config.wake_servers,
-            # The config can't tell "no tags" from "not given": empty means the default.
-            wake_tags=config.wake_tags or None,
-            subconscious_for=config.subconscious_for,
-            wake_gate=config.wake_gate,
-            conversations=config.conversations,
-            configured=True,
-        )
-
-    @classmethod
-    def from_params(cls, params: AgentSpecParams) -> AgentSpec:
-        wake = params.wake or WakeParams()
-        home = params.home_channel
-        return cls(
-            name=params.name,
-            prose_routing=params.prose_routing,
-            allowed_tools=None if params.allowed_tools is None else tuple(params.allowed_tools),
-            home_channel=None if home is None else ChannelRef(home.server_id, home.channel_id),
-            wake_channels=tuple(wake.channels or ()),
-            wake_servers=tuple(wake.servers or ()),
-            wake_tags=None if wake.tags is None else tuple(wake.tags),
-            subconscious_for=params.subconscious_for or None,
-            wake_gate=gate_of_params(params),
-            conversations=conversations_of_params(params),
-        )
-
-    @property
-    def mode(self) -> ProseMode:
-        """The agent's prose-routing mode (config and hello validate the name)."""
-        return mode_named(self.prose_routing)
-
-    def to_wire(self) -> dict[str, Any]:
-        wake: dict[str, Any] = {"channels": list(self.wake_channels), "servers": list(self.wake_servers)}
-        if self.wake_tags is not None:
-            wake["tags"] = list(self.wake_tags)
-        return {
-            "name": self.name,
-            "proseRouting": self.prose_routing,
-            "allowedTools": None if self.allowed_tools is None else list(self.allowed_tools),
-            "wake": wake,
-            "homeChannel": None if self.home_channel is None else self.home_channel.to_wire(),
-            "configured": self.configured,
-            "subconsciousFor": self.subconscious_for,
-            "wakeGate": self.wake_gate.to_wire(),
-            "conversations": None if self.conversations is None else self.conversations.to_wire(),
-        }
+def spec_from_params(params: AgentSpecParams) -> AgentSpec:
+    """The spec of an agent a host declared in ``session/hello`` (or its journaled copy)."""
+    wake = params.wake or WakeParams()
+    home = params.home_channel
+    return AgentSpec(
+        name=params.name,
+        prose_routing=params.prose_routing,
+        allowed_tools=None if params.allowed_tools is None else tuple(params.allowed_tools),
+        home_channel=None if home is None else ChannelRef(home.server_id, home.channel_id),
+        wake_channels=tuple(wake.channels or ()),
+        wake_servers=tuple(wake.servers or ()),
+        wake_tags=None if wake.tags is None else tuple(wake.tags),
+        subconscious_for=params.subconscious_for or None,
+        wake_gate=gate_of_params(params),
+        conversations=conversations_of_params(params),
+    )
 
 
 def params_of(spec: AgentSpec) -> AgentSpecParams:

@@ -36,7 +36,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.store.journal import Delivery, InboundEvent
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.routing.registry import ChannelRegistry
 

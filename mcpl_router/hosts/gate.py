@@ -43,7 +43,7 @@ from mcpl_router.store.journal import JournalFailure
 from mcpl_router.turns.wakes import NO_FENCE
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.hosts.diversion import WakeDiversion
     from mcpl_router.turns.wakes import RouteFence
     from mcpl_router.mcpl.link import ServerLink

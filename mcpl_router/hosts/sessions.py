@@ -29,7 +29,8 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
-from mcpl_router.hosts.agents import AckParams, AgentSpec, AgentSpecParams, HelloParams, params_of
+from mcpl_router.routing.agents import AgentSpec
+from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams, params_of, spec_from_config, spec_from_params
 from mcpl_router.hosts.diversion import NO_DIVERSION, WakeDiversion
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
 from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, RpcError
@@ -105,11 +106,11 @@ class SessionManager:
         #: Tune-outs hold some wakes back (set by the daemon once they exist; none until then).
         self._diversion: WakeDiversion = NO_DIVERSION
         self.grace = GRACE_SECONDS
-        self._agents: dict[str, AgentSpec] = {name: AgentSpec.from_config(a) for name, a in agents.items()}
+        self._agents: dict[str, AgentSpec] = {name: spec_from_config(a) for name, a in agents.items()}
         for name, saved in journal.saved_agents().items():
             if name not in self._agents:
                 try:
-                    self._agents[name] = AgentSpec.from_params(msgspec.convert(saved, AgentSpecParams))
+                    self._agents[name] = spec_from_params(msgspec.convert(saved, AgentSpecParams))
                 except msgspec.ValidationError:
                     get_logger(agent=name).warning("agent.saved_spec.unreadable")
         self._owners: dict[str, HostConnection] = {}
@@ -170,7 +171,7 @@ class SessionManager:
         added: list[str] = []
         changed: list[str] = []
         for name, config in agents.items():
-            spec = AgentSpec.from_config(config)
+            spec = spec_from_config(config)
             previous = self._agents.get(name)
             if previous == spec:
                 continue
@@ -528,7 +529,7 @@ class SessionManager:
         if configured is not None and configured.configured:
             # The operator's config is the authority over a configured agent's tools and wakes.
             return configured
-        return AgentSpec.from_params(params)
+        return spec_from_params(params)
 
     def _check_claimable(self, connection: HostConnection, host: str, name: str) -> None:
         owner = self._owners.get(name)

@@ -45,7 +45,7 @@ from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_
 from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.routing.wakes import Wake

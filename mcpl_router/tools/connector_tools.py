@@ -52,7 +52,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.tools.table import ToolTable

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.routing.refs import ChannelRef
     from mcpl_router.routing.turns import CallScope
     from mcpl_router.turns import TurnRun

@@ -19,7 +19,7 @@ from mcpl_router.routing.modes import ProseMode
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.turns import DraftBook, Speech, TurnRun
 
 __all__ = ["SPEECH_TOOLS", "SpeechTools"]

@@ -31,7 +31,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.tools.seam import ToolName, ToolProvider, ToolSpec, agent_may_call
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.turns import TurnRun
 
 __all__ = ["CLASH_DAEMON_TOOL", "CLASH_SERVERS", "NameClash", "ToolEntry", "ToolTable", "build_names"]

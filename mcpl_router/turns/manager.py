@@ -44,7 +44,7 @@ from mcpl_router.turns.typing import TypingIndicators
 from mcpl_router.turns.wakes import NO_FENCE, RouteFence, fenced, wake_facts
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.agents import AgentSpec
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.mcpl.link import ServerLink

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcpl_router.config import ConfigError, parse_config
-from mcpl_router.hosts.agents import AgentSpec, AgentSpecParams
+from mcpl_router.routing.agents import AgentSpec
+from mcpl_router.hosts.agents import AgentSpecParams, spec_from_params
 from mcpl_router.routing.forks import (
     CHANNEL,
     DM,
@@ -69,7 +70,7 @@ def test_the_config_refuses_a_bad_rule_with_its_key_and_fix() -> None:
 
 
 def test_a_hello_spec_reads_conversations_as_the_config_does() -> None:
-    spec = AgentSpec.from_params(msgspec.convert({"name": "kai", "conversations": {"template": "kai-t"}}, AgentSpecParams))
+    spec = spec_from_params(msgspec.convert({"name": "kai", "conversations": {"template": "kai-t"}}, AgentSpecParams))
     assert spec.conversations is not None and spec.conversations.template == "kai-t"
     assert spec.to_wire()["conversations"]["dm"] == {"trigger": "always", "bind": "always"}
     with pytest.raises(msgspec.ValidationError, match="conversations.channel.bind"):

@@ -222,7 +222,7 @@ def test_the_bound_flushes_early() -> None:
 
 class StandIns:
     def __init__(self, spec: WakeGateSpec, order: str = "ab") -> None:
-        from mcpl_router.hosts.agents import AgentSpec
+        from mcpl_router.routing.agents import AgentSpec
 
         self.router = router_with(order)
         self.spec = AgentSpec(AGENT, wake_gate=spec)
@@ -453,25 +453,25 @@ def test_a_config_entry_no_configured_server_begins_is_refused(servers: tuple[st
     # A hello's spec doesn't know the servers: the entry is kept, and matches only a pair.
     import msgspec
 
-    from mcpl_router.hosts.agents import AgentSpec, AgentSpecParams
+    from mcpl_router.hosts.agents import AgentSpecParams, spec_from_params
 
     gate = {"rules": [{"channels": ["discord:123:456"], "behaviour": "defer"}]}
-    spec = AgentSpec.from_params(msgspec.convert({"name": AGENT, "wakeGate": gate}, AgentSpecParams))
+    spec = spec_from_params(msgspec.convert({"name": AGENT, "wakeGate": gate}, AgentSpecParams))
     assert spec.wake_gate.rules[0].channels == (ChannelMatch(name="discord:123:456"),)
 
 
 def test_a_hello_spec_reads_the_gate_as_the_config_does() -> None:
     import msgspec
 
-    from mcpl_router.hosts.agents import AgentSpec, AgentSpecParams, params_of
+    from mcpl_router.hosts.agents import AgentSpecParams, params_of, spec_from_params
 
     gate = {"rules": [{"channels": [{"serverId": "b", "channelId": "general"}, "a:*"], "tagsAny": ["chat:ambient"],
                        "behaviour": {"debounce": {"ms": 250}}}], "default": "defer", "maxHeld": 8}
-    spec = AgentSpec.from_params(msgspec.convert({"name": AGENT, "wakeGate": gate}, AgentSpecParams))
+    spec = spec_from_params(msgspec.convert({"name": AGENT, "wakeGate": gate}, AgentSpecParams))
     assert spec.wake_gate.max_held == 8 and spec.wake_gate.default == Behaviour(DEFER)
     assert spec.wake_gate.rules[0].channels == (ChannelMatch(ref=B_GENERAL), ChannelMatch(pattern="a:*"))
     # Journaled as hello would declare it, and read back the same.
-    again = AgentSpec.from_params(msgspec.convert(msgspec.to_builtins(params_of(spec)), AgentSpecParams))
+    again = spec_from_params(msgspec.convert(msgspec.to_builtins(params_of(spec)), AgentSpecParams))
     assert again == spec
     with pytest.raises(msgspec.ValidationError, match=r'agents\.kai\.wakeGate\.rules\[0\]\.behaviour: "defr" .* Did you mean "defer"'):
         msgspec.convert({"name": AGENT, "wakeGate": {"rules": [{"behaviour": "defr"}]}}, AgentSpecParams)
