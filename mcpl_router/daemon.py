@@ -164,6 +164,7 @@ class Daemon:
             sessions=self.sessions,
             turns=self.turns,
             typing=self.turns.typing,
+            tools=self.tools,
             hooks=self,
             status=self.status,
             servers_list=self.servers_list,

@@ -109,7 +109,7 @@ def host_methods(services: HostServices, connection: HostConnection | None = Non
     add_query_methods(table, services)
     if connection is not None:
         add_session_methods(table, services.sessions, connection, services.inference.serving)
-        add_turn_methods(table, services.turns, services.typing, connection)
+        add_turn_methods(table, services, connection)
         add_publish_methods(table, services, connection)
         add_inference_methods(table, services.inference, connection)
     return table

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from mcpl_router.inference import InferenceBroker
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
+    from mcpl_router.tools import ToolTable
     from mcpl_router.turns import TurnManager, TypingIndicators
 
 __all__ = ["ConnectionHooks", "HostServices"]
@@ -42,6 +43,7 @@ class HostServices:
         sessions: agents, ownership, wakes (``session/hello``, ``wake/ack``).
         turns: ``turn/*``.
         typing: ``channels/typing`` (hosts' own typing, with its lease).
+        tools: the name table ``turn/tool`` dispatches through.
         hooks: told of each connection's open and close.
         status: the ``status`` answer.
         servers_list: the ``servers/list`` rows.
@@ -56,6 +58,7 @@ class HostServices:
     sessions: SessionManager
     turns: TurnManager
     typing: TypingIndicators
+    tools: ToolTable
     hooks: ConnectionHooks
     status: Callable[[], dict[str, Any]]
     servers_list: Callable[[], list[dict[str, Any]]]

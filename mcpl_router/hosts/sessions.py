@@ -29,7 +29,7 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
-from mcpl_router.routing.agents import AgentSpec
+from mcpl_router.routing.agents import AgentSpec, agent_may_call
 from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams, params_of, spec_from_config, spec_from_params
 from mcpl_router.hosts.diversion import NO_DIVERSION, WakeDiversion
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
@@ -39,7 +39,6 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tags import expand_tags
 from mcpl_router.routing.wakes import REASON_MESSAGE, REASON_PUSH, InboundFacts, Wake, WakePolicy, resolve_policy, wakes
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, StoredDelivery
-from mcpl_router.tools import agent_may_call
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection

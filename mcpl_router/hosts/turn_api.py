@@ -14,9 +14,11 @@ import msgspec
 
 from mcpl_router.jsonrpc import Inbound, MethodTable
 
+from mcpl_router.tools.dispatch import dispatch_tool_call
+
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
-    from mcpl_router.turns import TurnManager, TypingIndicators
+    from mcpl_router.hosts.services import HostServices
 
 __all__ = ["add_turn_methods"]
 
@@ -80,8 +82,10 @@ class TypingParams(msgspec.Struct, rename="camel"):
     op: Literal["start", "stop"] = "start"
 
 
-def add_turn_methods(table: MethodTable, turns: TurnManager, typing: TypingIndicators, connection: HostConnection) -> None:
+def add_turn_methods(table: MethodTable, services: HostServices, connection: HostConnection) -> None:
     """Add ``turn/open|continue|context|text|round|tool|close`` and ``channels/typing`` to ``table``."""
+    turns, typing = services.turns, services.typing
+
     async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> Any:
         return await turns.open(
             connection, params.agent, wakes=params.wakes, channel=params.channel, subagent=params.subagent
@@ -102,9 +106,14 @@ def add_turn_methods(table: MethodTable, turns: TurnManager, typing: TypingIndic
         return await turns.round(connection, params.turn_id, params.round, calls)
 
     async def turn_tool(params: TurnToolParams, _inbound: Inbound) -> Any:
-        return await turns.tool(
-            connection,
-            params.turn_id,
+        run = turns.run_for_call(connection, params.turn_id)
+        agent = services.sessions.require_owner(connection, run.turn.agent)
+        return await dispatch_tool_call(
+            services.tools,
+            turns.table,
+            run,
+            agent,
+            turn_id=params.turn_id,
             call_id=params.call_id,
             name=params.name,
             arguments=params.arguments,

@@ -9,6 +9,7 @@ Pure.
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
 import attrs
@@ -18,7 +19,7 @@ from mcpl_router.routing.gating import WakeGateSpec
 from mcpl_router.routing.modes import DEFAULT_MODE, ProseMode, mode_named
 from mcpl_router.routing.refs import ChannelRef
 
-__all__ = ["AgentSpec"]
+__all__ = ["AgentSpec", "agent_may_call"]
 
 
 @attrs.frozen
@@ -65,3 +66,10 @@ class AgentSpec:
             "wakeGate": self.wake_gate.to_wire(),
             "conversations": None if self.conversations is None else self.conversations.to_wire(),
         }
+
+
+def agent_may_call(agent: AgentSpec | None, name: str) -> bool:
+    """The agent's allowed tools (globs); ``None`` allows every tool (so does no spec at all)."""
+    if agent is None or agent.allowed_tools is None:
+        return True
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in agent.allowed_tools)

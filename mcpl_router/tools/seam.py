@@ -15,7 +15,6 @@ tools (:mod:`mcpl_router.tools.tune_out`), and the servers' own MCP tools
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -120,13 +119,6 @@ class ToolProvider(Protocol):
     async def call(self, call: ToolCall) -> dict[str, Any]:
         """Execute; return :func:`tool_result`. Refusals are results, not exceptions."""
         ...
-
-
-def agent_may_call(agent: AgentSpec | None, name: str) -> bool:
-    """The agent's allowed tools (globs); ``None`` allows every tool (so does no spec at all)."""
-    if agent is None or agent.allowed_tools is None:
-        return True
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in agent.allowed_tools)
 
 
 def record_explicit_send(call: ToolCall, ref: ChannelRef) -> None:

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from mcpl_router.logs import get_logger
-from mcpl_router.tools.seam import ToolName, ToolProvider, ToolSpec, agent_may_call
+from mcpl_router.routing.agents import agent_may_call
+from mcpl_router.tools.seam import ToolName, ToolProvider, ToolSpec
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec

@@ -10,23 +10,42 @@ of its own (never in the host's call: a server slow to read must not hold ``turn
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
-    from mcpl_router.turns.manager import TurnManager
     from mcpl_router.turns.run import TurnRun
+    from mcpl_router.turns.typing import TypingIndicators
 
-__all__ = ["TurnKeepers"]
+__all__ = ["KeptTurns", "TurnKeepers"]
+
+
+class KeptTurns(Protocol):
+    """What a keeper reads and calls of the turns it keeps (the :class:`TurnManager`): the
+    timings as they are now (tests shorten them), the typing, and a turn's one way to end."""
+
+    @property
+    def connection_poll(self) -> float: ...
+
+    @property
+    def typing_interval(self) -> float: ...
+
+    @property
+    def lease(self) -> float: ...
+
+    @property
+    def typing(self) -> TypingIndicators: ...
+
+    async def finish(self, run: TurnRun, outcome: str, *, why: str, usage: Any = None) -> None: ...
 
 
 class TurnKeepers:
     """Starts each open turn's keeper when it is first due, and runs the keepers."""
 
-    def __init__(self, manager: TurnManager) -> None:
+    def __init__(self, manager: KeptTurns) -> None:
         self._manager = manager
         self._log = get_logger()
         self._nursery: trio.Nursery | None = None

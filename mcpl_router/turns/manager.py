@@ -32,23 +32,21 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import HookFacts, before_inference
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.agents import agent_may_call
 from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, call_scope, requested_channel, trigger_of
-from mcpl_router.tools import ToolCall, ToolTable, agent_may_call, tool_result
 from mcpl_router.turns.drafts import DraftBook, receipt_of
 from mcpl_router.turns.keeper import TurnKeepers
 from mcpl_router.turns.lifecycle import REFUSAL_REACTION, InferenceLifecycle
-from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, TurnRun, TurnTimings, Timing
+from mcpl_router.turns.ports import ContextMetrics, Owners, ToolListing
+from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, HostLink, Timing, TurnRun, TurnTimings
 from mcpl_router.turns.speech import Speech
 from mcpl_router.turns.streams import OutgoingStreams
 from mcpl_router.turns.typing import TypingIndicators
 from mcpl_router.turns.wakes import NO_FENCE, RouteFence, fenced, wake_facts
 
 if TYPE_CHECKING:
-    from mcpl_router.routing.agents import AgentSpec
-    from mcpl_router.hosts.connection import HostConnection
-    from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.mcpl.link import ServerLink
-    from mcpl_router.metrics import DaemonMetrics
+    from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
 
@@ -93,9 +91,9 @@ class TurnManager:
         router: Router,
         links: Mapping[str, ServerLink],
         journal: Journal,
-        sessions: SessionManager,
-        tools: ToolTable | None = None,
-        metrics: DaemonMetrics | None = None,
+        sessions: Owners,
+        tools: ToolListing,
+        metrics: ContextMetrics | None = None,
         is_draining: Callable[[], bool] = lambda: False,
     ) -> None:
         self._router = router
@@ -115,9 +113,9 @@ class TurnManager:
         self._nursery: trio.Nursery | None = None
         #: The reaction a provider-refused turn's latest inbound message gets (not for named).
         self.refusal_reaction: str = REFUSAL_REACTION
-        #: The one name table: what each tool name means, for listing and dispatch alike
-        #: (:mod:`mcpl_router.tools.table`); the daemon installs the providers.
-        self.tools = tools if tools is not None else ToolTable()
+        #: The one name table, as a turn lists an agent's tools and tells a send (the table
+        #: itself, and dispatching a call, are ``tools/``'s).
+        self.tools = tools
         #: Which channels an agent's turn may take (the forks install theirs).
         self.route_fence: RouteFence = NO_FENCE
         self.typing = TypingIndicators(links=links, router=router, timings=self.timings)
@@ -149,7 +147,7 @@ class TurnManager:
     def _ref_wire(self, ref: ChannelRef | None) -> dict[str, str] | None:
         return None if ref is None else {**ref.to_wire(), "shown": self._shown(ref)}
 
-    def run_for(self, connection: HostConnection, turn_id: str) -> TurnRun:
+    def run_for(self, connection: HostLink, turn_id: str) -> TurnRun:
         """The open turn ``turn_id``, which ``connection``'s host must own; renews its lease."""
         run = self._runs.get(turn_id)
         if run is None or run.finished:
@@ -178,7 +176,7 @@ class TurnManager:
 
     async def open(
         self,
-        connection: HostConnection,
+        connection: HostLink,
         agent: str,
         *,
         wakes: Sequence[int] = (),
@@ -284,7 +282,7 @@ class TurnManager:
 
     # ------------------------------------------------------------------ turn/continue
 
-    async def continue_(self, connection: HostConnection, turn_id: str, *, wakes: Sequence[int] = ()) -> dict[str, Any]:
+    async def continue_(self, connection: HostLink, turn_id: str, *, wakes: Sequence[int] = ()) -> dict[str, Any]:
         """Another start of an open turn: a continuation on new wakes, or a budget restart.
 
         The turn keeps its id, drafts, pins, engagement and lifecycle (it is not superseded).
@@ -324,7 +322,7 @@ class TurnManager:
     # ------------------------------------------------------------------ turn/context
 
     async def context(
-        self, connection: HostConnection, turn_id: str, *, user_message: Any = None, model: str | None = None
+        self, connection: HostLink, turn_id: str, *, user_message: Any = None, model: str | None = None
     ) -> dict[str, Any]:
         """Fan ``context/beforeInference`` out; the injections grouped by position."""
         run = self.run_for(connection, turn_id)
@@ -355,7 +353,7 @@ class TurnManager:
 
     # ------------------------------------------------------------------ turn/text, turn/round
 
-    def text(self, connection: HostConnection, turn_id: str, round_: int, delta: str) -> None:
+    def text(self, connection: HostLink, turn_id: str, round_: int, delta: str) -> None:
         """Buffer a round's text delta (``turn/text`` is a notification: nothing answers).
 
         The route in force when a round's first words arrive is the one they travel along: a
@@ -369,7 +367,7 @@ class TurnManager:
         run.round_routes.setdefault(round_, (routing.locus, routing.sticky_target, routing.speech_targets_set))
 
     async def round(
-        self, connection: HostConnection, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, Any]] = ()
+        self, connection: HostLink, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, Any]] = ()
     ) -> dict[str, Any]:
         """A round ended: route its text now; its deliveries and the notices it raised.
 
@@ -402,54 +400,16 @@ class TurnManager:
                 return True
         return False
 
-    async def tool(
-        self,
-        connection: HostConnection,
-        turn_id: str,
-        *,
-        call_id: str,
-        name: str,
-        arguments: Any,
-        caller_turn_id: str | None,
-    ) -> dict[str, Any]:
-        """A tool call from the model, sent to the tool the name table says ``name`` means.
-
-        The call's scope (:func:`~mcpl_router.routing.turns.call_scope`) decides what it may
-        touch: a call carrying another turn than the agent's open one reads none of its
-        channels and moves none of its routing. A call in a turn that has ended (a script left
-        running) is taken too, with that scope: it reads no turn's channels. The agent's
-        allowed tools are checked here, at dispatch, whatever the listing said.
-        """
+    def run_for_call(self, connection: HostLink, turn_id: str) -> TurnRun:
+        """The turn a ``turn/tool`` call names: the open one (its lease renewed), or one that
+        has ended lately (a script it started may still call tools; the call then reads no
+        turn's channels, ``routing.turns.call_scope``)."""
         ended = self._ended.get(turn_id)
-        run = self.run_for(connection, turn_id) if ended is None else ended
-        agent = self._sessions.require_owner(connection, run.turn.agent)
-        scope = call_scope(self.table, run.turn.agent, caller_turn_id or turn_id)
-        log = self._log.bind(
-            agent=run.turn.agent, turn=turn_id, call=call_id, tool=name,
-            calling_turn=scope.turn.turn_id if scope.turn else None,
-        )
-        entry = self.tools.entry(name)
-        if entry is None:
-            log.info("turn.tool.unknown")
-            return tool_result(texts.unknown_tool(name), error=True, reason="unknown-tool")
-        if not agent_may_call(agent, name):
-            log.info("turn.tool.not_permitted")
-            return tool_result(texts.tool_not_permitted(name), error=True, reason="not-permitted")
-        call = ToolCall(
-            run=run,
-            scope=scope,
-            agent=agent,
-            call_id=call_id,
-            tool=entry.tool,
-            arguments=dict(arguments) if isinstance(arguments, Mapping) else {},
-        )
-        result = await entry.provider.call(call)
-        log.info("turn.tool.called", error=bool(result.get("isError")), reason=result.get("reason"))
-        return result
+        return self.run_for(connection, turn_id) if ended is None else ended
 
     # ------------------------------------------------------------------ turn/close
 
-    async def close(self, connection: HostConnection, turn_id: str, outcome: str, usage: Any = None) -> dict[str, Any]:
+    async def close(self, connection: HostLink, turn_id: str, outcome: str, usage: Any = None) -> dict[str, Any]:
         """End a turn: route what's left, stop typing, send the lifecycle terminal; the receipt.
 
         ``refused`` (the model provider refused) ends the turn as ``failed`` for servers and
@@ -562,7 +522,7 @@ class TurnManager:
                 if run is not None:
                     nursery.start_soon(functools.partial(self.finish, run, "aborted", why="shutdown"))
 
-    def connection_closed(self, connection: HostConnection) -> None:
+    def connection_closed(self, connection: HostLink) -> None:
         """A host connection is gone: its turns end at their keeper's next check (soon), and
         the typing it started by itself is stopped now."""
         self.typing.host_gone(connection)

@@ -7,7 +7,7 @@ and keeper, its inference lifecycle, its prose-routing state and its outgoing st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import trio
@@ -19,7 +19,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import Turn
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.jsonrpc import Peer
 
 #: Typing expires by itself on most platforms; refresh it this often while a turn runs.
 TYPING_INTERVAL: Final = 7.0
@@ -46,6 +46,15 @@ TYPING: Final = "channels.typing"
 PUBLISH: Final = "channels.publish"
 ACKNOWLEDGE: Final = "channels.acknowledge"
 STREAMING: Final = "channels.streaming"
+
+
+class HostLink(Protocol):
+    """A host's connection, as a turn holds it: the identity of its owner, and whether it is
+    still there (its peer closed: the turn ends at its keeper's next look). Turns sit below the
+    host API, so they know a connection by this much only."""
+
+    @property
+    def peer(self) -> Peer | None: ...
 
 
 @attrs.define
@@ -84,7 +93,7 @@ class TurnRun:
     """The shell's state for one open turn: its connection, lease, keeper and lifecycle."""
 
     turn: Turn
-    connection: HostConnection | None
+    connection: HostLink | None
     mode: ProseMode
     lease_deadline: float
     #: The keeper's scope, and the scope of the typing start the turn opens with: each made

@@ -26,7 +26,7 @@ from mcpl_router.routing.typing import host_typing_targets
 from mcpl_router.turns.run import CHANNEL_REFUSED, TYPING, TurnRun, TurnTimings
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.turns.run import HostLink
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
 
@@ -42,7 +42,7 @@ class TypingIndicators:
         self._timings = timings
         self._log = get_logger()
         #: A host's typing in progress: the channel → (the connection that started it, lease end).
-        self._host_typing: dict[ChannelRef, tuple[HostConnection | None, float]] = {}
+        self._host_typing: dict[ChannelRef, tuple[HostLink | None, float]] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -188,7 +188,7 @@ class TypingIndicators:
 
     # -- hosts' own typing ------------------------------------------------------------------
 
-    async def host_typing(self, channel: str | Mapping[str, Any], op: str, connection: HostConnection | None = None) -> dict[str, Any]:
+    async def host_typing(self, channel: str | Mapping[str, Any], op: str, connection: HostLink | None = None) -> dict[str, Any]:
         """A host's ``channels/typing``: a bare id in each server's channel with it (the
         deliberate fan-out); a ref or qualified name there alone. A ``start`` holds for the
         host typing lease (renewed by the next start)."""
@@ -212,12 +212,12 @@ class TypingIndicators:
             self._log.info("typing.host", server=ref.server_id, channel=ref.channel_id, op=op, sent=reason is None, reason=reason)
         return {"typing": rows}
 
-    def host_gone(self, connection: HostConnection) -> None:
+    def host_gone(self, connection: HostLink) -> None:
         """A host connection closed: the typing it started by itself is stopped now."""
         if self._nursery is not None and any(owner is connection for owner, _ in self._host_typing.values()):
             self._nursery.start_soon(self._expire_host_typing, connection)
 
-    async def _expire_host_typing(self, connection: HostConnection | None = None) -> None:
+    async def _expire_host_typing(self, connection: HostLink | None = None) -> None:
         """Stop host typing whose lease ran out (or, given ``connection``, all of that host's)."""
         now = trio.current_time()
         ending = [

@@ -63,9 +63,19 @@ class _Sessions:
         return True
 
 
+class _NoTools:
+    """A name table with nothing in it (these turns call no tool)."""
+
+    def offered(self, agent: Any, run: Any) -> list[dict[str, Any]]:
+        return []
+
+    def is_send(self, name: str, arguments: Any) -> bool:
+        return False
+
+
 def _manager(links: dict[str, StandInLink]) -> TurnManager:
     # Starting and ending inference reads only the links and the sessions' trace notify.
-    return TurnManager(router=Router(), links=links, journal=types.SimpleNamespace(), sessions=_Sessions())  # type: ignore[arg-type]
+    return TurnManager(router=Router(), links=links, journal=types.SimpleNamespace(), sessions=_Sessions(), tools=_NoTools())  # type: ignore[arg-type]
 
 
 def _open_run(manager: TurnManager, index: int = 1) -> TurnRun:
@@ -183,7 +193,7 @@ def _ending_turn(room: int | None) -> tuple[TurnManager, TurnRun, RecordingLink]
     link = RecordingLink("a")
     router = Router()
     router.registry.register("a", [{"id": "general"}], RegistrationPolicy.permissive())
-    manager = TurnManager(router=router, links={"a": link}, journal=types.SimpleNamespace(), sessions=_Sessions())  # type: ignore[arg-type]
+    manager = TurnManager(router=router, links={"a": link}, journal=types.SimpleNamespace(), sessions=_Sessions(), tools=_NoTools())  # type: ignore[arg-type]
     run = _open_run(manager)
     run.typing_sent = (GENERAL_A, link.epoch)
     run.streams[GENERAL_A] = (link.epoch, ["hello"])

@@ -52,6 +52,7 @@ from mcpl_router.mcpl.link import LinkState, ServerLink
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import RegistrationPolicy
 from mcpl_router.store.journal import Delivery, InboundEvent
+from mcpl_router.tools.dispatch import dispatch_tool_call
 
 EXAMPLES = int(os.environ.get("MCPL_ROUTER_PROPERTY_EXAMPLES", "60"))
 SERVERS = ["a", "b", "c", "a:b"]
@@ -223,6 +224,14 @@ async def do_remove(world: World, server_id: str) -> None:
     world.daemon.link_epoch_ended(world.links[server_id])  # type: ignore[arg-type]
 
 
+async def call_tool(daemon: Daemon, world: World, turn_id: str, call_id: str, name: str, arguments: dict[str, Any]) -> None:
+    """``turn/tool`` as the host API runs it: the turn, its owner, then the dispatch."""
+    run = daemon.turns.run_for_call(world.connection, turn_id)
+    agent = daemon.sessions.require_owner(world.connection, run.turn.agent)
+    await dispatch_tool_call(daemon.tools, daemon.turns.table, run, agent, turn_id=turn_id, call_id=call_id, name=name,
+                             arguments=arguments, caller_turn_id=turn_id)
+
+
 async def do_message(world: World, server_id: str, channel_id: str) -> None:
     if ChannelRef(server_id, channel_id) not in registered(world.daemon):
         return
@@ -321,7 +330,7 @@ async def do_turn(world: World, mode: str, wake_pick: int | None, steps: list[tu
                 expected = oracle_name(daemon, name, own)
                 arguments = {"channelId": name, "content": f"{marker} published"}
             await daemon.turns.round(world.connection, turn_id, round_, [{"name": "channel_publish", "arguments": arguments}])
-            await daemon.turns.tool(world.connection, turn_id, call_id=f"c{round_}", name="channel_publish", arguments=arguments, caller_turn_id=turn_id)
+            await call_tool(daemon, world, turn_id, f"c{round_}", "channel_publish", arguments)
         elif kind == "continue":
             # A message arrives mid-turn and the host continues the turn on it: the turn re-pins
             # there, on the message's server (its id now means that channel within the turn).
@@ -338,8 +347,7 @@ async def do_turn(world: World, mode: str, wake_pick: int | None, steps: list[tu
             expected = oracle_name(daemon, trigger.channel_id, own)
             arguments = {"channelId": trigger.channel_id, "content": f"{marker} by its id"}
             await daemon.turns.round(world.connection, turn_id, round_, [{"name": "channel_publish", "arguments": arguments}])
-            await daemon.turns.tool(world.connection, turn_id, call_id=f"c{round_}", name="channel_publish", arguments=arguments,
-                                    caller_turn_id=turn_id)
+            await call_tool(daemon, world, turn_id, f"c{round_}", "channel_publish", arguments)
         elif kind == "withdraw":
             await do_withdraw(world, step[1], step[2])
             continue
