@@ -16,22 +16,10 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.config.model import LOG_LEVELS
+from mcpl_router.exit_codes import EXIT_CODES_TEXT, EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, UsageError, fail
 
-
-#: Exit codes (docs/operations.md): the same for every command.
-EXIT_OK = 0
-#: The daemon could not be reached (no socket, nothing listening, refused connection).
-EXIT_UNREACHABLE = 1
-#: Bad usage or an invalid config: nothing was done (``run``: the daemon did not start).
-EXIT_CONFIG = 2
-#: The daemon answered no: not ready (``health``), a name that picks no channel
-#: (``explain``), a reload it refused (``reload``).
-EXIT_REFUSED = 3
-
-EXIT_CODES_TEXT = (
-    "exit codes: 0 ok; 1 daemon unreachable; 2 bad config or usage; 3 the daemon answered no "
-    "(not ready, name refused, reload refused)"
-)
+#: Re-exported: the exit codes are the command's (docs/operations.md).
+__all__ = ["COMMANDS", "EXIT_CONFIG", "EXIT_OK", "EXIT_REFUSED", "EXIT_UNREACHABLE", "main"]
 
 
 class Command(NamedTuple):
@@ -67,10 +55,6 @@ def config_file(args: argparse.Namespace, *, required: bool) -> str | None:
     if chosen is None and required:
         raise UsageError(f"{args.command} needs a config file: mcpl-router {args.command} --config FILE.")
     return chosen
-
-
-class UsageError(Exception):
-    """The command line can't be acted on; the message says what to give."""
 
 
 def _log_level_arg(sub: argparse.ArgumentParser, default: str | None, text: str) -> None:
@@ -221,11 +205,6 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc), EXIT_CONFIG)
     except KeyboardInterrupt:
         return 130
-
-
-def fail(message: str, code: int) -> int:
-    print(f"mcpl-router: {message}", file=sys.stderr)
-    return code
 
 
 #: The cyclic collector's thresholds while the daemon serves (Python's default: 700, 10, 10).

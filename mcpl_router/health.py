@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import h11
@@ -28,7 +28,6 @@ import trio
 from mcpl_router.config import HealthConfig
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.logs import get_logger
-from mcpl_router.metrics import DaemonMetrics
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -40,6 +39,13 @@ REQUEST_TIMEOUT = 2.0
 #: Time to write the answer (a scraper that stops reading is dropped).
 RESPONSE_TIMEOUT = 10.0
 _MAX_REQUEST_BYTES = 16 * 1024
+
+
+class MetricsPage(Protocol):
+    """``/metrics``: the page and its Content-Type for what the scraper accepts
+    (:class:`~mcpl_router.metrics.DaemonMetrics`)."""
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]: ...
 
 
 @attrs.frozen
@@ -96,7 +102,7 @@ async def serve_health(
     *,
     config_source: str,
     ready: Callable[[], Readiness],
-    metrics: DaemonMetrics,
+    metrics: MetricsPage,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen until cancelled; ``task_status.started`` gets ``http://host:port`` (the real port).
@@ -126,7 +132,7 @@ class _Pages:
     """What the two live pages read."""
 
     ready: Callable[[], Readiness]
-    metrics: DaemonMetrics
+    metrics: MetricsPage
 
 
 @attrs.define(eq=False)

@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from mcpl_router.cli import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, UsageError, fail
+from mcpl_router.exit_codes import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, UsageError, fail
 
 
 class _Unreachable(Exception):

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
 from mcpl_router.jsonrpc import Peer, PeerClosed
 from mcpl_router.logs import get_logger
 
-if TYPE_CHECKING:
-    from mcpl_router.hosts.sessions import HostSession
-
 _connection_ids = itertools.count(1)
+
+
+@attrs.define(eq=False)
+class HostSession:
+    """What ``session/hello`` made of a connection: the host's name and the agents it owns."""
+
+    host: str
+    agents: set[str] = attrs.field(factory=set)
 
 
 @attrs.define(eq=False)

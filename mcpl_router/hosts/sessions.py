@@ -20,8 +20,8 @@ its wakes stay unacked in the journal and come back when it reconnects.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import attrs
 import msgspec
@@ -31,6 +31,7 @@ from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
 from mcpl_router.routing.agents import AgentSpec, agent_may_call
 from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams, params_of, spec_from_config, spec_from_params
+from mcpl_router.hosts.connection import HostSession
 from mcpl_router.hosts.diversion import NO_DIVERSION, WakeDiversion
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
 from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, RpcError
@@ -42,7 +43,6 @@ from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, St
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
-    from mcpl_router.metrics import DaemonMetrics
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
     from mcpl_router.turns import Invitations
@@ -56,16 +56,16 @@ AGENT_OWNED: Final = -32010
 UNKNOWN_AGENT: Final = -32011
 
 
+class WakeCounts(Protocol):
+    """Where the wakes sent and acked are counted (the daemon's metrics, above this floor)."""
+
+    def wake_sent(self, agent: str) -> None: ...
+
+    def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None: ...
+
+
 #: Daemon events every hello'd host is told of, under the same method name.
 BROADCAST_EVENTS: Final = ("server/state", "channels/changed")
-
-
-@attrs.define(eq=False)
-class HostSession:
-    """What ``session/hello`` made of a connection: the host's name and the agents it owns."""
-
-    host: str
-    agents: set[str] = attrs.field(factory=set)
 
 
 @attrs.define(eq=False)
@@ -93,7 +93,7 @@ class SessionManager:
         agents: Mapping[str, AgentConfig],
         journal: Journal,
         router: Router,
-        metrics: DaemonMetrics,
+        metrics: WakeCounts,
         invitations: Invitations,
         servers_list: Callable[[], list[dict[str, Any]]],
     ) -> None:

@@ -45,9 +45,9 @@ from mcpl_router.mcpl.link_state import CapabilityNotGranted, LinkUnavailable
 
 if TYPE_CHECKING:
     from mcpl_router.config.model import InferencePolicy
-    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.inference.ports import HostEnd
     from mcpl_router.mcpl.link import ServerLink
-    from mcpl_router.metrics import DaemonMetrics
+    from mcpl_router.inference.ports import InferenceCounts
 
 __all__ = ["INFERENCE_METHODS", "ChunkParams", "InferenceBroker", "chunk_lane"]
 
@@ -113,7 +113,7 @@ class _Pending:
     link: ServerLink
     epoch: int
     server_request_id: RequestId
-    connection: HostConnection
+    connection: HostEnd
     stream: bool
     chunks: int = 0
 
@@ -130,8 +130,8 @@ class InferenceBroker:
     def __init__(
         self,
         *,
-        owner_of: Callable[[str], HostConnection | None],
-        metrics: DaemonMetrics,
+        owner_of: Callable[[str], HostEnd | None],
+        metrics: InferenceCounts,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
         self.serving = Serving(owner_of)
@@ -143,7 +143,7 @@ class InferenceBroker:
         self._salt = secrets.token_hex(4)
         self._log = get_logger()
 
-    def connection_closed(self, connection: HostConnection) -> None:
+    def connection_closed(self, connection: HostEnd) -> None:
         """The connection's ``serves`` ends with it (its open requests fail as its peer closes)."""
         self.serving.forget(connection)
 
@@ -231,7 +231,7 @@ class InferenceBroker:
             if abandoned is not None and not peer.closed:
                 await _tell_cancelled(peer, request_id, abandoned, log)
 
-    def _check(self, method: str, server_id: str, policy: InferencePolicy, size: int, connection: HostConnection | None) -> None:
+    def _check(self, method: str, server_id: str, policy: InferencePolicy, size: int, connection: HostEnd | None) -> None:
         if size > policy.max_request_bytes:
             raise self._refused(refusals.REASON_TOO_LARGE, method, server_id, size=size, limit=policy.max_request_bytes)
         if connection is None or connection.peer is None or connection.peer.closed:
@@ -249,7 +249,7 @@ class InferenceBroker:
 
     # -- host → server -------------------------------------------------------------------------
 
-    async def chunk(self, connection: HostConnection, params: ChunkParams) -> None:
+    async def chunk(self, connection: HostEnd, params: ChunkParams) -> None:
         """A host's ``inference/chunk``: to the asking server alone, or dropped (logged, counted)."""
         pending = self._pending.get(params.request_id)
         if pending is None:
@@ -274,7 +274,7 @@ class InferenceBroker:
         self._metrics.inference_chunk(CHUNK_FORWARDED)
         return None
 
-    async def _drop(self, connection: HostConnection, params: ChunkParams, reason: str) -> None:
+    async def _drop(self, connection: HostEnd, params: ChunkParams, reason: str) -> None:
         await trio.lowlevel.checkpoint()
         self._metrics.inference_chunk(reason)
         self._log.warning("inference.chunk.dropped", connection=connection.id, request=params.request_id, reason=reason)

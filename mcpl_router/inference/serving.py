@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from mcpl_router.jsonrpc import INVALID_PARAMS, RpcError
 
 if TYPE_CHECKING:
-    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.inference.ports import HostEnd
 
 __all__ = ["INFERENCE", "KINDS", "MODEL_INFO", "Serving"]
 
@@ -31,9 +31,9 @@ class Serving:
             agent taken over by the host's newer connection is served by that one's, if any.
     """
 
-    def __init__(self, owner_of: Callable[[str], HostConnection | None]) -> None:
+    def __init__(self, owner_of: Callable[[str], HostEnd | None]) -> None:
         self._owner_of = owner_of
-        self._declared: dict[HostConnection, dict[str, set[str]]] = {}
+        self._declared: dict[HostEnd, dict[str, set[str]]] = {}
 
     @staticmethod
     def check(declared: Mapping[str, Collection[str]], claimable: Collection[str]) -> None:
@@ -50,23 +50,23 @@ class Serving:
                         {"field": f"serves.{kind}", "agent": agent},
                     )
 
-    def declare(self, connection: HostConnection, declared: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
+    def declare(self, connection: HostEnd, declared: Mapping[str, Collection[str]]) -> dict[str, list[str]]:
         """Add ``declared`` to what ``connection`` serves; returns all it serves now (hello's echo)."""
         mine = self._declared.setdefault(connection, {kind: set() for kind in KINDS})
         for kind, agents in declared.items():
             mine[kind].update(agents)
         return self.serves_of(connection)
 
-    def serves_of(self, connection: HostConnection) -> dict[str, list[str]]:
+    def serves_of(self, connection: HostEnd) -> dict[str, list[str]]:
         mine = self._declared.get(connection, {})
         return {kind: sorted(mine.get(kind, ())) for kind in KINDS}
 
-    def host_for(self, agent: str, kind: str) -> HostConnection | None:
+    def host_for(self, agent: str, kind: str) -> HostEnd | None:
         """The connection serving ``agent``'s model for ``kind`` now, if one does."""
         owner = self._owner_of(agent)
         if owner is None or agent not in self._declared.get(owner, {}).get(kind, ()):
             return None
         return owner
 
-    def forget(self, connection: HostConnection) -> None:
+    def forget(self, connection: HostEnd) -> None:
         self._declared.pop(connection, None)

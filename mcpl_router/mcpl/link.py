@@ -36,7 +36,7 @@ import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
@@ -50,7 +50,6 @@ from mcpl_router.mcpl.handshake import HOST_MCPL_CAPABILITIES, MCP_PROTOCOL_VERS
 from mcpl_router.mcpl.link_state import (
     NOTIFIED,
     CapabilityNotGranted,
-    LinkDelegate,
     LinkState,
     LinkStatus,
     LinkUnavailable,
@@ -97,6 +96,21 @@ STABLE_AFTER = 10.0
 #: Handshake answers that mean "not with that credential": with ``tokenIn = "auto"`` the next
 #: dial sends the token as ``?token=`` instead (connectome-host's way), once.
 _AUTH_REFUSED = (401, 403)
+
+
+class LinkDelegate(Protocol):
+    """What the daemon does with what a link hears. Implemented by the daemon's routing shell."""
+
+    def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None: ...
+
+    def link_epoch_ended(self, link: ServerLink) -> None:
+        """The transport is gone: everything this server registered in that epoch is gone too."""
+        ...
+
+    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
+        """An admitted inbound method (already checked against the grant). Raise RpcError."""
+        ...
+
 
 
 class ServerLink(LinkHandshake, LinkRegrant):

@@ -3,7 +3,7 @@
 The routing shell, the tools, the context hooks and the status all hold links; they read a
 :class:`LinkState`, a :class:`LinkStatus` snapshot, and catch :class:`LinkUnavailable` or
 :class:`CapabilityNotGranted` from an outbound call (or see :data:`NOTIFIED` when a method went
-as a Notification). A link reports to its :class:`LinkDelegate`. Apart from
+as a Notification). (A link reports to its ``LinkDelegate``, in ``link.py``.) Apart from
 :class:`~mcpl_router.mcpl.link.ServerLink` because this is the link's whole face, and none of it
 needs the link's transport, handshake or reconnect loop.
 """
@@ -11,18 +11,14 @@ needs the link's transport, handshake or reconnect loop.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final
 
 import attrs
 
-if TYPE_CHECKING:
-    from mcpl_router.jsonrpc import Inbound
-    from mcpl_router.mcpl.link import ServerLink
 
 __all__ = [
     "NOTIFIED",
     "CapabilityNotGranted",
-    "LinkDelegate",
     "LinkState",
     "LinkStatus",
     "LinkUnavailable",
@@ -55,20 +51,6 @@ class CapabilityNotGranted(Exception):
         super().__init__(f"server {server_id!r} is not granted {capability}")
         self.server_id = server_id
         self.capability = capability
-
-
-class LinkDelegate(Protocol):
-    """What the daemon does with what a link hears. Implemented by the daemon's routing shell."""
-
-    def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None: ...
-
-    def link_epoch_ended(self, link: ServerLink) -> None:
-        """The transport is gone: everything this server registered in that epoch is gone too."""
-        ...
-
-    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
-        """An admitted inbound method (already checked against the grant). Raise RpcError."""
-        ...
 
 
 @attrs.frozen

@@ -1,5 +1,8 @@
 """Layering: the routing core (``mcpl_router/routing/``) stays pure; the tools don't see the daemon.
 
+(The floors every import goes down, and the absence of import circles, are
+``tests/unit/test_floors.py``'s.)
+
 The routing core makes decisions over refs and names; it never touches links, host sessions,
 the journal, trio or sockets. The tool providers (``mcpl_router/tools/``) are given what they
 use at construction and never import :mod:`mcpl_router.daemon`, not even for a type. This walks
@@ -121,9 +124,6 @@ def test_the_checker_allows_pure_imports(source: str) -> None:
 #: The modules that may build a daemon: the command line and the demo (and the daemon itself),
 #: and supervision.py, which runs one under signals and systemd for both.
 ENTRY_POINTS = frozenset({"cli.py", "demo.py", "daemon.py", "supervision.py"})
-#: Larger by nature: fixture servers, and the one module of texts an agent reads.
-SIZE_EXEMPT = ("testing/", "routing/texts.py")
-MAX_LINES = 600
 
 
 def _is_the_daemon(module: str) -> bool:
@@ -154,15 +154,6 @@ def test_only_the_entry_points_import_the_daemon(path: Path) -> None:
         if _is_the_daemon(module)
     ]
     assert not violations, "the daemon hands each part its collaborators; only the entry points import it:\n" + "\n".join(violations)
-
-
-@pytest.mark.parametrize("path", package_modules(), ids=lambda p: p.relative_to(SOURCE).as_posix())
-def test_no_module_is_over_600_lines(path: Path) -> None:
-    relative = path.relative_to(SOURCE).as_posix()
-    if relative.startswith(SIZE_EXEMPT):
-        return
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_LINES, f"{relative} is {lines} lines: split it by concept (at most {MAX_LINES})"
 
 
 def mode_name_comparisons(source: str) -> list[tuple[int, str]]:
