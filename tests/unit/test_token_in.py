@@ -1,4 +1,4 @@
-"""Where a WebSocket server's token goes by default (review 11/12, D6).
+"""Where a WebSocket server's token goes by default.
 
 The header unless the file is connectome-host's own ``mcpl-servers.json`` (a JSON file holding
 only ``mcplServers``): connectome-host sends the token as ``?token=`` and the servers written

@@ -1,13 +1,13 @@
-"""Reload and token review fixes (review 11/12): real fixture processes on 127.0.0.1.
+"""What a reload does to grants and links, with real fixture processes on 127.0.0.1:
 
 - a narrowing that lands while a server's handshake waits for its policy answer holds for the
-  whole connection (D1);
+  whole connection;
 - every server's narrowing is applied host-side before any server is waited on, and the reload's
-  answer does not wait for a slow server past its bound (D2);
-- a reload revives a failed link (D3);
-- a server that takes the policy only as a Notification is told its new grant (D4);
-- no turn opens and no reload applies while the daemon drains (R3);
-- revoking ``channels.register`` withdraws the server's channels (R5).
+  answer does not wait for a slow server past its bound;
+- a reload revives a failed link;
+- a server that takes the policy only as a Notification is told its new grant;
+- no turn opens and no reload applies while the daemon drains;
+- revoking ``channels.register`` withdraws the server's channels.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ async def _policies(fixture: FixtureProcess) -> list[list[str]]:
     return [entry["params"]["effectiveCapabilities"] for entry in await fixture.recorded("featureSets/update")]
 
 
-# ------------------------------------------------------------------------------------------ D1
+# -------------------------------------------------------------- a narrowing during the handshake
 
 
 async def test_a_narrowing_during_the_handshake_holds_for_the_whole_connection(short_tmp: Path) -> None:
@@ -79,7 +79,7 @@ def _policy_count(fixture: FixtureProcess, count: int) -> Any:
     return check
 
 
-# ------------------------------------------------------------------------------------------ D2
+# ------------------------------------------------- every server narrowed before any is waited on
 
 
 async def test_a_reload_narrows_every_server_before_waiting_on_any(short_tmp: Path) -> None:
@@ -130,7 +130,7 @@ async def test_a_reload_narrows_every_server_before_waiting_on_any(short_tmp: Pa
                     await wait_until(lambda: all(daemon.links[sid].grant.allows("channels.publish") for sid in ("a", "b")), timeout=15)
 
 
-# ------------------------------------------------------------------------------------------ D3
+# ------------------------------------------------------------------------- a failed link revived
 
 
 async def test_a_reload_revives_a_failed_server(short_tmp: Path) -> None:
@@ -155,7 +155,7 @@ async def test_a_reload_revives_a_failed_server(short_tmp: Path) -> None:
                 await wait_until(lambda: daemon.links["s"].state.value == "ready", timeout=15)
 
 
-# ------------------------------------------------------------------------------------------ D4
+# --------------------------------------------------------------------- notification-only servers
 
 
 async def test_a_notification_only_server_is_told_its_new_grant(short_tmp: Path) -> None:
@@ -223,7 +223,7 @@ async def test_a_legacy_servers_grant_and_link_agree_after_the_policy_answer(sho
                 assert "channels.typing" not in recorded[-1]
 
 
-# ------------------------------------------------------------------------------------------ R3
+# -------------------------------------------------------------------------------------- draining
 
 
 async def test_no_turn_opens_and_no_reload_applies_while_draining(short_tmp: Path) -> None:
@@ -250,7 +250,7 @@ async def test_no_turn_opens_and_no_reload_applies_while_draining(short_tmp: Pat
                     daemon.draining = False
 
 
-# ------------------------------------------------------------------------------------------ R5
+# ---------------------------------------------------------------------------- a revoked register
 
 
 async def test_revoking_channels_register_withdraws_the_servers_channels(short_tmp: Path) -> None:

@@ -1,4 +1,4 @@
-"""Where a WebSocket server's token goes (review 11/12, D6): a header-reading server never sees
+"""Where a WebSocket server's token goes: a header-reading server never sees
 its token in a URL by default, ``tokenIn = "auto"`` puts it there once at most, and what ``auto``
 learned survives a reload. The config side is in tests/unit/test_token_in.py.
 """
