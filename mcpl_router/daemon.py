@@ -38,6 +38,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal
 from mcpl_router.tools import ToolTable
+from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
 from mcpl_router.tools.channel_tools import ChannelTools
 from mcpl_router.tools.connector_tools import ConnectorTools
 from mcpl_router.tools.speech_tools import SpeechTools
@@ -114,6 +115,9 @@ class Daemon:
         self.observers.append(self.sessions.observe)
         # The one name table: what each offered tool name means, for listing and dispatch.
         self.tools = ToolTable(on_clash=self.metrics.tool_name_clash)
+        # Each agent's channel decisions, journaled; every registration is checked against them
+        # (a server that keeps no subscriptions registers a channel closed again after a restart).
+        self.channel_decisions = ChannelLifecycle(self.router, self.links, self.journal)
         self.turns = TurnManager(
             router=self.router,
             links=self.links,
@@ -122,6 +126,7 @@ class Daemon:
             tools=self.tools,
             metrics=self.metrics,
             is_draining=lambda: self.draining,
+            notices_for=self.channel_decisions.notices_for,
         )
         # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
         # and the subconscious agent's tools; its summary wakes go out through the sessions.
@@ -141,12 +146,12 @@ class Daemon:
         self.turns.route_fence = self.gates.route_fence = self.forks
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
-            self.router, self.links, self.journal, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,
+            self.router, self.links, self.channel_decisions, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,
             fork_home=self.forks.home_of, may_take=self.forks.may_take_route)
         self.gates.delivered = self.channel_tools.woke
         invitations.ask_has_open(self.channel_tools.has_open)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
-        self.connector_tools = ConnectorTools(self.links, self.router, self.tools)
+        self.connector_tools = ConnectorTools(self.links, self.router, self.tools, self.channel_decisions)
         # Listed in this order; a name means one tool whatever the order.
         self.tools.install([self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(speech=self.turns.speech, drafts=self.turns.drafts)])
         self.inference = InferenceBroker(owner_of=self.sessions.owner_of, metrics=self.metrics)
@@ -182,6 +187,7 @@ class Daemon:
                 journal=self.journal,
                 turns=self.turns,
                 readiness=self.readiness,
+                channel_decisions=self.channel_decisions,
             )
         )
 
@@ -253,6 +259,8 @@ class Daemon:
     # -- events ------------------------------------------------------------------------------
 
     def _channels_changed(self, server_id: str, added: list[ChannelRef], removed: list[ChannelRef]) -> None:
+        if added:
+            self.channel_decisions.registered(added)
         if removed:
             # Only these refs' typing stops: another server's channel with the id keeps its own.
             self.turns.channels_removed(removed)
@@ -293,6 +301,7 @@ class Daemon:
             "hosts": self.sessions.host_statistics(),
             "journal": self.journal.statistics().to_wire(),
             "openTurns": len(self.turns.table.all()),
+            "channelDecisions": self.channel_decisions.status(),
             "readiness": {"ready": state.ready, "problems": list(state.problems)},
             "lastReload": self.last_reload,
         }
@@ -385,6 +394,7 @@ class Daemon:
                 await root.start(self.tune_outs.run)
                 await root.start(self.gates.run)
                 await root.start(self.forks.run)
+                await root.start(self.channel_decisions.run)
                 async with trio.open_nursery() as serving:
                     self._serving = serving
                     if self.config.host.unix_socket:

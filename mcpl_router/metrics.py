@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal, JournalStatistics
+    from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
     from mcpl_router.tools.table import NameClash
     from mcpl_router.turns import TurnManager
 
@@ -262,6 +263,7 @@ class ScrapedParts:
     journal: Journal
     turns: TurnManager
     readiness: Callable[[], Readiness]
+    channel_decisions: ChannelLifecycle
 
 
 class _StateCollector(Collector):
@@ -362,6 +364,14 @@ class _StateCollector(Collector):
         turns = GaugeMetricFamily("mcpl_router_open_turns", "Turns open now.")
         turns.add_metric([], float(len(parts.turns.table.all())))
         yield turns
+        reconciles = CounterMetricFamily(
+            "mcpl_router_channel_reconciles",
+            "Channels opened or closed again to match the agents' decisions after a server registered them, by outcome.",
+            labels=["server", "action", "outcome"],
+        )
+        for (server_id, action, outcome), count in parts.channel_decisions.counts.items():
+            reconciles.add_metric([server_id, action, outcome], float(count))
+        yield reconciles
         ready = GaugeMetricFamily("mcpl_router_ready", "1 when /readyz answers 200.")
         ready.add_metric([], 0.0 if parts.readiness().problems else 1.0)
         yield ready

@@ -32,6 +32,8 @@ class DesiredChannels:
     # agents opened it (then it is theirs, not everyone's). Kept beside the states so the
     # question asked per message wake is two lookups, not a walk over every agent.
     _opened_by: dict[ChannelRef, set[str]] = attrs.field(factory=dict, init=False)
+    # Every agent's decision per channel: what a registration of that channel is checked against.
+    _by_ref: dict[ChannelRef, dict[str, str]] = attrs.field(factory=dict, init=False)
 
     def get(self, agent: str, ref: ChannelRef) -> str | None:
         """``agent``'s last decision for ``ref``, or None if it made none."""
@@ -40,6 +42,7 @@ class DesiredChannels:
     def decide(self, agent: str, ref: ChannelRef, state: str) -> None:
         """Record ``agent``'s decision for ``ref`` (it replaces the agent's previous one)."""
         self._states[(agent, ref)] = state
+        self._by_ref.setdefault(ref, {})[agent] = state
         opened = self._opened_by.setdefault(ref, set())
         if state == OPEN:
             opened.add(agent)
@@ -47,6 +50,23 @@ class DesiredChannels:
             opened.discard(agent)
             if not opened:
                 del self._opened_by[ref]
+
+    def deciders(self, ref: ChannelRef) -> dict[str, str]:
+        """Each agent's decision for ``ref`` (a copy; empty when no agent decided)."""
+        return dict(self._by_ref.get(ref, {}))
+
+    def wanted(self, ref: ChannelRef) -> bool | None:
+        """What the agents' decisions want of ``ref``'s transport: open (True) while any agent
+        decided it open; closed (False) when none did and one closed it; None (no say) when
+        the decisions are declines only, or there are none (a decline keeps an agent out, not
+        the channel shut)."""
+        if self._opened_by.get(ref):
+            return True
+        return False if CLOSED in self._by_ref.get(ref, {}).values() else None
+
+    def refs(self) -> list[ChannelRef]:
+        """Every channel some agent decided something for."""
+        return list(self._by_ref)
 
     def decisions(self) -> dict[tuple[str, ChannelRef], str]:
         """Every decision, by agent and channel (a copy)."""

@@ -914,6 +914,17 @@ def lifecycle_failed(verb: str, shown: str, reason: str, not_done: str) -> str:
     return f"Could not {verb} {shown}: {why}. {not_done} Try again later."
 
 
+def reopen_failed(shown: str, server_id: str, reason: str) -> str:
+    """A channel the agent opened, registered closed again by its server (it restarted, or the
+    daemon did), that the daemon could not open again."""
+    why = _DELIVERY_WHY.get(reason, "its server did not take it")
+    return (
+        f"[channels] You opened {shown}, and server {quoted(server_id)} registered it closed again;"
+        f" opening it again failed: {why}. Its messages don't reach you until it is open:"
+        f" channel_open {shown} to try again."
+    )
+
+
 def lifecycle_not_granted(verb: str, shown: str, server_id: str, not_done: str) -> str:
     """A server without channels.lifecycle: the daemon can't ask it to open or close."""
     return (

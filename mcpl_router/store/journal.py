@@ -131,6 +131,12 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             (agent, server, channel): at
             for agent, server, channel, at in db.execute("SELECT agent, server, channel, declined_at FROM declines ORDER BY declined_at")
         }
+        self._channel_decisions: dict[tuple[str, str, str], str] = {
+            (agent, server, channel): state
+            for agent, server, channel, state in db.execute(
+                "SELECT agent, server, channel, state FROM channel_decisions ORDER BY decided_at"
+            )
+        }
         self._drafts: dict[str, dict[str, Any]] = {}
         # Each agent's draft ids, oldest first: a turn reads its agent's drafts, not everyone's.
         self._agent_drafts: dict[str, dict[str, None]] = {}
@@ -188,9 +194,33 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             )
         )
 
+    def record_channel_decision(self, agent: str, server_id: str, channel_id: str, state: str) -> None:
+        """Remember ``agent``'s decision ``open`` or ``closed`` for a channel (it replaces a decline)."""
+        key = (agent, server_id, channel_id)
+        self._channel_decisions[key] = state
+        if self._declines.pop(key, None) is not None:
+            self._submit_nowait(_WriteOp(sql="DELETE FROM declines WHERE agent = ? AND server = ? AND channel = ?", args=key))
+        self._submit_nowait(
+            _WriteOp(
+                sql="INSERT INTO channel_decisions (agent, server, channel, state, decided_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (agent, server, channel) DO UPDATE SET state = excluded.state, decided_at = excluded.decided_at",
+                args=(*key, state, time.time()),
+            )
+        )
+
+    def channel_decisions(self) -> list[tuple[str, str, str, str]]:
+        """Every recorded ``open``/``closed`` decision as ``(agent, server, channel, state)``."""
+        return [(*key, state) for key, state in self._channel_decisions.items()]
+
     def record_decline(self, agent: str, server_id: str, channel_id: str) -> None:
-        """Remember that ``agent`` declined channel ``channel_id`` of server ``server_id``."""
+        """Remember that ``agent`` declined channel ``channel_id`` of server ``server_id`` (it
+        replaces an open or closed decision)."""
         now = time.time()
+        if self._channel_decisions.pop((agent, server_id, channel_id), None) is not None:
+            self._submit_nowait(
+                _WriteOp(sql="DELETE FROM channel_decisions WHERE agent = ? AND server = ? AND channel = ?",
+                         args=(agent, server_id, channel_id))
+            )
         self._declines.pop((agent, server_id, channel_id), None)
         self._declines[(agent, server_id, channel_id)] = now
         self._submit_nowait(

@@ -18,8 +18,9 @@ class JournalLocked(Exception):
     """Another daemon holds this journal; the message names the file and its pid."""
 
 
-#: 1: digests, deliveries by (seq, agent), settled drafts; 2: fork generations; 3: tune-outs.
-SCHEMA_VERSION: Final = 3
+#: 1: digests, deliveries by (seq, agent), settled drafts; 2: fork generations; 3: tune-outs;
+#: 4: channel decisions (open, closed).
+SCHEMA_VERSION: Final = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbound (
@@ -64,6 +65,18 @@ CREATE TABLE IF NOT EXISTS declines (
     declined_at REAL NOT NULL,
     PRIMARY KEY (agent, server, channel)
 );
+-- channel_open / channel_close (and a connector send that opened a channel): an agent's last
+-- decision for a channel, so the daemon can hold the server to it after either side restarts
+-- (a server that keeps no subscriptions registers the channel closed again). A decline is the
+-- declines table's; an agent has one decision per channel, in one table or the other.
+CREATE TABLE IF NOT EXISTS channel_decisions (
+    agent TEXT NOT NULL,
+    server TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    state TEXT NOT NULL,
+    decided_at REAL NOT NULL,
+    PRIMARY KEY (agent, server, channel)
+) WITHOUT ROWID;
 -- Drafts: plain speech held instead of posted (mcpl_router.routing.drafts), one row each,
 -- rewritten whole on every change (an attempt is saved before its publish goes out).
 -- settled_at: when it was delivered or dismissed (NULL while it is live), for pruning.
@@ -222,7 +235,8 @@ def migrate(db: sqlite3.Connection, log: Any) -> None:
     """Bring the file to :data:`SCHEMA_VERSION`, one version at a time.
 
     Version 0 journals are rebuilt in place; versions 1 and 2 lack only whole tables (fork
-    generations came with 2, tune-outs with 3), which the schema script makes. A new file
+    generations came with 2, tune-outs with 3, channel decisions with 4), which the schema
+    script makes. A new file
     (version 0, no tables) is no migration.
     """
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
@@ -270,8 +284,8 @@ def migrate(db: sqlite3.Connection, log: Any) -> None:
         db.execute("PRAGMA legacy_alter_table = OFF")
         log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
     elif 0 < version < SCHEMA_VERSION:
-        # 1 → 2: fork_generations is new; 2 → 3: tune_outs is new. Both are whole tables the
-        # script below makes (IF NOT EXISTS), so a version 1 file goes through 2 in one step.
+        # 1 → 2: fork_generations is new; 2 → 3: tune_outs; 3 → 4: channel_decisions. Each is
+        # a whole table the script below makes (IF NOT EXISTS), so any of them is one step.
         log.info("journal.migrated", from_version=version, to_version=SCHEMA_VERSION)
     db.executescript(SCHEMA)
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -262,14 +262,16 @@ class FixtureControl:
         receipt: Mapping[str, Any] | None = None,
         tool_call: Mapping[str, Any] | None = None,
         policy_delay_ms: int | None = None,
+        open: Mapping[str, Any] | None = None,
     ) -> None:
         """Set how the fixture answers publishes, hooks, tool listings and calls, and the policy
-        (``policy_delay_ms``: how long each ``featureSets/update`` Request waits for its answer)."""
+        (``policy_delay_ms``: how long each ``featureSets/update`` Request waits for its answer);
+        ``open={"error": {"code", "message"}}`` refuses every ``channels/open``."""
         await self.call(
             "configure",
             **_given(
                 publish=publish, beforeInference=before_inference, tools=tools, receipt=receipt, toolCall=tool_call,
-                policyDelayMs=policy_delay_ms,
+                policyDelayMs=policy_delay_ms, open=open,
             ),
         )
 

@@ -411,6 +411,8 @@ class _Behaviour:
     #: Milliseconds to hold each ``featureSets/update`` Request before answering it (a host that
     #: widened before the receipt, or narrowed only after it, shows in that window).
     policy_delay_ms: int = 0
+    #: How ``channels/open`` answers: ``{"error": {code, message}}`` refuses every open.
+    open: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.define(eq=False)
@@ -665,6 +667,9 @@ class _HostSession:
         self.initialized = False
         self.announced = False
         self.channels: dict[str, dict[str, Any]] = {}
+        #: ``--host-owns-subscriptions``: the channels this host connection opened (as
+        #: discord-mcpl keeps them: in memory, the host's to restore after any restart).
+        self.subscribed: set[str] = set()
         # Admission is decided when a request arrives (against the grant current then) and
         # applied when it is handled.
         self._request_denials: dict[int | str, str] = {}
@@ -772,10 +777,10 @@ class _HostSession:
             "channels/outgoing/complete",
             "inference/lifecycle",
             "inference/chunk",
-            "channels/close",
             "ping",
         ):
             table.add(method, self._noted)
+        table.add("channels/close", self._close_channel, dict[str, Any])
         table.add("channels/acknowledge", self._acknowledge, dict[str, Any])
         table.add("channels/open", self._open, dict[str, Any])
         table.add("channels/list", self._channels_list)
@@ -933,9 +938,20 @@ class _HostSession:
         )
         return {"acknowledged": True, "representation": representation}
 
+    async def _close_channel(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
+        channel_id = params.get("channelId")
+        if isinstance(channel_id, str):
+            self.subscribed.discard(channel_id)
+        return {}
+
     async def _open(self, params: dict[str, Any], inbound: Inbound) -> dict[str, Any]:
+        refusal = self.server.behaviour.open.get("error")
+        if isinstance(refusal, dict):
+            raise RpcError(int(refusal.get("code", -32000)), str(refusal.get("message", "refused")))
         channel_id = params.get("channelId")
         descriptor = self.channels.get(channel_id) if isinstance(channel_id, str) else None
+        if isinstance(channel_id, str):
+            self.subscribed.add(channel_id)
         if self.options.personality != "discord":
             return {"channel": descriptor} if descriptor is not None else {}
         # discord-mcpl reads backscroll as history.limit (server.ts:68-71, :2379), nothing else.
@@ -1178,7 +1194,20 @@ class _ControlSession:
         if not isinstance(messages, list):
             raise RpcError(-32602, "incoming needs messages: [message]")
         filled = [self._complete_message(m) for m in messages]
-        return await session.send("channels/incoming", {"messages": filled}, self._form(params), timeout=params.get("timeout"))
+        not_sent: list[str] = []
+        if self.server.options.host_owns_subscriptions:
+            # As discord-mcpl: a message in a channel the host has not opened on this
+            # connection never goes out (the platform's event is dropped there).
+            not_sent = [m.get("messageId", "") for m in filled if m.get("channelId") not in session.subscribed]
+            filled = [m for m in filled if m.get("channelId") in session.subscribed]
+            if not_sent:
+                self.server.log.info("fixture.incoming.not_subscribed", message_ids=not_sent)
+            if not filled:
+                return {"results": [], "notSent": not_sent}
+        answer = await session.send("channels/incoming", {"messages": filled}, self._form(params), timeout=params.get("timeout"))
+        if not_sent and isinstance(answer, dict):
+            answer = {**answer, "notSent": not_sent}
+        return answer
 
     async def _flood(self, params: dict[str, Any], _inbound: Inbound) -> dict[str, Any]:
         """Send ``count`` ``channels/incoming`` requests with up to ``outstanding`` in flight.
@@ -1304,6 +1333,8 @@ class _ControlSession:
             behaviour.receipt = params["receipt"]
         if isinstance(params.get("policyDelayMs"), int):
             behaviour.policy_delay_ms = params["policyDelayMs"]
+        if isinstance(params.get("open"), dict):
+            behaviour.open = params["open"]
         return {}
 
     async def _recorded(self, params: dict[str, Any], _inbound: Inbound) -> list[dict[str, Any]]:
@@ -1376,6 +1407,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-line", help="stdio: a non-JSON line printed on stdout after initialize")
     parser.add_argument("--server-name", help="names logs, feature sets and serverInfo (default: per personality)")
     parser.add_argument("--push-on-start", action="store_true", help="push one event when the channels are registered")
+    parser.add_argument("--host-owns-subscriptions", action="store_true",
+                        help="as discord-mcpl: keep no subscriptions across a restart or a new host connection; "
+                             "a message in a channel the host has not opened (channels/open) on this connection is not sent")
     parser.add_argument("--exit-with-parent", action="store_true", help="exit when the parent process is gone")
     parser.add_argument("--never-answer", action="append", default=[], metavar="METHOD",
                         help="never answer this host request (initialize, featureSets/update, …): a hung server")

@@ -34,7 +34,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
-from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN, DesiredChannels
+from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN
 from mcpl_router.routing.fork_fence import FenceRefusal, fenced
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
@@ -42,14 +42,14 @@ from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
-from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
+from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.routing.wakes import Wake
-    from mcpl_router.store.journal import Journal
+    from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
     from mcpl_router.tools.tune_out import TuneOuts
     from mcpl_router.turns import TurnRun, TurnTimings
 
@@ -116,7 +116,7 @@ class ChannelTools:
     Args:
         router: the registry (what is registered and open) and the one resolver.
         links: the daemon's links by server id (its own dict: a reload changes it in place).
-        journal: declines, durable per agent.
+        channels: each agent's decisions per channel (journaled; the servers held to them).
         stop_typing_in: stops the typing of every turn typing in one channel (a close).
         timings: the publish deadline.
         tune_outs: whose tuned-out channels open/close/decline refuse.
@@ -124,13 +124,11 @@ class ChannelTools:
             calls are fenced to its home (routing/fork_fence.py).
     """
 
-    lifecycle_timeout: float = LIFECYCLE_TIMEOUT
-
     def __init__(
         self,
         router: Router,
         links: Mapping[str, ServerLink],
-        journal: Journal,
+        channels: ChannelLifecycle,
         stop_typing_in: Callable[[ChannelRef], Awaitable[None]],
         timings: TurnTimings,
         tune_outs: TuneOuts,
@@ -139,7 +137,7 @@ class ChannelTools:
     ) -> None:
         self._router = router
         self._links = links
-        self._journal = journal
+        self._channels = channels
         self._stop_typing_in = stop_typing_in
         self._timings = timings
         self._tune_outs = tune_outs
@@ -147,9 +145,7 @@ class ChannelTools:
         self._may_take = may_take
         self.defaults = DefaultChannels()
         #: What each agent last decided for each channel: "open", "closed" or "declined".
-        self._desired = DesiredChannels()
-        for agent, server_id, channel_id in journal.declines():
-            self._desired.decide(agent, ChannelRef(server_id, channel_id), DECLINED)
+        self._desired = channels.desired
         # The specs read nothing but the mode's one flag: built once per value, not per turn.
         self._specs: dict[bool, list[ToolSpec]] = {}
         self._log = get_logger()
@@ -244,10 +240,6 @@ class ChannelTools:
         link = self._links.get(ref.server_id)
         return link if link is not None and link.state is LinkState.READY else None
 
-    async def _lifecycle(self, link: ServerLink, method: str, params: dict[str, Any]) -> str | None:
-        """Send a lifecycle request; None when answered, else a stable reason."""
-        return await lifecycle_request(link, method, params, timeout=self.lifecycle_timeout)
-
     def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, Any] | None:
         """The refusal for a channel the calling agent tuned out, saying how the tune-out ends."""
         # A subconscious agent's tools act on its primary's tune-outs.
@@ -331,7 +323,7 @@ class ChannelTools:
                                    reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
             reason = None  # open already, and its server decides: nothing to ask
         else:
-            params: dict[str, Any] = {"channelId": ref.channel_id}
+            params: dict[str, Any] = {}
             # Backscroll travels as `history: {limit, beforeMessageId?}`, the shape discord-mcpl
             # reads (src/server.ts:68-71, :2379); a bare `backscroll` number it never sees.
             backscroll = args.get("backscroll")
@@ -346,7 +338,7 @@ class ChannelTools:
             thread_id = _text_arg(args, "threadId")
             if thread_id is not None:
                 params["threadId"] = thread_id
-            reason = await self._lifecycle(link, "channels/open", params)
+            reason = await self._channels.send_open(link, ref, params)
         if reason == REASON_UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
             return tool_result(texts.lifecycle_unconfirmed("open", shown), error=True, reason=reason, data=self._data(ref))
@@ -356,10 +348,9 @@ class ChannelTools:
                                data=self._data(ref))
         registry.set_open(ref, True)
         agent = call.run.turn.agent
-        # This agent opened it after all: its own journaled decline goes (whatever it decided
-        # since, e.g. a close after the decline); another agent's stays.
-        self._journal.forget_decline(agent, ref.server_id, ref.channel_id)
-        self._desired.decide(agent, ref, OPEN)
+        # This agent opened it after all: its decision replaces its own decline, journaled, so
+        # the server is held to it after a restart; another agent's decline stays.
+        self._channels.decide(agent, ref, OPEN)
         set_target = args.get("setSpeechTarget", True) is not False
         turn = call.scope.turn
         speech_here = False
@@ -386,15 +377,14 @@ class ChannelTools:
         if not link.grant.allows(LIFECYCLE):
             return tool_result(texts.lifecycle_not_granted("close", shown, ref.server_id, not_done), error=True,
                                reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
-        reason = await self._lifecycle(link, "channels/close", {"channelId": ref.channel_id})
+        reason = await self._channels.send_close(link, ref)
         if reason == REASON_UNCONFIRMED:
             return tool_result(texts.lifecycle_unconfirmed("close", shown), error=True, reason=reason, data=self._data(ref))
         if reason is not None:
             self._log_call(call, "channel_close.failed", ref, reason=reason)
             return tool_result(texts.lifecycle_failed("close", shown, reason, not_done), error=True, reason=reason,
                                data=self._data(ref))
-        self._router.registry.set_open(ref, False)
-        self._desired.decide(call.run.turn.agent, ref, CLOSED)
+        self._channels.decide(call.run.turn.agent, ref, CLOSED)
         # Typing stops in exactly this channel; another server's with the id keeps its own.
         await self._stop_typing_in(ref)
         self._log_call(call, "channel_close.closed", ref)
@@ -409,8 +399,7 @@ class ChannelTools:
         if not isinstance(ref, ChannelRef):
             return ref
         agent = call.run.turn.agent
-        self._journal.record_decline(agent, ref.server_id, ref.channel_id)
-        self._desired.decide(agent, ref, DECLINED)
+        self._channels.decide(agent, ref, DECLINED)
         emoji = _text_arg(args, "acknowledge")
         acknowledged: bool | None = None
         note = None
@@ -428,7 +417,7 @@ class ChannelTools:
                 acknowledged, note = False, texts.ack_not_sent(texts.REASON_NOT_PERMITTED)
             else:
                 reason = await acknowledge_message(
-                    link, ref, message_id, intent=ACK_INTENT_DECLINED, value=emoji, timeout=self.lifecycle_timeout
+                    link, ref, message_id, intent=ACK_INTENT_DECLINED, value=emoji, timeout=self._channels.timeout
                 )
                 acknowledged = reason is None
                 note = texts.ACK_SENT if reason is None else texts.ack_not_sent(reason)

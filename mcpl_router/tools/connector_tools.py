@@ -47,14 +47,17 @@ from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
+from mcpl_router.routing.desired import OPEN
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
+from mcpl_router.turns.sends import LIFECYCLE
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
+    from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
     from mcpl_router.tools.table import ToolTable
     from mcpl_router.turns import TurnRun
 
@@ -178,10 +181,11 @@ class ConnectorTools:
     call_timeout: float = CALL_TIMEOUT
     list_timeout: float = LIST_TIMEOUT
 
-    def __init__(self, links: Mapping[str, ServerLink], router: Router, names: ToolTable) -> None:
+    def __init__(self, links: Mapping[str, ServerLink], router: Router, names: ToolTable, channels: ChannelLifecycle) -> None:
         self._links = links
         self._router = router
         self._names = names
+        self._channels = channels
         self._catalogs: dict[str, _ServerCatalog] = {}
         self._refreshes: dict[str, _Refresh] = {}
         self._nursery: trio.Nursery | None = None
@@ -412,7 +416,7 @@ class ConnectorTools:
         notices: list[str] = []
         if tool.is_send and not failed:
             channel = self._result_channel(tool, result) or channel
-            notices = self._engage(call, channel, log)
+            notices = await self._engage(call, channel, log)
         result["content"] = [*content, *({"type": "text", "text": n} for n in notices)]
         result["isError"] = failed
         if failed:
@@ -449,8 +453,14 @@ class ConnectorTools:
             return ChannelRef(tool.server_id, channel_id)
         return None
 
-    def _engage(self, call: ToolCall, channel: ChannelRef | None, log: Any) -> list[str]:
-        """Count a send: engage its channel for the calling turn, open it if it was closed."""
+    async def _engage(self, call: ToolCall, channel: ChannelRef | None, log: Any) -> list[str]:
+        """Count a send: engage its channel for the calling turn, open it if it was closed.
+
+        Opened as ``channel_open`` opens one: ``channels/open`` on the channel's own server,
+        the agent's decision journaled (so its server is held to it after a restart). The
+        notice says so only when the server took the open; without the lifecycle grant, or
+        when it refused, the channel stays as it was and nothing is claimed.
+        """
         if channel is None:
             return []
         registry = self._router.registry
@@ -459,19 +469,28 @@ class ConnectorTools:
             log.info("connector.send.unregistered_channel", channel=channel.channel_id)
             return []
         record_explicit_send(call, channel)
-        if not entry.open and registry.set_open(channel, True):
-            shown = self._router.names.name_shown(channel)
-            log.info("connector.send.opened", channel=channel.channel_id)
-            return [texts.connector_send_opened(shown)]
-        return []
+        if entry.open:
+            return []
+        link = self._links.get(channel.server_id)
+        if link is None or link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
+            log.info("connector.send.left_closed", channel=channel.channel_id, why="not-granted")
+            return []
+        reason = await self._channels.send_open(link, channel, {})
+        if reason is not None:
+            log.warning("connector.send.open_failed", channel=channel.channel_id, reason=reason)
+            return []
+        self._channels.decide(call.run.turn.agent, channel, OPEN)
+        log.info("connector.send.opened", channel=channel.channel_id)
+        return [texts.connector_send_opened(self._router.names.name_shown(channel))]
 
     def _unconfirmed(
         self, call: ToolCall, tool: ConnectorTool, channel: ChannelRef | None, data: dict[str, Any], timeout: float
     ) -> dict[str, Any]:
         # Possibly sent: a send engages its channel, as an unconfirmed publish does, so the
         # round's plain text isn't posted beside words that may already be there.
-        if tool.is_send:
-            self._engage(call, channel, self._log)
+        if tool.is_send and channel is not None and self._router.registry.get(channel) is not None:
+            # Not opened: whether the send went is unknown, so nothing is claimed of it.
+            record_explicit_send(call, channel)
         text = texts.connector_unconfirmed(call.name, tool.server_id, timeout)
         result = tool_result(text, reason=texts.REASON_UNCONFIRMED, data={**data, "outcome": "unknown"})
         result["_meta"] = {"mcpl-router": {**self._about(data, channel), "outcome": "unknown"}}

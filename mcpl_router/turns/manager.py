@@ -95,6 +95,7 @@ class TurnManager:
         tools: ToolListing,
         metrics: ContextMetrics | None = None,
         is_draining: Callable[[], bool] = lambda: False,
+        notices_for: Callable[[str], list[str]] = lambda agent: [],
     ) -> None:
         self._router = router
         self._links = links
@@ -102,6 +103,9 @@ class TurnManager:
         self._sessions = sessions
         self._metrics = metrics
         self._is_draining = is_draining
+        # What an agent was not told outside a turn (a channel its open couldn't be restored
+        # in): given at its next turn/open, once.
+        self._notices_for = notices_for
         self.timings = TurnTimings()
         self.table = TurnTable()
         self._runs: dict[str, TurnRun] = {}
@@ -271,7 +275,7 @@ class TurnManager:
             "channel": self._ref_wire(trigger),
             "tools": self.tools_for(spec, run),
             "system": mode.system_lines(may_publish=agent_may_call(spec, "channel_publish"), subagent=run.subagent),
-            "notices": [texts.untold_drafts([draft.draft_id for draft in untold])] if untold else [],
+            "notices": ([texts.untold_drafts([draft.draft_id for draft in untold])] if untold else []) + self._notices_for(agent),
             "proseRouting": mode.name,
             "shown": {
                 "channel": self._shown(trigger) if trigger else None,

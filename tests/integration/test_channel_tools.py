@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from mcpl_router.tools.channel_tools import ChannelTools
+from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
 from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
 from mcpl_router.jsonrpc import RpcError
@@ -315,8 +315,8 @@ async def test_channel_decline_is_durable_acknowledges_and_shows_in_channel_list
                 assert "b:general" in listed["content"][0]["text"]
                 await client.call("turn/close", {"turnId": turn["turnId"], "outcome": "completed"})
             assert daemon.journal.declines() == [(AGENT, "b", "general")]
-            # Durable: a fresh provider over the same journal reads it back.
-            assert ChannelTools(daemon.router, daemon.links, daemon.journal, daemon.turns.stop_typing_in, daemon.turns.timings, daemon.tune_outs)._desired.decisions() == {(AGENT, B_GENERAL): "declined"}
+            # Durable: a fresh reader of the same journal reads it back.
+            assert ChannelLifecycle(daemon.router, daemon.links, daemon.journal).desired.decisions() == {(AGENT, B_GENERAL): "declined"}
 
 
 @ORDERS
@@ -346,19 +346,20 @@ async def test_desired_state_and_declines_are_each_agents_own(tmp_path: Path, fi
                 assert (await desired("bob"))[("b", "general")] == "open"
                 assert (await desired(AGENT))[("b", "general")] == "declined"
                 assert daemon.journal.declines() == [(AGENT, "b", "general")]
-                # ann closes it (still declined in the journal), then opens it: her decline goes.
+                # ann closes it: her close replaces her decline, in the journal too; then she opens it.
                 await in_turn(AGENT, ("channel_close", {"channelId": "b:general"}))
                 assert (await desired(AGENT))[("b", "general")] == "closed"
-                assert daemon.journal.declines() == [(AGENT, "b", "general")]
-                await in_turn(AGENT, ("channel_open", {"channelId": "b:general", "setSpeechTarget": False}))
                 assert daemon.journal.declines() == []
+                assert (AGENT, "b", "general", "closed") in daemon.journal.channel_decisions()
+                await in_turn(AGENT, ("channel_open", {"channelId": "b:general", "setSpeechTarget": False}))
+                assert (AGENT, "b", "general", "open") in daemon.journal.channel_decisions()
                 assert (await desired(AGENT))[("b", "general")] == "open"
                 # bob's decline of a:general is durable and his alone.
                 await in_turn("bob", ("channel_decline", {"channelId": "a:general"}))
                 assert (await desired(AGENT))[("a", "general")] is None
             assert daemon.journal.declines() == [("bob", "a", "general")]
-            fresh = ChannelTools(daemon.router, daemon.links, daemon.journal, daemon.turns.stop_typing_in, daemon.turns.timings, daemon.tune_outs)._desired.decisions()
-            assert fresh == {("bob", A_GENERAL): "declined"}
+            fresh = ChannelLifecycle(daemon.router, daemon.links, daemon.journal).desired.decisions()
+            assert fresh == {("bob", A_GENERAL): "declined", ("bob", B_GENERAL): "open", (AGENT, B_GENERAL): "open"}
 
 
 async def test_refusals_say_what_was_not_done_and_empty_strings_are_not_given(tmp_path: Path) -> None:

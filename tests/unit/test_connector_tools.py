@@ -59,7 +59,7 @@ def test_the_offered_list_is_the_same_until_a_link_its_grant_or_its_catalog_chan
     link = types.SimpleNamespace(server_id="a", state=LinkState.READY, grant=granted, epoch=1,
                                  config=ServerConfig(id="a", transport="stdio", command="true"))
     links = {"a": link}
-    connector = ConnectorTools(links, Router(), ToolTable())  # type: ignore[arg-type]
+    connector = ConnectorTools(links, Router(), ToolTable(), None)  # type: ignore[arg-type]
     send = {"name": "send_message", "description": "Send.", "inputSchema": {"type": "object"}}
     connector._install(link, 1, [send])  # type: ignore[arg-type]
 
@@ -92,7 +92,7 @@ def test_the_table_offers_what_the_connector_offers_now_as_its_link_comes_and_go
     link = types.SimpleNamespace(server_id="a", state=LinkState.READY, grant=Grant(effective=frozenset({"tools"})), epoch=1,
                                  config=ServerConfig(id="a", transport="stdio", command="true", tool_prefix="mcpl--a--"))
     table = ToolTable()
-    connector = ConnectorTools({"a": link}, Router(), table)  # type: ignore[arg-type]
+    connector = ConnectorTools({"a": link}, Router(), table, None)  # type: ignore[arg-type]
     table.install([connector])
     connector._install(link, 1, [{"name": "send_message", "inputSchema": {"type": "object"}}])  # type: ignore[arg-type]
 

@@ -229,7 +229,7 @@ def test_a_version_1_journal_gains_the_fork_counters(tmp_path: Path) -> None:
         assert journal.fork_generations() == []
         db = sqlite3.connect(str(path))
         version = db.execute("PRAGMA user_version").fetchone()[0]
-        assert version == SCHEMA_VERSION == 3  # through 2, to 3 at once
+        assert version == SCHEMA_VERSION == 4  # through 2 and 3, to 4 at once
         assert db.execute("SELECT COUNT(*) FROM tune_outs").fetchone()[0] == 0
         db.close()
     finally:

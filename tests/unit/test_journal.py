@@ -216,7 +216,7 @@ async def test_a_tune_out_round_trips_and_reads_back_the_wakes_it_holds(tmp_path
         assert [row.server_id for row in await journal.saved_tune_outs()] == ["a"]
 
 
-async def test_a_version_2_journal_is_migrated_to_3_keeping_what_it_held(tmp_path: Path) -> None:
+async def test_a_version_2_journal_is_migrated_to_the_current_version_keeping_what_it_held(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
     async with open_journal(path) as journal:
         [owed] = await journal.record_inbound([(on("b", "m-1"), [KAI])])
@@ -233,13 +233,13 @@ async def test_a_version_2_journal_is_migrated_to_3_keeping_what_it_held(tmp_pat
         journal = Journal(path)
     try:
         assert [e for e in logs if e["event"] == "journal.migrated"] == [
-            {"event": "journal.migrated", "log_level": "info", "journal": str(path), "from_version": 2, "to_version": 3}
+            {"event": "journal.migrated", "log_level": "info", "journal": str(path), "from_version": 2, "to_version": 4}
         ]
         assert journal.unacked_count("kai") == 1 and journal.last_seq() == owed.seq
         assert journal.fork_generations() == [("kai", "b", "dm-1", 2)]
         assert journal.declines() == [("kai", "a", "general")]
         db = sqlite3.connect(str(path))
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         columns = [row[1] for row in db.execute("PRAGMA table_info(tune_outs)")]
         assert columns[:3] == ["agent", "server", "channel"]  # a pair of columns, never a joined key
         db.close()

@@ -1,0 +1,194 @@
+"""Each agent's decision per channel (open, closed, declined), kept in the journal, and the
+servers held to it.
+
+MCPL lets a server keep no subscriptions of its own: discord-mcpl's "desired state is
+host-owned; channels/open and channels/close reconcile this set". After it restarts, or after
+the daemon does, it registers again, closed, a channel an agent had opened, and nothing said
+there reaches the agent until something opens it again. So the decisions are journaled
+(``channel_open``, ``channel_close``, ``channel_decline``, and a connector send that opened a
+channel), and every time a server registers channels (each epoch, after either side restarts)
+those the server's state differs on are reconciled, on that server alone:
+
+- some agent decided it open and the server registered it closed: ``channels/open``, with no
+  history (the agent had the history it asked for at its own open: asked at most once);
+- an agent closed it, none decided it open, and the server registered it open: ``channels/close``.
+
+A server that refuses: logged, counted, and each agent that wanted the channel open is told once
+(a notice at its next turn), not at every registration; the next registration tries again.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import LinkState
+from mcpl_router.routing import texts
+from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN, DesiredChannels
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
+
+if TYPE_CHECKING:
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.routing.router import Router
+    from mcpl_router.store.journal import Journal
+
+__all__ = ["ChannelLifecycle", "RECONCILE_OPEN", "RECONCILE_CLOSE"]
+
+RECONCILE_OPEN: Final = "open"
+RECONCILE_CLOSE: Final = "close"
+#: What a reconcile's outcome is counted as (``mcpl_router_channel_reconciles_total``).
+DONE: Final = "done"
+FAILED: Final = "failed"
+
+
+class ChannelLifecycle:
+    """The agents' channel decisions (journaled) and the ``channels/open``/``close`` that keep
+    each server to them. One per daemon; the channel tools and the connector tools decide
+    through it, the daemon tells it what each server registered."""
+
+    timeout: float = LIFECYCLE_TIMEOUT
+
+    def __init__(self, router: Router, links: Mapping[str, ServerLink], journal: Journal) -> None:
+        self._router = router
+        self._links = links
+        self._journal = journal
+        self._log = get_logger()
+        #: What each agent last decided for each channel.
+        self.desired = DesiredChannels()
+        for agent, server_id, channel_id in journal.declines():
+            self.desired.decide(agent, ChannelRef(server_id, channel_id), DECLINED)
+        for agent, server_id, channel_id, state in journal.channel_decisions():
+            self.desired.decide(agent, ChannelRef(server_id, channel_id), state)
+        # Registered channels to check, in arrival order (a set: a registration storm of one
+        # channel is one check). Bounded by the channels agents decided for.
+        self._pending: dict[ChannelRef, None] = {}
+        self._arrived = trio.Event()
+        #: Reconciles by (server, action, outcome), since start.
+        self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
+        #: The last reconcile's outcome per channel (for ``status``).
+        self._last: dict[ChannelRef, dict[str, Any]] = {}
+        # (agent, channel) told that its open could not be restored: told once, until the
+        # agent decides again or a reconcile succeeds.
+        self._told: set[tuple[str, ChannelRef]] = set()
+        self._notices: dict[str, dict[ChannelRef, str]] = {}
+
+    # ------------------------------------------------------------------ decisions
+
+    def decide(self, agent: str, ref: ChannelRef, state: str) -> None:
+        """``agent`` decided ``state`` for ``ref``: kept, and journaled (written behind)."""
+        self.desired.decide(agent, ref, state)
+        self._told.discard((agent, ref))
+        self._notices.get(agent, {}).pop(ref, None)
+        if state == DECLINED:
+            self._journal.record_decline(agent, ref.server_id, ref.channel_id)
+        else:
+            self._journal.record_channel_decision(agent, ref.server_id, ref.channel_id, state)
+
+    async def send_open(self, link: ServerLink, ref: ChannelRef, params: dict[str, Any]) -> str | None:
+        """``channels/open`` on ``ref``'s own server; None when answered (the channel is then
+        open here too), else a stable reason."""
+        reason = await lifecycle_request(link, "channels/open", {**params, "channelId": ref.channel_id}, timeout=self.timeout)
+        if reason is None:
+            self._router.registry.set_open(ref, True)
+        return reason
+
+    async def send_close(self, link: ServerLink, ref: ChannelRef) -> str | None:
+        """``channels/close`` on ``ref``'s own server; None when answered (then closed here too)."""
+        reason = await lifecycle_request(link, "channels/close", {"channelId": ref.channel_id}, timeout=self.timeout)
+        if reason is None:
+            self._router.registry.set_open(ref, False)
+        return reason
+
+    def notices_for(self, agent: str) -> list[str]:
+        """What ``agent`` has not been told yet (a channel its open could not be restored in):
+        given once, at its next turn."""
+        pending = self._notices.pop(agent, {})
+        return list(pending.values())
+
+    # ------------------------------------------------------------------ reconciling
+
+    def registered(self, refs: Iterable[ChannelRef]) -> None:
+        """A server registered ``refs`` (a new epoch, a restart of either side): check those an
+        agent decided something for against what the agents decided."""
+        for ref in refs:
+            if self.desired.wanted(ref) is not None:
+                self._pending[ref] = None
+        if self._pending:
+            self._arrived.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Reconcile registered channels as they arrive, one at a time, until cancelled."""
+        task_status.started()
+        while True:
+            if not self._pending:
+                self._arrived = trio.Event()
+                await self._arrived.wait()
+                continue
+            ref = next(iter(self._pending))
+            del self._pending[ref]
+            try:
+                await self._reconcile(ref)
+            except Exception:
+                # One channel's failure must not stop the others being kept.
+                self._log.exception("channel.reconcile.crashed", server=ref.server_id, channel=ref.channel_id)
+
+    async def _reconcile(self, ref: ChannelRef) -> None:
+        entry = self._router.registry.get(ref)
+        wanted = self.desired.wanted(ref)
+        if entry is None or wanted is None or entry.open == wanted:
+            return
+        link = self._links.get(ref.server_id)
+        if link is None or link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
+            # Without the lifecycle grant the server decides alone; a link not ready registers
+            # again (and is checked again) when it is.
+            self._log.info("channel.reconcile.skipped", server=ref.server_id, channel=ref.channel_id,
+                           why="link-not-ready" if link is None or link.state is not LinkState.READY else "not-granted")
+            return
+        action = RECONCILE_OPEN if wanted else RECONCILE_CLOSE
+        reason = await (self.send_open(link, ref, {}) if wanted else self.send_close(link, ref))
+        outcome = DONE if reason is None else FAILED
+        self.counts[(ref.server_id, action, outcome)] += 1
+        self._last[ref] = {"action": action, "outcome": outcome, "reason": reason, "at": trio.current_time()}
+        agents = sorted(agent for agent, state in self.desired.deciders(ref).items() if state == (OPEN if wanted else CLOSED))
+        if reason is None:
+            self._log.info("channel.reconciled", server=ref.server_id, channel=ref.channel_id, action=action, agents=agents)
+            for agent in agents:
+                self._told.discard((agent, ref))
+            return
+        self._log.warning("channel.reconcile.failed", server=ref.server_id, channel=ref.channel_id, action=action,
+                          reason=reason, agents=agents)
+        if not wanted:
+            return
+        shown = self._router.names.name_shown(ref)
+        for agent in agents:
+            if (agent, ref) not in self._told:
+                self._told.add((agent, ref))
+                self._notices.setdefault(agent, {})[ref] = texts.reopen_failed(shown, ref.server_id, reason)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        """``status``'s ``channelDecisions``: the reconciles so far, and each channel whose
+        server state differs from what its agents decided (a reconcile pending or refused)."""
+        registry = self._router.registry
+        diverging = []
+        for ref in self.desired.refs():
+            wanted = self.desired.wanted(ref)
+            entry = registry.get(ref)
+            if wanted is None or entry is None or entry.open == wanted:
+                continue
+            diverging.append({
+                **ref.to_wire(),
+                "desired": OPEN if wanted else CLOSED,
+                "registered": "open" if entry.open else "closed",
+                "last": self._last.get(ref),
+            })
+        totals: collections.Counter[str] = collections.Counter()
+        for (_, action, outcome), count in self.counts.items():
+            totals[f"{action}-{outcome}"] += count
+        return {"reconciled": dict(totals), "pending": len(self._pending), "diverging": diverging}
