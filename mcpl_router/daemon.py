@@ -32,6 +32,7 @@ from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
+from mcpl_router.mcpl.liveness import Liveness
 from mcpl_router.metrics import DaemonMetrics, ScrapedParts, registration_reason_label
 from mcpl_router.reload_plan import plan_reload
 from mcpl_router.routing.refs import ChannelRef
@@ -89,6 +90,8 @@ class Daemon:
         self._reload_lock = trio.Lock()
         enabled = {server_id: server for server_id, server in config.servers.items() if not server.disabled}
         self.links: dict[str, ServerLink] = {server_id: ServerLink(server, self) for server_id, server in enabled.items()}
+        #: Whether each ready server still answers (ping; mcpl/liveness.py).
+        self.liveness = Liveness()
         self.observers: list[Observer] = list(observers or [])
         self.shutdown_requested = trio.Event()
         self._log = get_logger()
@@ -188,6 +191,7 @@ class Daemon:
                 turns=self.turns,
                 readiness=self.readiness,
                 channel_decisions=self.channel_decisions,
+                liveness=self.liveness,
             )
         )
 
@@ -318,6 +322,7 @@ class Daemon:
             problem = self.server_problem(link)
             row["serving"] = problem is None
             row["problem"] = problem
+            row["liveness"] = self.liveness.of(link.server_id).to_wire()
             rows.append(row)
         return rows
 
@@ -335,7 +340,7 @@ class Daemon:
         if refusals and not self.router.registry.channels_for(link.server_id):
             reason, _ = refusals.most_common(1)[0]
             return f"is ready but every channel registration was refused ({sum(refusals.values())}: {reason})"
-        return None
+        return self.liveness.of(link.server_id).problem()
 
     def readiness(self) -> Readiness:
         """What ``/readyz`` answers (see :func:`mcpl_router.health.readiness`)."""
@@ -460,7 +465,12 @@ class Daemon:
         self._link_scopes[link.server_id] = (scope, done)
         try:
             with scope:
-                await link.run(task_status=task_status)
+                async with trio.open_nursery() as nursery:
+                    # Pings while it is ready (mcpl/liveness.py): a stopped server shows.
+                    nursery.start_soon(self.liveness.watch, link)
+                    await link.run(task_status=task_status)
+                    # Given up (failed): nothing left to ping.
+                    nursery.cancel_scope.cancel()
         finally:
             done.set()
             if self._link_scopes.get(link.server_id, (None, None))[1] is done:
@@ -475,6 +485,7 @@ class Daemon:
             await done.wait()
         self.links.pop(server_id, None)
         self.registration_refusals.pop(server_id, None)
+        self.liveness.forget(server_id)
 
     async def _serve_reloads(self) -> None:
         async for _ in self._reload_receive:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.mcpl.liveness import Liveness
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal, JournalStatistics
     from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LINK_STATES = ("connecting", "ready", "retrying", "closed", "failed")
+_LIVENESS_STATES = ("answering", "unresponsive", "unknown", "not-checked")
 
 #: Registration refusal texts (server-facing, sentences) → a stable label.
 _REGISTRATION_REASONS = {
@@ -264,6 +266,7 @@ class ScrapedParts:
     turns: TurnManager
     readiness: Callable[[], Readiness]
     channel_decisions: ChannelLifecycle
+    liveness: Liveness
 
 
 class _StateCollector(Collector):
@@ -284,6 +287,10 @@ class _StateCollector(Collector):
         connects = CounterMetricFamily("mcpl_router_server_connects", "Transport epochs started (first connection and every reconnect).", labels=["server"])
         reconnects = CounterMetricFamily("mcpl_router_server_reconnects", "Reconnection attempts (epochs after the first).", labels=["server"])
         channels = GaugeMetricFamily("mcpl_router_server_channels", "Channels the server has registered now.", labels=["server"])
+        liveness = GaugeMetricFamily(
+            "mcpl_router_server_liveness", "Whether a ready server answers ping (1 for its current liveness).", labels=["server", "state"]
+        )
+        missed = CounterMetricFamily("mcpl_router_server_pings_missed", "Pings a server left unanswered past their deadline.", labels=["server"])
         refused = CounterMetricFamily("mcpl_router_inbound_refused_at_admission", "Inbound methods refused by the grant (reason: not-granted, before-policy).", labels=["server", "reason"])
         publishes = CounterMetricFamily("mcpl_router_publishes", "Publishes to servers by outcome (delivered, failed, unknown) and reason.", labels=["server", "outcome", "reason"])
         depth = GaugeMetricFamily("mcpl_router_queue_depth", "Messages waiting in a bounded queue now.", labels=["queue", "owner"])
@@ -307,6 +314,10 @@ class _StateCollector(Collector):
             connects.add_metric([server_id], float(link.epoch))
             reconnects.add_metric([server_id], float(max(0, link.epoch - 1)))
             channels.add_metric([server_id], float(per_server.get(server_id, 0)))
+            alive = parts.liveness.of(server_id)
+            for name in _LIVENESS_STATES:
+                liveness.add_metric([server_id, name], 1.0 if name == alive.state else 0.0)
+            missed.add_metric([server_id], float(alive.missed))
             for reason, count in link.admission_refused.items():
                 refused.add_metric([server_id, reason], float(count))
             for (outcome, reason), count in link.publishes.items():
@@ -339,7 +350,7 @@ class _StateCollector(Collector):
         in_flight.add_metric([], float(sum(row["inFlight"] for row in outboxes)))
         journal = parts.journal.statistics()
         depth.add_metric(["journal-writes", "*"], float(journal.queued_writes))
-        yield from (up, state, required, connects, reconnects, channels, refused, publishes, depth, pending, pressure, outbox_bytes, in_flight, disconnects)
+        yield from (up, state, required, connects, reconnects, channels, liveness, missed, refused, publishes, depth, pending, pressure, outbox_bytes, in_flight, disconnects)
         yield from _journal_series(journal)
 
         hosts = GaugeMetricFamily("mcpl_router_host_connections", "Host connections open now.")

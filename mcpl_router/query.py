@@ -290,7 +290,10 @@ def _print_status(answer: Any) -> None:
         print(f"  ! {problem}")
     for server in answer["servers"]:
         required = " (required)" if server.get("required") else ""
-        print(f"  {server['serverId']:<16} {server['state']:<10} {server['transport']:<10} {server['endpoint']}{required}")
+        # A connected server that stopped answering ping shows as such, not as "ready".
+        unresponsive = (server.get("liveness") or {}).get("state") == "unresponsive" and server["state"] == "ready"
+        shown_state = "unresponsive" if unresponsive else server["state"]
+        print(f"  {server['serverId']:<16} {shown_state:<10} {server['transport']:<10} {server['endpoint']}{required}")
         if server.get("problem") and server["state"] == "ready":
             print(f"      {server['problem']}")
         elif server.get("lastError") and server["state"] != "ready":

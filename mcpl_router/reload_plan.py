@@ -14,8 +14,8 @@ from mcpl_router.config import RouterConfig, ServerConfig
 
 __all__ = ["ReloadPlan", "plan_reload"]
 
-#: Server keys a live link can take without reconnecting: its tool filters and readiness.
-_LIVE_KEYS = frozenset({"enabled_tools", "disabled_tools", "required"})
+#: Server keys a live link can take without reconnecting: its tool filters, readiness and ping.
+_LIVE_KEYS = frozenset({"enabled_tools", "disabled_tools", "required", "ping"})
 #: Server keys applied to the live connection by sending it a new grant.
 #: (``inference`` grants or withdraws the inference leaves; its limits are read per request.)
 _GRANT_KEYS = frozenset(

@@ -168,6 +168,8 @@ class ServerStatus(_Result):
     refusal_reasons: dict[str, int] = {}
     serving: bool = False
     problem: str | None = None
+    #: Whether the server answers ping (``state``: answering, unresponsive, unknown, not-checked).
+    liveness: dict[str, Any] = {}
 
 
 class ServersList(_Result):

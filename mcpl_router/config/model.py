@@ -77,6 +77,7 @@ SERVER_KEYS: Final = (
     "legacy",
     "requestTimeout",
     "reconnect",
+    "ping",
     "enabledTools",
     "disabledTools",
     "toolPrefix",
@@ -94,6 +95,8 @@ SERVER_COMPAT_KEYS: Final = ("requestTimeoutMs", "reconnectIntervalMs", "reconne
 # reported as ignored (check-config shows the warning) rather than silently dropped.
 SERVER_IGNORED_HOST_KEYS: Final = ("channelSubscription", "access", "toolLifecycle")
 RECONNECT_KEYS: Final = ("initialDelay", "maxDelay", "multiplier", "jitter", "maxAttempts")
+#: ``mcplServers.<id>.ping``: whether a ready link is asked MCP ``ping`` to show it still answers.
+PING_KEYS: Final = ("enabled", "interval", "timeout")
 HOST_KEYS: Final = (
     "websocket",
     "unixSocket",
@@ -222,6 +225,21 @@ class ReconnectPolicy:
 
 
 @attrs.frozen
+class PingPolicy:
+    """How a ready link shows it still answers: MCP ``ping`` every ``interval`` seconds, missed
+    when nothing (an error answer counts: servers without a ``ping`` handler say -32601) comes
+    back within ``timeout``. A link that misses one is ``unresponsive`` until it answers again.
+    """
+
+    enabled: bool = True
+    interval: float = 30.0
+    timeout: float = 10.0
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "interval": self.interval, "timeout": self.timeout}
+
+
+@attrs.frozen
 class InferencePolicy:
     """What a server may ask of inference (``mcplServers.<id>.inference``); absent: nothing.
 
@@ -286,6 +304,7 @@ class ServerConfig:
     # link behaviour
     request_timeout: float = 30.0
     reconnect: ReconnectPolicy = ReconnectPolicy()
+    ping: PingPolicy = PingPolicy()
     enabled_tools: tuple[str, ...] | None = None
     disabled_tools: tuple[str, ...] = ()
     tool_prefix: str = ""

@@ -20,6 +20,7 @@ from mcpl_router.config.errors import show_value
 from mcpl_router.config.model import (
     DEFAULT_ENV_ALLOWLIST,
     LEGACY_MODES,
+    PING_KEYS,
     PROTOCOL_FAMILIES,
     RECONNECT_KEYS,
     SERVER_COMPAT_KEYS,
@@ -31,6 +32,7 @@ from mcpl_router.config.model import (
     TOMBSTONE,
     TRANSPORTS,
     WEBSOCKET_KEYS,
+    PingPolicy,
     ReconnectPolicy,
     ServerConfig,
 )
@@ -116,6 +118,7 @@ def _parse_server(
         "legacy": s.choice("legacy", LEGACY_MODES, "auto", "a legacy mode"),
         "request_timeout": request_timeout,
         "reconnect": _parse_reconnect(s),
+        "ping": _parse_ping(s),
         # Hosts read an empty enabledTools as "every tool"; keep that meaning for their files.
         # Offering none is disabledTools = ["*"].
         "enabled_tools": enabled_tools or None,
@@ -411,6 +414,22 @@ def _seconds_or_ms(s: Section, name: str, ms_name: str, default: float) -> float
     if s.given(ms_name) and not s.has(name):
         return s.number(ms_name, default * 1000, above=0) / 1000
     return s.number(name, default, above=0)
+
+
+def _parse_ping(s: Section) -> PingPolicy:
+    defaults = PingPolicy()
+    raw = s.raw("ping")
+    if isinstance(raw, bool):
+        return PingPolicy(enabled=raw)
+    if s.given("ping") and not isinstance(raw, Mapping):
+        s.error("ping", f"expected a table or true/false, got {show_value(raw)}.", "Write ping = { interval = 30, timeout = 10 }, or false.")
+        return defaults
+    table = s.table("ping", PING_KEYS, "ping") if isinstance(raw, Mapping) else Section.empty(s.problems, s.key_of("ping"))
+    return PingPolicy(
+        enabled=table.boolean("enabled", defaults.enabled),
+        interval=table.number("interval", defaults.interval, above=0),
+        timeout=table.number("timeout", defaults.timeout, above=0),
+    )
 
 
 def _parse_reconnect(s: Section) -> ReconnectPolicy:

@@ -751,6 +751,9 @@ class _HostSession:
             # A server that hangs on this method: the host's deadline is what ends the wait.
             self.log.info("fixture.never_answering", method=inbound.method)
             await trio.sleep_forever()
+        if inbound.method in self.options.unknown_method:
+            # As the real servers answer methods they have no handler for (ping among them).
+            raise RpcError(-32601, f"Method not found: {inbound.method}")
         if inbound.is_notification:
             denied = self.denied_capability(inbound.method)
         else:
@@ -1407,6 +1410,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-line", help="stdio: a non-JSON line printed on stdout after initialize")
     parser.add_argument("--server-name", help="names logs, feature sets and serverInfo (default: per personality)")
     parser.add_argument("--push-on-start", action="store_true", help="push one event when the channels are registered")
+    parser.add_argument("--unknown-method", action="append", default=[], metavar="METHOD",
+                        help="answer METHOD -32601 Method not found, as discord-mcpl, heartbeat-mcpl and mcpl-editor answer ping")
     parser.add_argument("--host-owns-subscriptions", action="store_true",
                         help="as discord-mcpl: keep no subscriptions across a restart or a new host connection; "
                              "a message in a channel the host has not opened (channels/open) on this connection is not sent")
