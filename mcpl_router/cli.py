@@ -117,6 +117,39 @@ def _query(args: argparse.Namespace) -> int:
     return query(args)
 
 
+def _journal_args(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("action", choices=["check"], help="check: the checks a start makes, and what the journal holds")
+    add_config_args(sub, text="the config file whose journal.path to check")
+    sub.add_argument("--journal", metavar="PATH", help="the journal file to check (instead of a config's journal.path)")
+
+
+def _journal(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mcpl_router.store.integrity import inspect_journal
+    from mcpl_router.store.journal import JournalRefused
+
+    if args.journal:
+        path = Path(args.journal)
+    else:
+        from mcpl_router.config import ConfigError, load_config
+
+        try:
+            given = config_file(args, required=True)
+            assert given is not None  # required
+            config = load_config(given)
+        except ConfigError as exc:
+            return fail(str(exc), EXIT_CONFIG)
+        path = Path(config.journal.path)
+    try:
+        lines = inspect_journal(path)
+    except JournalRefused as exc:
+        print(f"mcpl-router: {exc}")
+        return EXIT_REFUSED
+    print("\n".join(lines))
+    return EXIT_OK
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         "run", "run the daemon with a config file",
@@ -164,6 +197,16 @@ COMMANDS: tuple[Command, ...] = (
         "nothing answers. Asks its [health] listener's /readyz when the config has one, else its "
         "host socket.",
         _query_args, _query,
+    ),
+    Command(
+        "journal", "check the journal file: damaged, too new, or gone (journal check)",
+        "journal check: run the checks a start makes on the journal file (is it an SQLite "
+        "database, does SQLite's quick_check pass, is its schema one this version knows, is it "
+        "there when its marker says it held messages) without starting a daemon, and say what it "
+        "holds. Read-only: a running daemon's journal can be checked. Exit 0 when a start would "
+        "take it, 3 when it would refuse it (the line says what to do). docs/operations.md, When "
+        "the journal is damaged, is the recovery path.",
+        _journal_args, _journal,
     ),
     Command(
         "explain", "how a channel name resolves, and why (exit 3 when it picks none)",
@@ -277,9 +320,11 @@ def _startup_refusal(exc: BaseException) -> BaseException | None:
     from mcpl_router.errors import StartupRefusal, first_leaf
     from mcpl_router.hosts.auth import HostAuthError
     from mcpl_router.hosts.listener import SocketSetupError
-    from mcpl_router.store.journal import JournalLocked
+    from mcpl_router.store.journal import JournalLocked, JournalRefused
 
-    return first_leaf(exc, lambda leaf: isinstance(leaf, (SocketSetupError, HostAuthError, StartupRefusal, JournalLocked)))
+    return first_leaf(
+        exc, lambda leaf: isinstance(leaf, (SocketSetupError, HostAuthError, StartupRefusal, JournalLocked, JournalRefused))
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

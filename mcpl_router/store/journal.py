@@ -32,12 +32,14 @@ import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any, Final
 
 import msgspec
 import trio
 
 from mcpl_router.logs import get_logger
+from mcpl_router.store.integrity import FileIdentity, check_before_open, check_opened, disk_is_full, refusal_of, write_marker
 from mcpl_router.store.pruning import DEFAULT_RETENTION, PRUNE_CHUNK, PRUNE_INTERVAL, JournalPruning
 from mcpl_router.store.reads import JournalReads
 from mcpl_router.store.records import (
@@ -63,6 +65,8 @@ from mcpl_router.store.schema import (
     SQL_TUNE_OUT_PROGRESS,
     SQL_TUNE_OUT_SUMMARY,
     JournalLocked,  # raised here (at open), so importable from here
+    JournalRefused,
+    is_current,
     lock,
     migrate,
 )
@@ -80,6 +84,7 @@ __all__ = [
     "Journal",
     "JournalFailure",
     "JournalLocked",
+    "JournalRefused",
     "JournalStatistics",
     "Recorded",
     "SavedTuneOut",
@@ -103,14 +108,44 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
     def __init__(self, path: str | Path, *, retention: float = DEFAULT_RETENTION) -> None:
         self.path = Path(path)
         self.retention = retention
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._log = get_logger(journal=str(self.path))
-        self._lock_file = lock(self.path)
         try:
-            self._db = self._connect()
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise refusal_of(self.path, exc) from None
+        check_before_open(self.path)
+        try:
+            self._lock_file = lock(self.path)
+        except OSError as exc:
+            raise refusal_of(self.path, exc) from None
+        #: Why the journal is open read-only (a full disk at start), or None: nothing new is
+        #: accepted until space comes back; the backlog is read and delivered meanwhile.
+        self.read_only: str | None = None
+        try:
+            try:
+                self._db = self._connect()
+            except sqlite3.OperationalError:
+                if not disk_is_full(self.path):
+                    raise
+                self.read_only = (
+                    f"the disk holding the journal {self.path} is full: nothing new is accepted until space is"
+                    " freed (the backlog is delivered meanwhile)"
+                )
+                self._db = self._connect()
+            check_opened(self._db, self.path)
+            if self.read_only is not None and not is_current(self._db):
+                raise JournalRefused(self.path, "needs migrating to this version's schema, and its disk is full.", "Free some space, then start again.")
             migrate(self._db, self._log)
             # The trio thread's own connection: reads for start-up, status and tests only.
             self._reader = self._connect()
+            #: The file as opened: a path that names another file (or none) fails every commit.
+            self.identity = FileIdentity.of(self.path)
+        except JournalRefused:
+            self._lock_file.close()
+            raise
+        except (sqlite3.Error, OSError) as exc:
+            self._lock_file.close()
+            raise refusal_of(self.path, exc) from None
         except BaseException:
             self._lock_file.close()
             raise
@@ -121,9 +156,14 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         self._thread_reader: sqlite3.Connection | None = None
         self._read_limiter = trio.CapacityLimiter(1)
         self._init_writer()
+        if self.read_only is not None:
+            self.failing = self.read_only
+            self._log.error("journal.read_only", reason=self.read_only)
         self._closed = False
         db = self._db
         self._last_seq = int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM inbound").fetchone()[0])
+        self._marked_seq = 0
+        self.mark_held()
         self._unacked: Counter[str] = Counter(
             dict(db.execute("SELECT agent, COUNT(*) FROM deliveries WHERE acked = 0 GROUP BY agent").fetchall())
         )
@@ -152,8 +192,15 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         self._settle_interrupted_drafts()
 
     def _connect(self) -> sqlite3.Connection:
+        if self.read_only is not None:
+            # Read as it stands, with no -shm to make (a full disk can't hold one). Complete:
+            # a -wal left by a crash leaves its -shm too, and then the file opens writable.
+            return sqlite3.connect(f"file:{quote(str(self.path))}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
         db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
+        # Set once, when the file is made: asked again on a full disk, it would fail a start that
+        # only needs to read (the backlog can still be delivered).
+        if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            db.execute("PRAGMA journal_mode=WAL")
         # FULL: a commit is on disk before we answer "accepted", across a power loss too
         # (NORMAL in WAL mode survives a process crash but may roll back on an OS crash).
         db.execute("PRAGMA synchronous=FULL")
@@ -161,6 +208,55 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         # 64 MiB of page cache: the indexes a message touches stay in memory as the file grows.
         db.execute("PRAGMA cache_size=-65536")
         return db
+
+    def writable_again(self) -> sqlite3.Connection | None:
+        """In a worker thread, while :attr:`read_only`: the writer's connection once the file
+        opens writable again (space came back), or None while it still can't."""
+        if self.read_only is None:
+            return None
+        try:
+            db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=5000")
+            db.execute("PRAGMA cache_size=-65536")
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            return None
+        return db
+
+    async def leave_read_only(self) -> bool:
+        """Open the journal writable again if the disk has room now; True when it did."""
+        db = await trio.to_thread.run_sync(self.writable_again)
+        if db is None:
+            return False
+        # The readers too: held the read limiter, so no read is in a thread meanwhile.
+        async with self._read_limiter:
+            self.read_only = None
+            old = [self._db, self._reader, self._thread_reader]
+            self._db = db
+            self._reader = self._connect()
+            self._thread_reader = None
+            for connection in old:
+                if connection is not None:
+                    connection.close()
+        self._log.info("journal.writable_again")
+        self.failing = None
+        return True
+
+    def mark_held(self) -> None:
+        """Write the marker that says this journal holds messages (once it does): a start that
+        then finds the file gone or empty refuses instead of starting afresh
+        (store/integrity.py). A disk too full to write it keeps the previous one."""
+        if self._last_seq <= 0 or self._marked_seq == self._last_seq:
+            return
+        try:
+            write_marker(self.path, self._last_seq)
+            self._marked_seq = self._last_seq
+        except OSError as exc:
+            self._log.warning("journal.marker.unwritten", error=f"{exc.strerror or exc}")
 
     # -- what is kept in memory (start-up, status; never a read of the file) -------------------
 
@@ -353,6 +449,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         if self._closed:
             return
         self._closed = True
+        self.mark_held()
         if self._backlog:
             self._log.error("journal.closed_with_unwritten", ops=len(self._backlog))
         for connection in (self._reader, self._thread_reader, self._db):

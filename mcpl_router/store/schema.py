@@ -14,6 +14,17 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+class JournalRefused(Exception):
+    """The journal can't be trusted or used as it is; ``str()`` is one line: the file, what is
+    wrong, what to do (``mcpl-router run`` says it and exits 2)."""
+
+    def __init__(self, path: Path | str, problem: str, fix: str) -> None:
+        self.path = str(path)
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"journal {path}: {problem} {fix}")
+
+
 class JournalLocked(Exception):
     """Another daemon holds this journal; the message names the file and its pid."""
 
@@ -231,6 +242,11 @@ HOT_STATEMENTS: Final = {
 
 
 
+def is_current(db: sqlite3.Connection) -> bool:
+    """Whether the file is at :data:`SCHEMA_VERSION` (a migration would write nothing)."""
+    return int(db.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+
+
 def migrate(db: sqlite3.Connection, log: Any) -> None:
     """Bring the file to :data:`SCHEMA_VERSION`, one version at a time.
 
@@ -240,6 +256,9 @@ def migrate(db: sqlite3.Connection, log: Any) -> None:
     (version 0, no tables) is no migration.
     """
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version == SCHEMA_VERSION:
+        # Nothing to write: a start on a full disk can still read and deliver the backlog.
+        return
     tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if version < 1 and "inbound" in tables:
         # Version 0 made (server, kind, dedup) unique and kept no digest: rebuild inbound
@@ -342,8 +361,11 @@ def lock(path: Path) -> Any:
                 "or give this one its own journal.path"
             ) from None
         raise
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+    except OSError:
+        pass  # the pid is for a person reading the file; the lock is the flock (a full disk)
     return handle

@@ -27,6 +27,7 @@ import attrs
 import msgspec
 import trio
 
+from mcpl_router.store.integrity import FileIdentity
 from mcpl_router.store.pruning import PRUNE_INTERVAL
 from mcpl_router.store.records import CommitDurations, Delivery, InboundEvent, JournalFailure, Recorded, content_digest
 from mcpl_router.store.schema import (
@@ -191,6 +192,24 @@ class _AckOp(_Op):
             journal._unacked[agent] = max(0, journal._unacked[agent] - count)
 
 
+#: How often an idle writer checks that the journal's path still names its file (seconds).
+IDENTITY_CHECK_INTERVAL: Final = 1.0
+
+
+class JournalReadOnly(Exception):
+    """The journal is open read-only (a full disk at start) and still can't be written."""
+
+
+class JournalGone(Exception):
+    """The journal's path no longer names the file the daemon opened (removed or replaced)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(
+            f"{problem}; nothing more is accepted until the daemon is restarted on a journal file that is"
+            " there (docs/operations.md, When the journal is damaged)"
+        )
+
+
 @attrs.define(eq=False)
 class _WriteOp(_Op):
     """A write-behind statement (drafts, declines, agents): in order, no caller waits on it."""
@@ -234,11 +253,18 @@ class JournalWriter:
     _stats: dict[str, int]
     _last_commit_seconds: float
     _commit_durations: CommitDurations
+    identity: FileIdentity
+    _marked_seq: int
+    read_only: str | None
     failing: str | None
 
     if TYPE_CHECKING:
 
         async def _prune_chunk_now(self) -> bool: ...
+
+        def mark_held(self) -> None: ...
+
+        async def leave_read_only(self) -> bool: ...
 
     def _init_writer(self) -> None:
         """The queue (bounded: :data:`WRITE_QUEUE`), its overflow, and the writer's counters."""
@@ -262,13 +288,23 @@ class JournalWriter:
         self._running = True
         task_status.started()
         next_prune = trio.current_time()
+        next_look = trio.current_time() + IDENTITY_CHECK_INTERVAL
         retry_delay = 0.0
         try:
             while True:
                 batch: list[_Op] = []
                 if not self._backlog:
-                    with trio.move_on_at(next_prune):
+                    with trio.move_on_at(min(next_prune, next_look)):
                         batch.append(await self._queue_receive.receive())
+                if trio.current_time() >= next_look:
+                    # Idle too: a removed file shows in /readyz without waiting for a message.
+                    next_look = trio.current_time() + IDENTITY_CHECK_INTERVAL
+                    gone = await trio.to_thread.run_sync(self.identity.problem)
+                    if gone is not None and self.failing is None:
+                        self.failing = str(JournalGone(gone))
+                        self._log.error("journal.file.gone", error=self.failing)
+                    if self.read_only is not None:
+                        await self.leave_read_only()
                 while len(batch) < MAX_BATCH_OPS:
                     try:
                         batch.append(self._queue_receive.receive_nowait())
@@ -317,11 +353,24 @@ class JournalWriter:
         started = time.perf_counter()
         kept: list[_Op] = []
         try:
+            if self.read_only is not None and not await self.leave_read_only():
+                raise JournalReadOnly(self.read_only)
             await trio.to_thread.run_sync(self._commit_in_thread, batch, abandon_on_cancel=abandon_on_cancel)
         except trio.Cancelled:
             self.failing = "the commit did not finish before the shutdown deadline"
             self._log.error("journal.commit.abandoned", ops=len(batch))
             raise
+        except (JournalGone, JournalReadOnly) as exc:
+            # Every commit from here fails the same way: said once, with what to do.
+            if self.failing != str(exc):
+                self._log.error("journal.file.gone" if isinstance(exc, JournalGone) else "journal.read_only", error=str(exc))
+            self.failing = str(exc)
+            for op in batch:
+                if isinstance(op, _WriteOp):
+                    op.error = None
+                    kept.append(op)
+                else:
+                    op.error = exc
         except Exception as exc:  # sqlite3.Error, OSError: the whole transaction rolled back
             self.failing = f"{type(exc).__name__}: {exc}"
             self._log.error("journal.commit.failed", ops=len(batch), error=self.failing)
@@ -339,6 +388,10 @@ class JournalWriter:
             if self.failing is not None:
                 self._log.info("journal.commit.recovered")
             self.failing = None
+            if self._marked_seq == 0 and self._last_seq > 0:
+                # The first messages this journal holds: from now a start that finds the file
+                # gone or empty refuses (store/integrity.py). Once per file.
+                await trio.to_thread.run_sync(self.mark_held)
         self._last_commit_seconds = time.perf_counter() - started
         self._commit_durations.observe(self._last_commit_seconds)
         self._stats["commits"] += 1
@@ -363,6 +416,10 @@ class JournalWriter:
         return kept
 
     def _commit_in_thread(self, batch: list[_Op]) -> None:
+        # A removed or replaced file: what this commit writes no restart would read.
+        gone = self.identity.problem()
+        if gone is not None:
+            raise JournalGone(gone)
         try:
             self._transaction(batch, isolate_all=False)
         except _Unisolated:

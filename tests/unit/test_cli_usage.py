@@ -44,7 +44,7 @@ def test_top_level_help_lists_every_command_in_plain_text(capsys: pytest.Capture
     for command in COMMANDS:
         assert any(line.split()[:1] == [command.name] and command.summary in line for line in lines), command.name
     assert {command.name for command in COMMANDS} == {
-        "run", "demo", "check-config", "status", "channels", "reload", "health", "explain"
+        "run", "demo", "check-config", "status", "channels", "reload", "health", "journal", "explain"
     }
 
 
