@@ -21,6 +21,7 @@ from mcpl_router import __version__
 from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.health import Readiness, readiness
+from mcpl_router.hosts.admission import HostAdmission
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.forks import Forks
 from mcpl_router.hosts.gate import Diversions, JournalSettle, StillAdmitted, WakeGates
@@ -92,6 +93,8 @@ class Daemon:
         self.links: dict[str, ServerLink] = {server_id: ServerLink(server, self) for server_id, server in enabled.items()}
         #: Whether each ready server still answers (ping; mcpl/liveness.py).
         self.liveness = Liveness()
+        #: What host connections may cost together (hosts/admission.py).
+        self.admission = HostAdmission(config.host)
         self.observers: list[Observer] = list(observers or [])
         self.shutdown_requested = trio.Event()
         self._log = get_logger()
@@ -180,6 +183,7 @@ class Daemon:
             reload=self.reload,
             stall_timeout=self.config.host.stall_timeout,
             inference=self.inference,
+            admission=self.admission,
         )
         self.metrics.read_state_from(
             ScrapedParts(
@@ -192,6 +196,7 @@ class Daemon:
                 readiness=self.readiness,
                 channel_decisions=self.channel_decisions,
                 liveness=self.liveness,
+                admission=self.admission,
             )
         )
 
@@ -302,7 +307,7 @@ class Daemon:
             "channels": len(self.router.registry.all_entries()),
             "lastSeq": self.journal.last_seq(),
             "agents": self.sessions.statistics(),
-            "hosts": self.sessions.host_statistics(),
+            "hosts": {**self.sessions.host_statistics(), "admission": self.admission.statistics()},
             "journal": self.journal.statistics().to_wire(),
             "openTurns": len(self.turns.table.all()),
             "channelDecisions": self.channel_decisions.status(),

@@ -35,6 +35,7 @@ from mcpl_router.store.records import COMMIT_SECONDS_BUCKETS
 
 if TYPE_CHECKING:
     from mcpl_router.health import Readiness
+    from mcpl_router.hosts.admission import HostAdmission
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.mcpl.link import ServerLink
@@ -267,6 +268,7 @@ class ScrapedParts:
     readiness: Callable[[], Readiness]
     channel_decisions: ChannelLifecycle
     liveness: Liveness
+    admission: HostAdmission
 
 
 class _StateCollector(Collector):
@@ -356,6 +358,25 @@ class _StateCollector(Collector):
         hosts = GaugeMetricFamily("mcpl_router_host_connections", "Host connections open now.")
         hosts.add_metric([], float(len(connections)))
         yield hosts
+        admission = parts.admission
+        refused_hosts = CounterMetricFamily(
+            "mcpl_router_host_connections_refused", "Host connections refused at accept, by reason (host.maxConnections, host.maxBufferedBytes).",
+            labels=["reason"],
+        )
+        for reason, count in admission.refused.items():
+            refused_hosts.add_metric([reason], float(count))
+        closed_hosts = CounterMetricFamily(
+            "mcpl_router_host_connections_timed_out", "Host connections closed for a deadline, by reason (a partial message, no hello).", labels=["reason"]
+        )
+        for reason, count in admission.closed.items():
+            closed_hosts.add_metric([reason], float(count))
+        buffered = GaugeMetricFamily("mcpl_router_host_buffered_bytes", "Bytes of unfinished messages held across all host connections now.")
+        buffered.add_metric([], float(admission.buffered))
+        pauses = CounterMetricFamily(
+            "mcpl_router_accept_descriptor_pauses", "Times accepting a host connection paused because the process was out of file descriptors."
+        )
+        pauses.add_metric([], float(admission.descriptor_pauses))
+        yield from (refused_hosts, closed_hosts, buffered, pauses)
         wakes = GaugeMetricFamily("mcpl_router_wakes_pending", "Wakes journaled for the agent and not acked yet.", labels=["agent"])
         unacked: dict[str, float] = {}
         for spec in parts.sessions.agents():

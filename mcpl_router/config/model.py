@@ -104,6 +104,10 @@ HOST_KEYS: Final = (
     "tokenFile",
     "allowNonLoopback",
     "stallTimeout",
+    "maxConnections",
+    "maxBufferedBytes",
+    "partialMessageTimeout",
+    "helloTimeout",
 )
 HOST_WEBSOCKET_KEYS: Final = ("enabled", "bind", "port", "path")
 JOURNAL_KEYS: Final = ("path", "retention")
@@ -433,6 +437,15 @@ class HostConfig:
     allow_non_loopback: bool = False
     #: Seconds a host may leave what it is sent unread before it is disconnected.
     stall_timeout: float = 30.0
+    #: Host connections each listener (Unix socket, WebSocket) takes at once; more are refused.
+    max_connections: int = 256
+    #: Bytes of unfinished messages held across all host connections; over it, new connections
+    #: are refused (the connected are served on).
+    max_buffered_bytes: int = 64 * 1024 * 1024
+    #: Seconds a connection may hold part of a message without finishing it.
+    partial_message_timeout: float = 30.0
+    #: Seconds a connection that has not said ``session/hello`` may stay silent.
+    hello_timeout: float = 30.0
 
     def redacted(self) -> dict[str, Any]:
         """The host section as status output may show it: ``token`` is ``"set"`` or absent."""

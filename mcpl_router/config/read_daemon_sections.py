@@ -109,6 +109,10 @@ def parse_host(
         token_file = None
     allow_non_loopback = section.boolean("allowNonLoopback", False)
     stall_timeout = section.number("stallTimeout", 30.0, above=0)
+    max_connections = section.integer("maxConnections", 256, at_least=1, at_most=1_000_000)
+    max_buffered_bytes = section.integer("maxBufferedBytes", 64 * 1024 * 1024, at_least=1, at_most=2**40)
+    partial_message_timeout = section.number("partialMessageTimeout", 30.0, above=0)
+    hello_timeout = section.number("helloTimeout", 30.0, above=0)
 
     if websocket is not None and not websocket.loopback:
         bind_key = dotted_key(section.key_of("websocket"), "bind")
@@ -134,6 +138,10 @@ def parse_host(
         token=token,
         allow_non_loopback=allow_non_loopback,
         stall_timeout=stall_timeout,
+        max_connections=max_connections,
+        max_buffered_bytes=max_buffered_bytes,
+        partial_message_timeout=partial_message_timeout,
+        hello_timeout=hello_timeout,
     )
 
 

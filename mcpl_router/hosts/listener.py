@@ -7,10 +7,10 @@ daemons never share a socket.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
-import stat
 from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +20,7 @@ import trio
 
 from mcpl_router.config.preflight import socket_directory_problem
 from mcpl_router.config.read_daemon_sections import UNIX_SOCKET_MAX_BYTES
+from mcpl_router.hosts.admission import NO_HELLO, PARTIAL_TIMEOUT, PatientListener
 from mcpl_router.hosts.api import host_methods
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.inference import chunk_lane
@@ -71,7 +72,7 @@ async def serve_unix_socket(
     except BaseException:
         listener_socket.close()
         raise
-    listener = trio.SocketListener(listener_socket)
+    listener = PatientListener(trio.SocketListener(listener_socket), services.admission)
     log = get_logger(transport="unix")
     log.info("host.socket.listening", path=str(socket_path))
     try:
@@ -117,7 +118,23 @@ async def _bind_listening(listener_socket: trio.socket.SocketType, socket_path: 
 
 
 async def _serve_connection(services: HostServices, stream: trio.SocketStream) -> None:
-    await serve_host_stream(services, NdjsonStream(stream, stream, skip_log_lines=False), transport="unix")
+    admission = services.admission
+    refused = admission.admit("unix")
+    if refused is not None:
+        # Said on the wire before the close, so a host sees why (its request has no id yet).
+        line = msgspec.json.encode(
+            {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": f"connection refused: {refused} (the daemon is at its host.maxConnections or host.maxBufferedBytes)", "data": {"reason": refused}}}
+        )
+        with trio.move_on_after(1.0):
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(line + b"\n")
+        await trio.aclose_forcefully(stream)
+        return
+    try:
+        framed = NdjsonStream(stream, stream, skip_log_lines=False, on_buffered=admission.buffered_changed)
+        await serve_host_stream(services, framed, transport="unix")
+    finally:
+        admission.release("unix")
 
 
 class _TurnOf(msgspec.Struct):
@@ -161,6 +178,28 @@ async def serve_host_stream(services: HostServices, stream: MessageStream, *, tr
     hooks = services.hooks
     try:
         hooks.opened(connection)
-        await peer.run()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_keep_deadlines, services, connection, stream, peer)
+            await peer.run()
+            nursery.cancel_scope.cancel()
     finally:
         hooks.closed(connection)
+
+
+async def _keep_deadlines(services: HostServices, connection: HostConnection, stream: MessageStream, peer: Peer) -> None:
+    """Close a connection holding part of a message too long, or silent without a hello."""
+    admission = services.admission
+    while not peer.closed:
+        await trio.sleep(min(1.0, admission.partial_message_timeout, admission.hello_timeout))
+        now = trio.current_time()
+        partial_since: float | None = getattr(stream, "partial_since", None)
+        last_received: float = getattr(stream, "last_received", now)
+        reason = None
+        if partial_since is not None and now - partial_since > admission.partial_message_timeout:
+            reason, waited = PARTIAL_TIMEOUT, now - partial_since
+        elif connection.session is None and now - last_received > admission.hello_timeout and not peer.statistics().lanes:
+            reason, waited = NO_HELLO, now - last_received
+        if reason is not None:
+            admission.closing(reason, connection=connection.id, transport=connection.transport, waited=round(waited, 3))
+            await peer.aclose(f"closed: {reason}")
+            return

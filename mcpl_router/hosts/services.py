@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:
+    from mcpl_router.hosts.admission import HostAdmission
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.inference import InferenceBroker
@@ -51,6 +52,7 @@ class HostServices:
         reload: ``daemon/reload``.
         stall_timeout: ``host.stallTimeout``: a connection taking nothing this long is closed.
         inference: servers' inference requests (hello's ``serves``, ``inference/chunk``).
+        admission: the listeners' bounds (connections, buffered bytes, deadlines) and counters.
     """
 
     router: Router
@@ -66,3 +68,4 @@ class HostServices:
     reload: Callable[[], Awaitable[dict[str, Any]]]
     stall_timeout: float
     inference: InferenceBroker
+    admission: HostAdmission

@@ -7,7 +7,6 @@ connection never reaches the API.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -15,6 +14,7 @@ import trio
 import trio_websocket
 
 from mcpl_router.config import WebSocketListenConfig
+from mcpl_router.hosts.admission import PatientListener
 from mcpl_router.hosts.auth import HostAuthError, bearer_matches, resolve_token
 from mcpl_router.hosts.listener import serve_host_stream
 from mcpl_router.jsonrpc import WebSocketMessageStream
@@ -70,24 +70,32 @@ async def serve_websocket(
             log.warning("host.websocket.rejected", reason="missing or wrong bearer token", status=401)
             await request.reject(401, body=b"unauthorized: send Authorization: Bearer <token> (see host.tokenFile)")
             return
-        connection = await request.accept()
-        await serve_host_stream(services, WebSocketMessageStream(connection), transport="websocket")
+        admission = services.admission
+        refused = admission.admit("websocket")
+        if refused is not None:
+            await request.reject(503, body=f"busy: {refused} (host.maxConnections or host.maxBufferedBytes)".encode())
+            return
+        try:
+            connection = await request.accept()
+            await serve_host_stream(services, WebSocketMessageStream(connection), transport="websocket")
+        finally:
+            admission.release("websocket")
 
+    listeners = await trio.open_tcp_listeners(websocket.port, host=websocket.bind)
+    # Accepts wait out a lack of descriptors (hosts/admission.py) instead of logging a
+    # traceback per attempt.
+    server = trio_websocket.WebSocketServer(
+        handle,
+        [PatientListener(listener, services.admission) for listener in listeners],  # type: ignore[misc]
+        max_message_size=DEFAULT_MAX_MESSAGE_BYTES,
+        connect_timeout=_CONNECT_TIMEOUT,
+        disconnect_timeout=_DISCONNECT_TIMEOUT,
+    )
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(
-            partial(
-                trio_websocket.serve_websocket,
-                handle,
-                websocket.bind,
-                websocket.port,
-                ssl_context=None,
-                max_message_size=DEFAULT_MAX_MESSAGE_BYTES,
-                connect_timeout=_CONNECT_TIMEOUT,
-                disconnect_timeout=_DISCONNECT_TIMEOUT,
-            )
-        )
+        await nursery.start(server.run)
         host = websocket.bind if ":" not in websocket.bind else f"[{websocket.bind}]"
-        url = f"ws://{host}:{server.port}{websocket.path}"
+        port = listeners[0].socket.getsockname()[1]
+        url = f"ws://{host}:{port}{websocket.path}"
         log.info("host.websocket.listening", url=url)
         task_status.started(url)
 

@@ -64,6 +64,7 @@ class NdjsonStream:
         *,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         skip_log_lines: bool = True,
+        on_buffered: Callable[[int], None] | None = None,
     ) -> None:
         # Servers print log lines on stdout; hosts have no such excuse, so a host connection
         # turns this off and every non-JSON line is answered -32700.
@@ -75,6 +76,24 @@ class NdjsonStream:
         self._discarding = False
         self._discarded = 0
         self._eof = False
+        # Told how the bytes held for unfinished messages change (a budget across connections).
+        self._on_buffered = on_buffered
+        self._held = 0
+        #: When the bytes of an unfinished message started to wait for their newline (trio
+        #: time), or None when none waits: what a partial-message deadline reads.
+        self.partial_since: float | None = None
+        #: When anything last arrived (trio time).
+        self.last_received = trio.current_time()
+
+    def _holding(self) -> None:
+        held = len(self._buffer)
+        if self._on_buffered is not None and held != self._held:
+            self._on_buffered(held - self._held)
+        self._held = held
+        if not held and not self._discarding:
+            self.partial_since = None
+        elif self.partial_since is None:
+            self.partial_since = trio.current_time()
 
     async def send_message(self, data: bytes) -> None:
         if self._send_stream is None:
@@ -102,6 +121,10 @@ class NdjsonStream:
             if newline >= 0:
                 line = bytes(self._buffer[:newline])
                 del self._buffer[: newline + 1]
+                if not self._buffer and len(line) > _READ_CHUNK:
+                    # A large message is done: its capacity goes back, not kept per connection.
+                    self._buffer = bytearray()
+                self._holding()
                 if self._discarding:
                     size = self._discarded + len(line)
                     self._discarding = False
@@ -118,7 +141,8 @@ class NdjsonStream:
                 # newline, so one runaway message can't grow memory without bound.
                 self._discarding = True
                 self._discarded += len(self._buffer)
-                self._buffer.clear()
+                self._buffer = bytearray()
+                self._holding()
             if self._eof:
                 if self._buffer.strip():
                     line = bytes(self._buffer).rstrip(b"\r")
@@ -126,6 +150,7 @@ class NdjsonStream:
                     return line
                 raise trio.EndOfChannel
             chunk = await self._receive_stream.receive_some(_READ_CHUNK)
+            self.last_received = trio.current_time()
             if not chunk:
                 self._eof = True
                 continue
@@ -138,8 +163,13 @@ class NdjsonStream:
                 chunk = b"\n" + chunk[newline + 1 :]
                 # The leading newline ends the discarded line; the branch above reports it.
             self._buffer += chunk
+            self._holding()
 
     async def aclose(self) -> None:
+        if self._held and self._on_buffered is not None:
+            self._on_buffered(-self._held)
+            self._held = 0
+        self._buffer = bytearray()
         with trio.CancelScope(shield=True):
             if self._send_stream is not None:
                 await self._send_stream.aclose()
@@ -157,6 +187,11 @@ class WebSocketMessageStream:
 
     def __init__(self, connection: trio_websocket.WebSocketConnection) -> None:
         self._connection = connection
+        #: A frame is whole or not there: no unfinished message is held here (trio-websocket
+        #: bounds a frame by its max_message_size).
+        self.partial_since: float | None = None
+        #: When a message last arrived (trio time).
+        self.last_received = trio.current_time()
 
     async def send_message(self, data: bytes) -> None:
         try:
@@ -178,6 +213,7 @@ class WebSocketMessageStream:
             message = await self._connection.get_message()
         except trio_websocket.ConnectionClosed as exc:
             raise trio.EndOfChannel from exc
+        self.last_received = trio.current_time()
         return message.encode() if isinstance(message, str) else message
 
     async def aclose(self) -> None:

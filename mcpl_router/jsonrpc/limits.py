@@ -58,3 +58,6 @@ class PeerStatistics:
     outbox_waits: int
     #: 1 once the connection was closed because the peer stopped reading.
     stalled: int
+    #: Answers taken although their deadline had fired, because this process had been paused
+    #: (the answer was in the socket, unread).
+    late_answers: int = 0

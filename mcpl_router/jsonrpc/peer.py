@@ -69,6 +69,11 @@ T = TypeVar("T")
 # Closing may wait on the other side (a WebSocket close handshake) whose reader may already be
 # cancelled; under a shield that wait must have its own end.
 _CLOSE_TIMEOUT = 1.0
+#: A request's deadline that fires this long (seconds) after it was due means the process did
+#: not run meanwhile (SIGSTOP, a starved machine): an answer may already be in the socket.
+PAUSE_SUSPECTED_AFTER = 0.25
+#: How long the read loop then gets to read that answer before the request is a timeout.
+LATE_ANSWER_GRACE = 1.0
 
 
 class RequestTimeout(Exception):
@@ -152,6 +157,7 @@ class Peer(PeerLanes, PeerOutbox):
             "outbox_high_water_bytes": 0,
             "outbox_waits": 0,
             "stalled": 0,
+            "late_answers": 0,
         }
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -267,9 +273,11 @@ class Peer(PeerLanes, PeerOutbox):
                 sent = True
                 self._counts["requests_sent"] += 1
                 await waiter.done.wait()
-                answer = waiter.answer
             if scope.cancelled_caught:
-                raise RequestTimeout(method, deadline, sent=sent)
+                late = trio.current_time() - scope.deadline
+                if not (sent and late > PAUSE_SUSPECTED_AFTER and await self._late_answer(waiter, method, late)):
+                    raise RequestTimeout(method, deadline, sent=sent)
+            answer = waiter.answer
         finally:
             self._pending.pop(request_id, None)
             self._answer_hooks.pop(request_id, None)
@@ -303,6 +311,22 @@ class Peer(PeerLanes, PeerOutbox):
         if self._closed:
             raise PeerClosed(self._close_reason)
         return self._enqueue_nowait(encode(NotificationOut(method=method, params=msgspec.UNSET if params is None else params)))
+
+    async def _late_answer(self, waiter: _Waiter, method: str, late: float) -> bool:
+        """Whether an answer already on its way arrives after all, once the read loop runs.
+
+        The deadline fired ``late`` seconds after it was due: this process did not run for
+        that long (stopped, or starved), and an answer the peer sent in time may be waiting in
+        the socket, unread. The read loop gets a short grace to read it, so a paused daemon
+        doesn't turn an answered request into an unknown outcome.
+        """
+        with trio.move_on_after(LATE_ANSWER_GRACE):
+            await waiter.done.wait()
+        if waiter.answer is None:
+            return False
+        self._counts["late_answers"] += 1
+        self._log.info("jsonrpc.request.answered_after_a_pause", method=method, deadline_missed_by=round(late, 3))
+        return True
 
     # -- answers to our requests (resolved in the read loop, as they arrive) ---------------
 

@@ -31,6 +31,7 @@ import is importable from here.
 
 from __future__ import annotations
 
+import errno
 import collections
 import random
 import signal
@@ -501,4 +502,8 @@ def _describe_failure(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     if status is not None:  # trio-websocket's ConnectionRejected: the server said no
         return f"websocket handshake refused (status {status})"
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        # The daemon's own limit, not the server's fault: said so, by its name.
+        which = "this process" if exc.errno == errno.EMFILE else "the system"
+        return f"out of file descriptors ({errno.errorcode[exc.errno]}: {which} is at its limit; raise LimitNOFILE / ulimit -n)"
     return f"{type(exc).__name__}: {exc}"
