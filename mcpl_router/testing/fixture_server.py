@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 import attrs
@@ -90,6 +90,9 @@ _EDITOR_UNHANDLED = frozenset(
 )
 # What discord-mcpl prints with console.log once initialized (src/server.ts:937): it begins with
 # "[", the way a JSON-RPC batch would.
+#: The personalities whose real servers have no ``ping`` handler (discord-mcpl, heartbeat-mcpl,
+#: mcpl-editor answer it -32601 Method not found), so the fixture answers as they do.
+_NO_PING: Final = frozenset({"discord", "legacy", "editor"})
 _DEFAULT_DISCORD_LOG_LINE = "[discord-mcpl] Client initialized (MCPL mode)"
 # Tests send oversized frames *through* the control channel: its limit must dwarf the host's.
 _CONTROL_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -751,7 +754,7 @@ class _HostSession:
             # A server that hangs on this method: the host's deadline is what ends the wait.
             self.log.info("fixture.never_answering", method=inbound.method)
             await trio.sleep_forever()
-        if inbound.method in self.options.unknown_method:
+        if inbound.method in self.options.unknown_method or (inbound.method == "ping" and self.options.personality in _NO_PING):
             # As the real servers answer methods they have no handler for (ping among them).
             raise RpcError(-32601, f"Method not found: {inbound.method}")
         if inbound.is_notification:

@@ -147,3 +147,26 @@ def test_ping_is_read_from_the_config_with_its_defaults(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"mcplServers": {"s": {"url": "tcp://127.0.0.1:9", "ping": {"interval": 0}}}}))
     checked = subprocess.run([sys.executable, "-m", "mcpl_router", "check-config", str(bad)], capture_output=True, text=True, check=False)
     assert checked.returncode == 2 and "ping.interval" in checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("personality", ["discord", "legacy", "editor"])
+async def test_the_real_servers_answer_to_ping_counts_as_alive(short_tmp: Path, personality: str) -> None:
+    """discord-mcpl, heartbeat-mcpl and mcpl-editor answer ping -32601 (no handler), as the
+    fixture personalities that play them do: answering, not unresponsive and not unknown."""
+    port = _free_port()
+    with trio.fail_after(60):
+        async with FixtureProcess.start(transport="tcp", personality=personality, channels=["general"], control_dir=short_tmp) as fixture:
+            server = {"url": fixture.listen_url, "reconnect": FAST_RECONNECT, "ping": PING, "legacy": "allow"}
+            config = _config(short_tmp, {"s": server}, port)
+            socket_path = str(short_tmp / "run" / "host.sock")
+            async with daemon_process(config, short_tmp / "daemon.log") as daemon:
+                await daemon.start()
+                await wait_daemon_ready(socket_path, servers=0)
+
+                async def answered_twice() -> bool:
+                    return (await _liveness(socket_path))["s"].get("answered", 0) >= 2
+
+                await wait_until(answered_twice, timeout=20)
+                assert (await _liveness(socket_path))["s"]["state"] == "answering"
+            pings = await fixture.recorded("ping")
+            assert pings and all(entry["kind"] == "request" for entry in pings)
