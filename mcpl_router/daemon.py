@@ -35,6 +35,7 @@ from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.mcpl.liveness import Liveness
 from mcpl_router.metrics import DaemonMetrics, ScrapedParts, registration_reason_label
+from mcpl_router.status_model import agent_rows, channel_page, connection_rows, journal_row
 from mcpl_router.reload_plan import plan_reload
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
@@ -95,6 +96,8 @@ class Daemon:
         self.liveness = Liveness()
         #: What host connections may cost together (hosts/admission.py).
         self.admission = HostAdmission(config.host)
+        # How many routing decisions status keeps, and how much of their words it shows.
+        self.router.names.decisions.configure(keep=config.health.decisions, preview=config.health.status_preview)
         self.observers: list[Observer] = list(observers or [])
         self.shutdown_requested = trio.Event()
         self._log = get_logger()
@@ -297,7 +300,8 @@ class Daemon:
 
     # -- queries (host API, CLI, demo) ---------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, channels_page: int = 0, channels_filter: str = "") -> dict[str, Any]:
+        """``status``, ``/status.json`` and the status page: one model (status_model.py)."""
         servers = self.servers_list()
         state = self.readiness()
         return {
@@ -306,9 +310,12 @@ class Daemon:
             "ready": sum(1 for s in servers if s["serving"]),
             "channels": len(self.router.registry.all_entries()),
             "lastSeq": self.journal.last_seq(),
-            "agents": self.sessions.statistics(),
+            "agents": agent_rows(self.sessions, self.tune_outs, self.router.names),
             "hosts": {**self.sessions.host_statistics(), "admission": self.admission.statistics()},
-            "journal": self.journal.statistics().to_wire(),
+            "hostConnections": connection_rows(self.host_connections),
+            "channelList": channel_page(self.router.names, channels_page, channels_filter),
+            "decisions": self.router.names.decisions.to_wire(),
+            "journal": journal_row(self.journal),
             "openTurns": len(self.turns.table.all()),
             "channelDecisions": self.channel_decisions.status(),
             "readiness": {"ready": state.ready, "problems": list(state.problems)},
@@ -425,6 +432,8 @@ class Daemon:
                                 config_source=self.config.source,
                                 ready=self.readiness,
                                 metrics=self.metrics,
+                                status=self.status,
+                                page_token=self._host_token,
                             )
                         )
                     for link in self.links.values():

@@ -17,9 +17,13 @@ room, so idle sockets can't starve the health check (a full house of busy ones i
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
+import json
+import urllib.parse
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import h11
@@ -28,6 +32,7 @@ import trio
 from mcpl_router.config import HealthConfig
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.logs import get_logger
+from mcpl_router.status_page import render_status_page
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -39,6 +44,12 @@ REQUEST_TIMEOUT = 2.0
 #: Time to write the answer (a scraper that stops reading is dropped).
 RESPONSE_TIMEOUT = 10.0
 _MAX_REQUEST_BYTES = 16 * 1024
+
+
+class StatusModel(Protocol):
+    """The daemon's status model (``Daemon.status``): the page and /status.json read it."""
+
+    def __call__(self, *, channels_page: int = ..., channels_filter: str = ...) -> dict[str, Any]: ...
 
 
 class MetricsPage(Protocol):
@@ -103,11 +114,16 @@ async def serve_health(
     config_source: str,
     ready: Callable[[], Readiness],
     metrics: MetricsPage,
+    status: StatusModel | None = None,
+    page_token: str | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen until cancelled; ``task_status.started`` gets ``http://host:port`` (the real port).
 
-    ``ready`` answers ``/readyz`` and ``metrics`` renders ``/metrics``, each asked per request.
+    ``ready`` answers ``/readyz`` and ``metrics`` renders ``/metrics``, each asked per request;
+    ``status`` the status page (``/``, ``/status``) and ``/status.json``. On a listener bound
+    to an address other than loopback those two take the host token (``page_token``; none
+    configured: they are refused), as ``Authorization: Bearer <token>`` or ``?token=``.
 
     Raises:
         StartupRefusal: the port is in use (or the bind can't be had), naming ``health.port``.
@@ -124,7 +140,18 @@ async def serve_health(
     log.info("health.listening", url=url)
     slots = _Slots(trio.CapacityLimiter(MAX_CONNECTIONS))
     task_status.started(url)
-    await trio.serve_listeners(partial(_serve_connection, _Pages(ready, metrics), slots), listeners)
+    guarded = not _is_loopback(health.bind)
+    pages = _Pages(ready, metrics, status, page_token if guarded else None, guarded)
+    await trio.serve_listeners(partial(_serve_connection, pages, slots), listeners)
+
+
+def _is_loopback(bind: str) -> bool:
+    if bind == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind).is_loopback
+    except ValueError:
+        return False
 
 
 @attrs.frozen
@@ -133,6 +160,10 @@ class _Pages:
 
     ready: Callable[[], Readiness]
     metrics: MetricsPage
+    status: StatusModel | None = None
+    #: The token the status page and /status.json take (a listener not on loopback).
+    token: str | None = None
+    guarded: bool = False
 
 
 @attrs.define(eq=False)
@@ -212,10 +243,11 @@ async def _serve_one(pages: _Pages, stream: trio.SocketStream, slots: _Slots) ->
     if request is None:
         return  # too slow (or closed to make room): no answer
     method = request.method.decode("ascii", "replace").upper()
-    path = request.target.decode("ascii", "replace").split("?", 1)[0]
+    path, _, query = request.target.decode("ascii", "replace").partition("?")
     accept = b", ".join(value for name, value in request.headers if name == b"accept").decode("latin-1")
+    authorization = b"".join(value for name, value in request.headers if name == b"authorization").decode("latin-1")
     try:
-        status, body, content_type = _route(pages, method, path, accept)
+        status, body, content_type = _route(pages, method, path, accept, query, authorization)
     except Exception:
         # A bug reading some part's state must not take the listener (and the daemon) down.
         get_logger().exception("health.request.crashed", path=path)
@@ -227,8 +259,10 @@ async def _serve_one(pages: _Pages, stream: trio.SocketStream, slots: _Slots) ->
             pass
 
 
-def _route(pages: _Pages, method: str, path: str, accept: str) -> tuple[int, bytes, str]:
+def _route(pages: _Pages, method: str, path: str, accept: str, query: str = "", authorization: str = "") -> tuple[int, bytes, str]:
     text = "text/plain; charset=utf-8"
+    if path in ("/", "/status", "/status.json") and pages.status is not None and method in ("GET", "HEAD"):
+        return _status_route(pages, path, query, authorization)
     if method not in ("GET", "HEAD"):
         return 405, b"method not allowed: use GET\n", text
     if path == "/healthz":
@@ -239,7 +273,28 @@ def _route(pages: _Pages, method: str, path: str, accept: str) -> tuple[int, byt
     if path == "/metrics":
         body, content_type = pages.metrics.exposition(accept)
         return 200, body, content_type
-    return 404, b"not found: try /healthz, /readyz or /metrics\n", text
+    return 404, b"not found: try /, /status.json, /healthz, /readyz or /metrics\n", text
+
+
+def _status_route(pages: _Pages, path: str, query: str, authorization: str) -> tuple[int, bytes, str]:
+    """The status page and its JSON; behind the host token on a listener not on loopback."""
+    text = "text/plain; charset=utf-8"
+    params = urllib.parse.parse_qs(query)
+    if pages.guarded:
+        if pages.token is None:
+            return 403, b"forbidden: the status page on a listener not bound to loopback takes the host token, and none is configured (host.tokenFile)\n", text
+        given = authorization.removeprefix("Bearer ").strip() if authorization.startswith("Bearer ") else (params.get("token") or [""])[0]
+        if not hmac.compare_digest(given.encode(), pages.token.encode()):
+            return 401, b"unauthorized: send Authorization: Bearer <host token>, or ?token=\n", text
+    assert pages.status is not None
+    page_number = (params.get("page") or ["0"])[0]
+    model = pages.status(
+        channels_page=int(page_number) if page_number.isdigit() else 0,
+        channels_filter=(params.get("filter") or [""])[0][:200],
+    )
+    if path == "/status.json":
+        return 200, json.dumps(model).encode(), "application/json"
+    return 200, render_status_page(model, base=path).encode(), "text/html; charset=utf-8"
 
 
 async def _respond(

@@ -112,7 +112,7 @@ HOST_KEYS: Final = (
 HOST_WEBSOCKET_KEYS: Final = ("enabled", "bind", "port", "path")
 JOURNAL_KEYS: Final = ("path", "retention")
 LOGGING_KEYS: Final = ("level", "format")
-HEALTH_KEYS: Final = ("enabled", "bind", "port")
+HEALTH_KEYS: Final = ("enabled", "bind", "port", "statusPreview", "decisions")
 AGENT_KEYS: Final = (
     "proseRouting",
     "allowedTools",
@@ -494,6 +494,10 @@ class HealthConfig:
     port: int = 0
     #: ``health.enabled`` as given; not given: on when ``port`` is set.
     switch: bool | None = None
+    #: Characters of a message's words the status page's decisions show (0: none, the default).
+    status_preview: int = 0
+    #: Routing decisions kept for ``status`` and the status page (the newest).
+    decisions: int = 100
 
     @property
     def enabled(self) -> bool:

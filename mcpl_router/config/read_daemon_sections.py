@@ -159,4 +159,6 @@ def parse_health(section: Section) -> HealthConfig:
         bind=section.string("bind", "127.0.0.1") or "127.0.0.1",
         port=section.integer("port", 0, at_least=0, at_most=65535),
         switch=section.boolean("enabled", False) if section.given("enabled") else None,
+        status_preview=section.integer("statusPreview", 0, at_least=0, at_most=10_000),
+        decisions=section.integer("decisions", 100, at_least=0, at_most=100_000),
     )

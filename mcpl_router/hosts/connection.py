@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 import attrs
@@ -32,6 +33,8 @@ class HostConnection:
     id: int = attrs.field(factory=lambda: next(_connection_ids))
     peer: Peer | None = None
     session: HostSession | None = None
+    #: Wall-clock time the connection was accepted.
+    opened_at: float = attrs.field(factory=time.time)
 
     async def notify(self, method: str, params: Any) -> bool:
         """Send a notification; False when the connection is gone (the caller keeps it pending)."""

@@ -69,6 +69,7 @@ async def publish_for_agent(services: HostServices, params: HostPublishParams) -
         if len(candidates) > 1:
             shown = [names.pick_name(ref) or names.name_shown(ref) for ref in candidates]
             log.info("host.publish.refused", reason=texts.REASON_SHARED_ID, name=name)
+            names.decisions.refused(texts.REASON_SHARED_ID, name, candidates)
             return _refused(
                 texts.REASON_SHARED_ID,
                 texts.host_publish_shared(name, shown),
@@ -98,6 +99,9 @@ async def _publish(services: HostServices, params: HostPublishParams, ref: Chann
         text,
         conversation_id=params.agent,
         round_=0,
+        decisions=services.router.names.decisions,
+        via="host",
+        agent=params.agent,
         registered=services.router.registry.is_registered(ref),
         timeout=services.turns.publish_timeout,
         thread_id=params.thread_id or None,

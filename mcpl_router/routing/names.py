@@ -28,6 +28,7 @@ from typing import Final
 import attrs
 
 from mcpl_router.routing import texts
+from mcpl_router.routing.decisions import Decisions
 from mcpl_router.routing.name_results import Candidate, ChannelRow, Explanation, Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelEntry, ChannelRegistry
@@ -88,6 +89,8 @@ class ChannelNames:
     registry: ChannelRegistry
     #: Refusals by ``kind`` since start (the daemon's ``/metrics`` reads them); explain's not counted.
     refusals: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    #: The router's last routing decisions: each counted refusal is one (``status``'s ``decisions``).
+    decisions: Decisions = attrs.field(factory=Decisions, kw_only=True)
     _shown: _ShownNames = attrs.field(factory=_ShownNames, init=False)
 
     # ------------------------------------------------------------------ the one resolver
@@ -252,7 +255,7 @@ class ChannelNames:
         """
         result = self._channel_named(name, server_id, not_done, server_id_accepted, lister)
         if counted and isinstance(result, Refusal):
-            self.refusals[result.kind] += 1
+            self._count(result)
         return result
 
     def _channel_named(
@@ -299,7 +302,7 @@ class ChannelNames:
             holders = sorted(registry.refs_with_id(name), key=registry.order_of)
             text = texts.no_qualified_pair(name, [ref.server_id for ref in holders], not_done)
             refusal = Refusal(KIND_UNKNOWN, text, (), name, None)
-        self.refusals[refusal.kind] += 1
+        self._count(refusal)
         return refusal
 
     def channel_on_server(
@@ -328,8 +331,13 @@ class ChannelNames:
         # Each is named by its id, which picks it alone on this server (the exact pair).
         lines = [texts.candidate_line(candidate.channel_id) for candidate in own]
         text = texts.ambiguous_on_server(name, server_id, lines, not_done)
-        self.refusals[KIND_AMBIGUOUS] += 1
-        return Refusal(KIND_AMBIGUOUS, text, tuple(own), name, None)
+        return self._count(Refusal(KIND_AMBIGUOUS, text, tuple(own), name, server_id))
+
+    def _count(self, refusal: Refusal) -> Refusal:
+        """A refusal of a name an agent or host gave: counted (``/metrics``) and kept as a decision."""
+        self.refusals[refusal.kind] += 1
+        self.decisions.refused(refusal.kind, refusal.name, refusal.candidates, refusal.server_id)
+        return refusal
 
     def refuse_ambiguous(
         self,

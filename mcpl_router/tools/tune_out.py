@@ -424,6 +424,7 @@ class TuneOuts:
             conversation_id=call.run.turn.conversation_id, round_=call.run.turn.round,
             registered=self._router.registry.is_registered(ref),
             timeout=self._timings.publish_timeout,
+            decisions=self._router.names.decisions, via="subconscious", agent=call.run.turn.agent,
         )
         if delivery.outcome != "failed":
             record_explicit_send(call, ref)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.mcpl.link import NOTIFIED, CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
+from mcpl_router.routing.decisions import Decisions
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import Delivery
 from mcpl_router.turns.run import ACKNOWLEDGE, PUBLISH
@@ -52,6 +53,9 @@ async def publish_text(
     registered: bool,
     timeout: float | None = None,
     thread_id: str | None = None,
+    decisions: Decisions | None = None,
+    via: str = "",
+    agent: str | None = None,
 ) -> Delivery:
     """Publish ``text`` to ``ref`` through its own server's link; the outcome, never raised.
 
@@ -73,6 +77,9 @@ async def publish_text(
                                  registered=registered, timeout=timeout, thread_id=thread_id)
     if link is not None:
         link.publishes[(delivery.outcome, delivery.reason or "")] += 1
+    if decisions is not None:
+        # What operators see of where words went (the status page's decisions).
+        decisions.published(via, agent, ref, shown, delivery.outcome, delivery.reason, delivery.message_id, text)
     return delivery
 
 

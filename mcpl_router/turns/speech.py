@@ -391,6 +391,9 @@ class Speech:
             text,
             conversation_id=run.turn.conversation_id,
             round_=run.turn.round if round_ is None else round_,
+            decisions=self._router.names.decisions,
+            via="speech",
+            agent=run.turn.agent,
             registered=self._router.registry.is_registered(ref),
             timeout=self._timings.publish_timeout,
         )
@@ -445,4 +448,5 @@ class Speech:
         if streak <= prose.BOUNCE_WAKE_CAP:
             run.again = True
         log.info("speech.bounced", draft=draft.draft_id, why=why, chars=len(text), streak=streak)
+        self._router.names.decisions.bounced(turn.agent, target, why, text)
 

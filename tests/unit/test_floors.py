@@ -38,7 +38,7 @@ ORDER: tuple[str, ...] = (
     "inference", "turns",
     "tools",
     "hosts",
-    "health", "reload_plan", "query",
+    "status_model", "status_page", "health", "reload_plan", "query",
     "metrics",
     "daemon",
     "supervision",
