@@ -18,7 +18,6 @@ room, so idle sockets can't starve the health check (a full house of busy ones i
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -30,6 +29,7 @@ import h11
 import trio
 
 from mcpl_router.config import HealthConfig
+from mcpl_router.config.addresses import is_loopback
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.logs import get_logger
 from mcpl_router.status_page import render_status_page
@@ -140,18 +140,9 @@ async def serve_health(
     log.info("health.listening", url=url)
     slots = _Slots(trio.CapacityLimiter(MAX_CONNECTIONS))
     task_status.started(url)
-    guarded = not _is_loopback(health.bind)
+    guarded = not is_loopback(health.bind)
     pages = _Pages(ready, metrics, status, page_token if guarded else None, guarded)
     await trio.serve_listeners(partial(_serve_connection, pages, slots), listeners)
-
-
-def _is_loopback(bind: str) -> bool:
-    if bind == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bind).is_loopback
-    except ValueError:
-        return False
 
 
 @attrs.frozen

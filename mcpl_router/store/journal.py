@@ -196,6 +196,9 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             # Read as it stands, with no -shm to make (a full disk can't hold one). Complete:
             # a -wal left by a crash leaves its -shm too, and then the file opens writable.
             return sqlite3.connect(f"file:{quote(str(self.path))}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+        return self._connect_writable()
+
+    def _connect_writable(self) -> sqlite3.Connection:
         db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
         # Set once, when the file is made: asked again on a full disk, it would fail a start that
         # only needs to read (the backlog can still be delivered).
@@ -215,12 +218,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         if self.read_only is None:
             return None
         try:
-            db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA busy_timeout=5000")
-            db.execute("PRAGMA cache_size=-65536")
+            db = self._connect_writable()
             db.execute("BEGIN IMMEDIATE")
             db.execute("ROLLBACK")
         except sqlite3.Error:

@@ -192,6 +192,19 @@ class _AckOp(_Op):
             journal._unacked[agent] = max(0, journal._unacked[agent] - count)
 
 
+def _fail(batch: list[_Op], exc: Exception) -> list[_Op]:
+    """A commit of ``batch`` failed with ``exc``: the ops someone awaits fail with it; the
+    write-behind ones are returned, to be tried again (nothing written behind is dropped)."""
+    kept: list[_Op] = []
+    for op in batch:
+        if isinstance(op, _WriteOp):
+            op.error = None
+            kept.append(op)
+        else:
+            op.error = exc
+    return kept
+
+
 #: How often an idle writer checks that the journal's path still names its file (seconds).
 IDENTITY_CHECK_INTERVAL: Final = 1.0
 
@@ -365,21 +378,11 @@ class JournalWriter:
             if self.failing != str(exc):
                 self._log.error("journal.file.gone" if isinstance(exc, JournalGone) else "journal.read_only", error=str(exc))
             self.failing = str(exc)
-            for op in batch:
-                if isinstance(op, _WriteOp):
-                    op.error = None
-                    kept.append(op)
-                else:
-                    op.error = exc
+            kept = _fail(batch, exc)
         except Exception as exc:  # sqlite3.Error, OSError: the whole transaction rolled back
             self.failing = f"{type(exc).__name__}: {exc}"
             self._log.error("journal.commit.failed", ops=len(batch), error=self.failing)
-            for op in batch:
-                if isinstance(op, _WriteOp):
-                    op.error = None
-                    kept.append(op)
-                else:
-                    op.error = exc
+            kept = _fail(batch, exc)
             if kept:
                 # A barrier queued after a write-behind op that didn't commit fails too, so a
                 # flush never says "on disk" of something that isn't (it is in the same batch).

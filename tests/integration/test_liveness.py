@@ -12,6 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from mcpl_router.client import RouterClient
 from mcpl_router.query import http_get
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
-from .conftest import FAST_RECONNECT, daemon_process, wait_daemon_ready, write_config
+from .conftest import FAST_RECONNECT, DaemonProcess, daemon_process, wait_daemon_ready, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -54,78 +56,82 @@ async def _readyz(port: int) -> tuple[int, str]:
     return status, body.decode()
 
 
-async def test_a_stopped_required_server_makes_readyz_503_and_recovers_after_sigcont(short_tmp: Path) -> None:
+@asynccontextmanager
+async def _pinged(workdir: Path, *, personality: str = "strict", servers: int = 1, **fixture_options: Any) -> AsyncIterator[tuple[FixtureProcess, DaemonProcess, str, int]]:
+    """A fixture server ``s`` (required, pinged every 0.3 s) and a daemon process with its
+    health listener; yields the fixture, the daemon, its host socket and its health port."""
     port = _free_port()
+    async with FixtureProcess.start(transport="tcp", personality=personality, channels=["general"], control_dir=workdir, **fixture_options) as fixture:
+        server = {"url": fixture.listen_url, "reconnect": FAST_RECONNECT, "required": True, "ping": PING, "legacy": "allow"}
+        config = _config(workdir, {"s": server}, port)
+        socket_path = str(workdir / "run" / "host.sock")
+        async with daemon_process(config, workdir / "daemon.log") as daemon:
+            await daemon.start()
+            await wait_daemon_ready(socket_path, servers=servers)
+            yield fixture, daemon, socket_path, port
+
+
+async def _answered(socket_path: str, times: int) -> None:
+    async def enough() -> bool:
+        return (await _liveness(socket_path))["s"].get("answered", 0) >= times
+
+    await wait_until(enough, timeout=20)
+
+
+async def test_a_stopped_required_server_makes_readyz_503_and_recovers_after_sigcont(short_tmp: Path) -> None:
     with trio.fail_after(90):
-        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, unknown_method=["ping"]) as fixture:
-            server = {"url": fixture.listen_url, "reconnect": FAST_RECONNECT, "required": True, "ping": PING}
-            config = _config(short_tmp, {"s": server}, port)
-            socket_path = str(short_tmp / "run" / "host.sock")
-            async with daemon_process(config, short_tmp / "daemon.log") as daemon:
-                await daemon.start()
-                await wait_daemon_ready(socket_path)
+        async with _pinged(short_tmp, unknown_method=["ping"]) as (fixture, daemon, socket_path, port):
+            # -32601 is an answer: the server is answering.
+            await _answered(socket_path, 1)
+            assert (await _liveness(socket_path))["s"]["state"] == "answering"
+            assert (await _readyz(port))[0] == 200
 
-                # -32601 is an answer: the server is answering.
-                async def answered() -> bool:
-                    return (await _liveness(socket_path))["s"].get("answered", 0) >= 1
+            os.kill(fixture.pid, signal.SIGSTOP)
+            try:
+                async def not_ready() -> bool:
+                    return (await _readyz(port))[0] == 503
 
-                await wait_until(answered, timeout=20)
-                assert (await _liveness(socket_path))["s"]["state"] == "answering"
-                assert (await _readyz(port))[0] == 200
+                # The interval plus the deadline, with room for a loaded machine.
+                await wait_until(not_ready, timeout=10, interval=0.1)
+                status, body = await _readyz(port)
+                assert status == 503
+                assert "server s (required) is connected but not answering: no answer to ping within 0.5 s" in body, body
+                assert "stderr" not in body and "exited" not in body
+                assert (await _liveness(socket_path))["s"]["state"] == "unresponsive"
+                health = await trio.run_process(
+                    [sys.executable, "-m", "mcpl_router", "health", "--config", str(daemon.config)],
+                    capture_stdout=True, capture_stderr=True, check=False,
+                )
+                assert health.returncode == 3, health.stdout + health.stderr
+                status_text = await trio.run_process(
+                    [sys.executable, "-m", "mcpl_router", "status", "--socket", socket_path], capture_stdout=True, check=False
+                )
+                assert b"unresponsive" in status_text.stdout
+            finally:
+                os.kill(fixture.pid, signal.SIGCONT)
 
-                os.kill(fixture.pid, signal.SIGSTOP)
-                try:
-                    async def not_ready() -> bool:
-                        return (await _readyz(port))[0] == 503
+            async def ready_again() -> bool:
+                return (await _readyz(port))[0] == 200
 
-                    # The interval plus the deadline, with room for a loaded machine.
-                    await wait_until(not_ready, timeout=10, interval=0.1)
-                    status, body = await _readyz(port)
-                    assert status == 503
-                    assert "server s (required) is connected but not answering: no answer to ping within 0.5 s" in body, body
-                    assert "stderr" not in body and "exited" not in body
-                    assert (await _liveness(socket_path))["s"]["state"] == "unresponsive"
-                    health = await trio.run_process(
-                        [sys.executable, "-m", "mcpl_router", "health", "--config", str(config)],
-                        capture_stdout=True, capture_stderr=True, check=False,
-                    )
-                    assert health.returncode == 3, health.stdout + health.stderr
-                    status_text = await trio.run_process(
-                        [sys.executable, "-m", "mcpl_router", "status", "--socket", socket_path], capture_stdout=True, check=False
-                    )
-                    assert b"unresponsive" in status_text.stdout
-                finally:
-                    os.kill(fixture.pid, signal.SIGCONT)
-
-                async def ready_again() -> bool:
-                    return (await _readyz(port))[0] == 200
-
-                await wait_until(ready_again, timeout=10, interval=0.1)
-                assert (await _liveness(socket_path))["s"]["state"] == "answering"
-                async with RouterClient.connect_unix(socket_path, timeout=5) as probe:
-                    assert [row.serving for row in (await probe.servers_list()).servers] == [True]
+            await wait_until(ready_again, timeout=10, interval=0.1)
+            assert (await _liveness(socket_path))["s"]["state"] == "answering"
+            async with RouterClient.connect_unix(socket_path, timeout=5) as probe:
+                assert [row.serving for row in (await probe.servers_list()).servers] == [True]
     log = (short_tmp / "daemon.log").read_text()
     assert '"event":"link.ping.unresponsive"' in log and '"event":"link.ping.answering_again"' in log
 
 
 async def test_a_server_that_never_answers_ping_is_unknown_not_unresponsive(short_tmp: Path) -> None:
-    port = _free_port()
     with trio.fail_after(60):
-        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, never_answer=["ping"]) as fixture:
-            server = {"url": fixture.listen_url, "reconnect": FAST_RECONNECT, "required": True, "ping": PING}
-            config = _config(short_tmp, {"s": server}, port)
-            socket_path = str(short_tmp / "run" / "host.sock")
-            async with daemon_process(config, short_tmp / "daemon.log") as daemon:
-                await daemon.start()
-                await wait_daemon_ready(socket_path)
+        async with _pinged(short_tmp, never_answer=["ping"]) as (_fixture, _daemon, socket_path, port):
 
-                async def judged() -> bool:
-                    return (await _liveness(socket_path))["s"].get("missed", 0) >= 2
+            async def judged() -> bool:
+                return (await _liveness(socket_path))["s"].get("missed", 0) >= 2
 
-                await wait_until(judged, timeout=20)
-                assert (await _liveness(socket_path))["s"]["state"] == "unknown"
-                # No false alarm: it answers everything else.
-                assert await _readyz(port) == (200, "ready\n")
+            await wait_until(judged, timeout=20)
+            assert (await _liveness(socket_path))["s"]["state"] == "unknown"
+            # No false alarm: it answers everything else.
+            assert await _readyz(port) == (200, "ready\n")
     log = (short_tmp / "daemon.log").read_text()
     assert log.count('"event":"link.ping.never_answered"') == 1
 
@@ -153,20 +159,9 @@ def test_ping_is_read_from_the_config_with_its_defaults(tmp_path: Path) -> None:
 async def test_the_real_servers_answer_to_ping_counts_as_alive(short_tmp: Path, personality: str) -> None:
     """discord-mcpl, heartbeat-mcpl and mcpl-editor answer ping -32601 (no handler), as the
     fixture personalities that play them do: answering, not unresponsive and not unknown."""
-    port = _free_port()
     with trio.fail_after(60):
-        async with FixtureProcess.start(transport="tcp", personality=personality, channels=["general"], control_dir=short_tmp) as fixture:
-            server = {"url": fixture.listen_url, "reconnect": FAST_RECONNECT, "ping": PING, "legacy": "allow"}
-            config = _config(short_tmp, {"s": server}, port)
-            socket_path = str(short_tmp / "run" / "host.sock")
-            async with daemon_process(config, short_tmp / "daemon.log") as daemon:
-                await daemon.start()
-                await wait_daemon_ready(socket_path, servers=0)
-
-                async def answered_twice() -> bool:
-                    return (await _liveness(socket_path))["s"].get("answered", 0) >= 2
-
-                await wait_until(answered_twice, timeout=20)
-                assert (await _liveness(socket_path))["s"]["state"] == "answering"
+        async with _pinged(short_tmp, personality=personality, servers=0) as (fixture, _daemon, socket_path, _port):
+            await _answered(socket_path, 2)
+            assert (await _liveness(socket_path))["s"]["state"] == "answering"
             pings = await fixture.recorded("ping")
-            assert pings and all(entry["kind"] == "request" for entry in pings)
+    assert pings and all(entry["kind"] == "request" for entry in pings)
