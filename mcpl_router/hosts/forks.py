@@ -33,7 +33,7 @@ from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.forks import Binding, ConversationsSpec, Existing, ForkBook, Spawn, counters_of, fork_name, kind_of
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.store.journal import Delivery, InboundEvent
+from mcpl_router.store.journal import Delivery, EventKind, InboundEvent
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
@@ -121,7 +121,7 @@ class Forks:
         """Whom an event wakes: the policy's agents, each forking agent's message given to its fork."""
         decided = self._policy(event)
         out: list[Delivery] = []
-        ref = None if event.channel_id is None or event.kind != "message" else ChannelRef(event.server_id, event.channel_id)
+        ref = None if event.channel_id is None or event.kind is not EventKind.MESSAGE else ChannelRef(event.server_id, event.channel_id)
         for delivery in decided:
             if self.book.home_of(delivery.agent) is not None:
                 continue  # a fork (released ones too) hears its home alone, by the decision below

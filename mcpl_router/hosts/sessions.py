@@ -39,7 +39,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tags import expand_tags
 from mcpl_router.routing.wakes import REASON_MESSAGE, REASON_PUSH, InboundFacts, Wake, WakePolicy, resolve_policy, wakes
-from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, StoredDelivery
+from mcpl_router.store.journal import Delivery, EventKind, InboundEvent, JournalFailure, StoredDelivery
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
@@ -397,7 +397,7 @@ class SessionManager:
         entry = None if channel is None else self._router.registry.get(channel)
         payload = event.payload if isinstance(event.payload, dict) else {}
         return InboundFacts(
-            kind=REASON_MESSAGE if event.kind == "message" else REASON_PUSH,
+            kind=REASON_MESSAGE if event.kind is EventKind.MESSAGE else REASON_PUSH,
             server_id=event.server_id,
             channel=channel,
             tags=expand_tags(payload.get("tags")),

@@ -31,7 +31,7 @@ from mcpl_router.mcpl.wire import (
 )
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
-from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, Recorded, content_digest
+from mcpl_router.store.journal import Delivery, EventKind, InboundEvent, Journal, JournalFailure, Recorded, content_digest
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -225,7 +225,7 @@ class ServerInbound:
             event = InboundEvent(
                 server_id=link.server_id,
                 channel_id=message.channel_id,
-                kind="message",
+                kind=EventKind.MESSAGE,
                 dedup_key=message_dedup_key(message.channel_id, message.message_id),
                 payload=payload,
                 digest=substance_digest(payload),
@@ -282,7 +282,7 @@ class ServerInbound:
         event = InboundEvent(
             server_id=link.server_id,
             channel_id=channel.channel_id if channel else None,
-            kind="push",
+            kind=EventKind.PUSH,
             dedup_key=params.event_id,
             payload=payload,
             digest=substance_digest(payload),

@@ -44,6 +44,7 @@ from mcpl_router.store.pruning import DEFAULT_RETENTION, PRUNE_CHUNK, PRUNE_INTE
 from mcpl_router.store.reads import JournalReads
 from mcpl_router.store.records import (
     Delivery,
+    EventKind,
     InboundEvent,
     JournalFailure,
     JournalStatistics,
@@ -80,6 +81,7 @@ __all__ = [
     "SHUTDOWN_COMMIT_TIMEOUT",
     "WRITE_QUEUE",
     "Delivery",
+    "EventKind",
     "InboundEvent",
     "Journal",
     "JournalFailure",

@@ -9,6 +9,7 @@ the inbound path computes it before a message reaches the journal.
 from __future__ import annotations
 
 import bisect
+import enum
 import hashlib
 import itertools
 from typing import Any, Final
@@ -18,6 +19,7 @@ import msgspec
 
 __all__ = [
     "Delivery",
+    "EventKind",
     "InboundEvent",
     "JournalFailure",
     "JournalStatistics",
@@ -27,6 +29,14 @@ __all__ = [
     "StoredEvent",
     "content_digest",
 ]
+
+
+class EventKind(enum.StrEnum):
+    """What an inbound event is: a channel's message (``channels/incoming``) or a push
+    (``push/event``). Stored as its value."""
+
+    MESSAGE = "message"
+    PUSH = "push"
 
 
 class JournalFailure(Exception):
@@ -41,7 +51,7 @@ class InboundEvent:
     #: The channel's id on ``server_id``; together they are the channel's ref. None for a push
     #: that names no channel.
     channel_id: str | None
-    kind: str  # "message" | "push"
+    kind: EventKind = attrs.field(converter=EventKind)
     dedup_key: str
     payload: Any
     #: What the message said (see :func:`content_digest`); a re-send under the same key with
@@ -72,9 +82,9 @@ class StoredEvent:
     seq: int
     server_id: str
     channel_id: str | None
-    kind: str
-    payload: Any
-    received_at: float
+    kind: EventKind = attrs.field(converter=EventKind)
+    payload: Any = None
+    received_at: float = 0.0
 
 
 @attrs.frozen

@@ -18,6 +18,7 @@ from mcpl_router.routing.drafts import Draft
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.turns import Delivery, TurnRouting, WakeFact, trigger_of
+from mcpl_router.store.records import EventKind
 from mcpl_router.turns.drafts import DraftBook
 from mcpl_router.turns.run import PUBLISH_TIMEOUT, TurnRun, TurnTimings
 from mcpl_router.turns.sends import publish_text
@@ -245,7 +246,7 @@ class Speech:
             payload = event.payload if isinstance(event.payload, Mapping) else {}
             thread = payload.get("threadId")
             arrivals.append(rounds.Arrival(ref, thread if isinstance(thread, str) else None, item.delivery.addressed,
-                                          conversational=event.kind == "message"))
+                                          conversational=event.kind is EventKind.MESSAGE))
         if any(arrival.conversational for arrival in arrivals):
             run.explicit_send_rounds.clear()
         routing = turn.routing
