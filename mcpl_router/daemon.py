@@ -8,7 +8,6 @@ the config file and applies what can change live (docs/operations.md).
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Callable
 from functools import partial
@@ -20,7 +19,7 @@ import trio
 from mcpl_router import __version__
 from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
-from mcpl_router.health import Readiness, readiness
+from mcpl_router.health import Readiness
 from mcpl_router.hosts.admission import HostAdmission
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.forks import Forks
@@ -34,8 +33,8 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.mcpl.liveness import Liveness
-from mcpl_router.metrics import DaemonMetrics, ScrapedParts, registration_reason_label
-from mcpl_router.status_model import agent_rows, channel_page, connection_rows, journal_row
+from mcpl_router.metrics import DaemonMetrics, ScrapedParts
+from mcpl_router.read_model import ReadModel
 from mcpl_router.reload_plan import plan_reload
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
@@ -79,8 +78,6 @@ class Daemon:
         self.host_connections: set[HostConnection] = set()
         #: True from the moment shutdown starts: ``/readyz`` answers 503.
         self.draining = False
-        #: Per server: channel registrations refused in its current epoch, by reason text.
-        self.registration_refusals: dict[str, collections.Counter[str]] = {}
         #: What the latest reload did (``status`` shows it).
         self.last_reload: dict[str, Any] | None = None
         self._link_scopes: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
@@ -172,6 +169,11 @@ class Daemon:
             on_tools_changed=self.connector_tools.list_changed,
             inference=self.inference,
         )
+        self.read_model = ReadModel(
+            router=self.router, links=self.links, sessions=self.sessions, tune_outs=self.tune_outs, turns=self.turns,
+            journal=self.journal, host_connections=self.host_connections, admission=self.admission, liveness=self.liveness,
+            channel_decisions=self.channel_decisions, draining=lambda: self.draining, last_reload=lambda: self.last_reload,
+        )
         self.host_services = HostServices(
             router=self.router,
             links=self.links,
@@ -207,8 +209,7 @@ class Daemon:
 
     def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None:
         if new is LinkState.CONNECTING:
-            # A new epoch registers afresh: last epoch's refusals no longer describe it.
-            self.registration_refusals.pop(link.server_id, None)
+            self.read_model.new_connection(link.server_id)
         self._emit("server/state", {"serverId": link.server_id, "old": old.value, "state": new.value})
         if new is LinkState.READY:
             # Every epoch (a reconnect too) lists the server's tools again.
@@ -238,21 +239,7 @@ class Daemon:
     def _answered(self, link: ServerLink, method: str, result: Any) -> None:
         self.metrics.inbound_answered(link.server_id, method, result)
         if method in ("channels/register", "channels/changed") and isinstance(result, dict):
-            self._note_registration_refusals(link, result.get("results"))
-
-    def _note_registration_refusals(self, link: ServerLink, rows: Any) -> None:
-        refused = [row for row in rows or () if isinstance(row, dict) and not row.get("accepted")]
-        if not refused:
-            return
-        counts = self.registration_refusals.setdefault(link.server_id, collections.Counter())
-        for row in refused:
-            counts[str(row.get("reason") or "refused")] += 1
-        self._log.warning(
-            "server.registrations.refused",
-            server=link.server_id,
-            refused=len(refused),
-            reasons=sorted({registration_reason_label(row.get("reason")) for row in refused}),
-        )
+            self.read_model.registrations_answered(link.server_id, result.get("results"))
 
     # -- host connections (the listener calls these) -------------------------------------------
 
@@ -298,76 +285,22 @@ class Daemon:
             except Exception:
                 self._log.exception("daemon.observer.crashed", observed=event)
 
-    # -- queries (host API, CLI, demo) ---------------------------------------------------------
+    # -- queries (host API, CLI, demo): the read model's -------------------------------------
 
     def status(self, *, channels_page: int = 0, channels_filter: str = "") -> dict[str, Any]:
-        """``status``, ``/status.json`` and the status page: one model (status_model.py)."""
-        servers = self.servers_list()
-        state = self.readiness()
-        return {
-            "version": __version__,
-            "servers": servers,
-            "ready": sum(1 for s in servers if s["serving"]),
-            "channels": len(self.router.registry.all_entries()),
-            "lastSeq": self.journal.last_seq(),
-            "agents": agent_rows(self.sessions, self.tune_outs, self.router.names),
-            "hosts": {**self.sessions.host_statistics(), "admission": self.admission.statistics()},
-            "hostConnections": connection_rows(self.host_connections),
-            "channelList": channel_page(self.router.names, channels_page, channels_filter),
-            "decisions": self.router.names.decisions.to_wire(),
-            "journal": journal_row(self.journal),
-            "openTurns": len(self.turns.table.all()),
-            "channelDecisions": self.channel_decisions.status(),
-            "readiness": {"ready": state.ready, "problems": list(state.problems)},
-            "lastReload": self.last_reload,
-        }
+        return self.read_model.status(channels_page=channels_page, channels_filter=channels_filter)
 
     def servers_list(self) -> list[dict[str, Any]]:
-        rows = []
-        for link in self.links.values():
-            row = link.status().to_wire()
-            refusals = self.registration_refusals.get(link.server_id)
-            row["required"] = link.config.required
-            row["channelCount"] = len(self.router.registry.channels_for(link.server_id))
-            row["registrationsRefused"] = sum(refusals.values()) if refusals else 0
-            row["refusalReasons"] = dict(refusals) if refusals else {}
-            problem = self.server_problem(link)
-            row["serving"] = problem is None
-            row["problem"] = problem
-            row["liveness"] = self.liveness.of(link.server_id).to_wire()
-            rows.append(row)
-        return rows
-
-    def server_problem(self, link: ServerLink) -> str | None:
-        """Why ``link`` is not serving (a phrase after its id), or None when it is.
-
-        Ready with every channel registration refused is not serving: nothing it offers is
-        reachable.
-        """
-        if link.state is not LinkState.READY:
-            why = f": {link.last_error}" if link.last_error else ""
-            verb = "has failed" if link.state is LinkState.FAILED else f"is {link.state.value}"
-            return f"{verb}{why}"
-        refusals = self.registration_refusals.get(link.server_id)
-        if refusals and not self.router.registry.channels_for(link.server_id):
-            reason, _ = refusals.most_common(1)[0]
-            return f"is ready but every channel registration was refused ({sum(refusals.values())}: {reason})"
-        return self.liveness.of(link.server_id).problem()
+        return self.read_model.servers_list()
 
     def readiness(self) -> Readiness:
-        """What ``/readyz`` answers (see :func:`mcpl_router.health.readiness`)."""
-        return readiness(
-            draining=self.draining,
-            journal_failing=self.journal.statistics().failing,
-            links=self.links.values(),
-            server_problem=self.server_problem,
-        )
+        return self.read_model.readiness()
 
     def channels_list(self) -> list[dict[str, Any]]:
-        return [row.to_dict() for row in self.router.names.channel_list()]
+        return self.read_model.channels_list()
 
     def explain(self, name: str, server_id: str | None = None) -> dict[str, Any]:
-        return self.router.names.explain(name, server_id).to_dict()
+        return self.read_model.explain(name, server_id)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -498,7 +431,7 @@ class Daemon:
             scope.cancel()
             await done.wait()
         self.links.pop(server_id, None)
-        self.registration_refusals.pop(server_id, None)
+        self.read_model.new_connection(server_id)
         self.liveness.forget(server_id)
 
     async def _serve_reloads(self) -> None:

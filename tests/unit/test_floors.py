@@ -40,6 +40,7 @@ ORDER: tuple[str, ...] = (
     "hosts",
     "status_model", "status_page", "health", "reload_plan", "query",
     "metrics",
+    "read_model",
     "daemon",
     "supervision",
     "demo",
