@@ -287,7 +287,7 @@ class Daemon:
 
     # -- queries (host API, CLI, demo): the read model's -------------------------------------
 
-    def status(self, *, channels_page: int = 0, channels_filter: str = "") -> dict[str, Any]:
+    def status(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, Any]:
         return self.read_model.status(channels_page=channels_page, channels_filter=channels_filter)
 
     def servers_list(self) -> list[dict[str, Any]]:

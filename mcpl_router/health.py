@@ -49,7 +49,7 @@ _MAX_REQUEST_BYTES = 16 * 1024
 class StatusModel(Protocol):
     """The daemon's status model (``Daemon.status``): the page and /status.json read it."""
 
-    def __call__(self, *, channels_page: int = ..., channels_filter: str = ...) -> dict[str, Any]: ...
+    def __call__(self, *, channels_page: int | None = ..., channels_filter: str = ...) -> dict[str, Any]: ...
 
 
 class MetricsPage(Protocol):
@@ -278,11 +278,11 @@ def _status_route(pages: _Pages, path: str, query: str, authorization: str) -> t
         if not hmac.compare_digest(given.encode(), pages.token.encode()):
             return 401, b"unauthorized: send Authorization: Bearer <host token>, or ?token=\n", text
     assert pages.status is not None
-    page_number = (params.get("page") or ["0"])[0]
-    model = pages.status(
-        channels_page=int(page_number) if page_number.isdigit() else 0,
-        channels_filter=(params.get("filter") or [""])[0][:200],
-    )
+    page_number = (params.get("page") or [""])[0]
+    # The page always lists channels (its first page by default); /status.json only when a page
+    # is asked for, or the daemon has few (then it is exactly what status answers).
+    asked = int(page_number) if page_number.isdigit() else (0 if path != "/status.json" else None)
+    model = pages.status(channels_page=asked, channels_filter=(params.get("filter") or [""])[0][:200])
     if path == "/status.json":
         return 200, json.dumps(model).encode(), "application/json"
     return 200, render_status_page(model, base=path).encode(), "text/html; charset=utf-8"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router import __version__
 from mcpl_router.health import Readiness, readiness
@@ -31,7 +31,10 @@ if TYPE_CHECKING:
     from mcpl_router.tools.tune_out import TuneOuts
     from mcpl_router.turns import TurnManager
 
-__all__ = ["ReadModel"]
+__all__ = ["INLINE_CHANNELS", "ReadModel"]
+
+#: Up to this many channels, ``status`` lists them whole (its first page); past it, on request.
+INLINE_CHANNELS: Final = 2000
 
 
 class ReadModel:
@@ -93,20 +96,31 @@ class ReadModel:
 
     # -- the queries ---------------------------------------------------------------------------
 
-    def status(self, *, channels_page: int = 0, channels_filter: str = "") -> dict[str, Any]:
-        """``status``, ``/status.json`` and the status page: one model."""
+    def status(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, Any]:
+        """``status``, ``/status.json`` and the status page: one model.
+
+        The channel listing costs a walk of every channel: it comes whole up to
+        :data:`INLINE_CHANNELS` channels, and past that only when a page (or a filter) is
+        asked for (the status page asks), so ``status`` stays cheap at 100k channels.
+        """
         servers = self.servers_list()
         state = self.readiness()
+        total = self._router.registry.channel_count()
+        if channels_page is not None or channels_filter or total <= INLINE_CHANNELS:
+            channel_list = channel_page(self._router.names, channels_page or 0, channels_filter)
+        else:
+            channel_list = {"total": total, "page": None, "pages": None, "rows": [], "filter": "",
+                            "omitted": f"over {INLINE_CHANNELS} channels: ask for a page (status page, /status.json?page=0)"}
         return {
             "version": __version__,
             "servers": servers,
             "ready": sum(1 for s in servers if s["serving"]),
-            "channels": len(self._router.registry.all_entries()),
+            "channels": total,
             "lastSeq": self._journal.last_seq(),
             "agents": agent_rows(self._sessions, self._tune_outs, self._router.names),
             "hosts": {**self._sessions.host_statistics(), "admission": self._admission.statistics()},
             "hostConnections": connection_rows(self._host_connections),
-            "channelList": channel_page(self._router.names, channels_page, channels_filter),
+            "channelList": channel_list,
             "decisions": self._router.names.decisions.to_wire(),
             "journal": journal_row(self._journal),
             "openTurns": len(self._turns.table.all()),
@@ -121,7 +135,7 @@ class ReadModel:
             row = link.status().to_wire()
             refusals = self.registration_refusals.get(link.server_id)
             row["required"] = link.config.required
-            row["channelCount"] = len(self._router.registry.channels_for(link.server_id))
+            row["channelCount"] = self._router.registry.channel_count(link.server_id)
             row["registrationsRefused"] = sum(refusals.values()) if refusals else 0
             row["refusalReasons"] = dict(refusals) if refusals else {}
             problem = self.server_problem(link)
@@ -142,7 +156,7 @@ class ReadModel:
             verb = "has failed" if link.state is LinkState.FAILED else f"is {link.state.value}"
             return f"{verb}{why}"
         refusals = self.registration_refusals.get(link.server_id)
-        if refusals and not self._router.registry.channels_for(link.server_id):
+        if refusals and not self._router.registry.channel_count(link.server_id):
             reason, _ = refusals.most_common(1)[0]
             return f"is ready but every channel registration was refused ({sum(refusals.values())}: {reason})"
         return self._liveness.of(link.server_id).problem()

@@ -460,6 +460,12 @@ class ChannelRegistry(ChannelNameIndex):
         """One server's channels, in registration order (the context that server is told)."""
         return [self._entries[ref] for ref in self._by_server.get(server_id, ())]
 
+    def channel_count(self, server_id: str | None = None) -> int:
+        """How many channels one server (or, with None, every server) has registered: no walk."""
+        if server_id is None:
+            return len(self._entries)
+        return len(self._by_server.get(server_id, ()))
+
     def all_entries(self) -> list[ChannelEntry]:
         """Every registered channel, in registration order."""
         return list(self._entries.values())

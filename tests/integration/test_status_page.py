@@ -169,3 +169,22 @@ def test_a_listener_off_loopback_shows_the_page_only_with_the_host_token() -> No
     loopback = _Pages(never, never, status, None, False)  # type: ignore[arg-type]
     code, body, content_type = _route(loopback, "GET", "/", "")
     assert code == 200 and content_type.startswith("text/html") and b"<h1>mcpl-router t</h1>" in body
+
+
+async def test_status_lists_channels_whole_only_while_few_and_pages_them_on_request(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcpl_router import read_model
+
+    from .conftest import dialled_server, running_daemon, wait_channel
+
+    monkeypatch.setattr(read_model, "INLINE_CHANNELS", 5)
+    with trio.fail_after(60):
+        async with FixtureProcess.start(transport="tcp", channels=[f"c{i}" for i in range(8)], control_dir=short_tmp) as fixture:
+            async with running_daemon(short_tmp, {"s": dialled_server(fixture)}) as daemon:
+                await wait_channel(daemon, "s", "c7")
+                cheap = daemon.status()
+                assert cheap["channels"] == 8 and cheap["channelList"]["rows"] == [] and "omitted" in cheap["channelList"]
+                paged = daemon.status(channels_page=0)
+                assert len(paged["channelList"]["rows"]) == 8
+                filtered = daemon.status(channels_filter="c3")
+                assert [row["channelId"] for row in filtered["channelList"]["rows"]] == ["c3"]
+                assert [row["channelCount"] for row in cheap["servers"]] == [8]
