@@ -212,8 +212,10 @@ class Daemon:
             self.read_model.new_connection(link.server_id)
         self._emit("server/state", {"serverId": link.server_id, "old": old.value, "state": new.value})
         if new is LinkState.READY:
-            # Every epoch (a reconnect too) lists the server's tools again.
+            # Every epoch (a reconnect too) lists the server's tools again, and holds the server
+            # to the agents' channel decisions (those it registered before it was ready too).
             self.connector_tools.link_ready(link)
+            self.channel_decisions.link_ready(link.server_id)
 
     def link_epoch_ended(self, link: ServerLink) -> None:
         # The transport is gone and with it everything that server registered: a reconnect

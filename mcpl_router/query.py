@@ -305,6 +305,7 @@ def _print_status(answer: Any) -> None:
             print(f"      exit code {server['exitCode']}; its last stderr lines:")
             for line in server.get("stderr", [])[-5:]:
                 print(f"        | {line}")
+    _print_channel_decisions(answer.get("channelDecisions") or {})
     for agent in answer.get("agents", []):
         owner = f"owned by {agent['host']}" if agent["host"] else "not claimed"
         print(f"  agent {agent['name']:<12} {agent['proseRouting']:<9} {owner}, {agent['unackedWakes']} unacked wakes")
@@ -312,6 +313,30 @@ def _print_status(answer: Any) -> None:
     if reload:
         when = time.strftime("%H:%M:%S", time.localtime(reload["at"]))
         print(f"  last reload at {when}: {_reload_summary(reload)}")
+
+
+_RECONCILES = (("open-done", "reopened"), ("open-failed", "reopen refused"), ("close-done", "closed again"),
+               ("close-failed", "close refused"))
+
+
+def _print_channel_decisions(decisions: Any) -> None:
+    """How the servers are held to the agents' channel decisions: said only once something
+    was reconciled, or a channel's server state differs from what its agents decided."""
+    counts = decisions.get("reconciled") or {}
+    diverging = decisions.get("diverging") or []
+    pending = decisions.get("pending") or 0
+    if not counts and not diverging and not pending:
+        return
+    parts = [f"{counts[key]} {label}" for key, label in _RECONCILES if counts.get(key)]
+    if pending:
+        parts.append(f"{pending} waiting")
+    print(f"  channel decisions: {', '.join(parts) or 'none reconciled yet'}")
+    for row in diverging:
+        last = row.get("last")
+        tried = ""
+        if last:
+            tried = f"; last {last['action']} {'refused: ' + str(last['reason']) if last['outcome'] == 'failed' else 'done'}"
+        print(f"  ! {row['serverId']}:{row['channelId']} desired {row['desired']}, registered {row['registered']}{tried}")
 
 
 def _reload_summary(reload: Any) -> str:

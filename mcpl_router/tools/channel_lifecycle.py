@@ -6,15 +6,20 @@ host-owned; channels/open and channels/close reconcile this set". After it resta
 the daemon does, it registers again, closed, a channel an agent had opened, and nothing said
 there reaches the agent until something opens it again. So the decisions are journaled
 (``channel_open``, ``channel_close``, ``channel_decline``, and a connector send that opened a
-channel), and every time a server registers channels (each epoch, after either side restarts)
-those the server's state differs on are reconciled, on that server alone:
+channel), and every time a server registers channels, and every time its link becomes ready
+(each epoch, after either side restarts: a server may register before its handshake ends, as
+discord-mcpl does when the policy is slow), those the server's state differs on are
+reconciled, on that server alone:
 
 - some agent decided it open and the server registered it closed: ``channels/open``, with no
   history (the agent had the history it asked for at its own open: asked at most once);
 - an agent closed it, none decided it open, and the server registered it open: ``channels/close``.
 
 A server that refuses: logged, counted, and each agent that wanted the channel open is told once
-(a notice at its next turn), not at every registration; the next registration tries again.
+(a notice at its next turn), not at every registration. It is not asked again on that link
+epoch (a server re-registering in a loop gets one ``channels/open``, not one per
+registration); its next epoch (a restart, a reconnect), or the agent deciding again, tries
+again.
 """
 
 from __future__ import annotations
@@ -76,6 +81,9 @@ class ChannelLifecycle:
         # agent decides again or a reconcile succeeds.
         self._told: set[tuple[str, ChannelRef]] = set()
         self._notices: dict[str, dict[ChannelRef, str]] = {}
+        # The link epoch each channel's server refused its reconcile on: not asked again on it.
+        # Bounded by the channels agents decided for.
+        self._refused_on: dict[ChannelRef, int] = {}
 
     # ------------------------------------------------------------------ decisions
 
@@ -83,6 +91,7 @@ class ChannelLifecycle:
         """``agent`` decided ``state`` for ``ref``: kept, and journaled (written behind)."""
         self.desired.decide(agent, ref, state)
         self._told.discard((agent, ref))
+        self._refused_on.pop(ref, None)
         self._notices.get(agent, {}).pop(ref, None)
         if state == DECLINED:
             self._journal.record_decline(agent, ref.server_id, ref.channel_id)
@@ -121,6 +130,13 @@ class ChannelLifecycle:
         if self._pending:
             self._arrived.set()
 
+    def link_ready(self, server_id: str) -> None:
+        """``server_id``'s link became ready (each epoch): check its registered channels an
+        agent decided something for. Those it registered while the link was still shaking
+        hands were skipped then (nothing can be asked of it before its grant is settled)."""
+        registry = self._router.registry
+        self.registered(ref for ref in self.desired.refs() if ref.server_id == server_id and registry.is_registered(ref))
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile registered channels as they arrive, one at a time, until cancelled."""
         task_status.started()
@@ -144,24 +160,31 @@ class ChannelLifecycle:
             return
         link = self._links.get(ref.server_id)
         if link is None or link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
-            # Without the lifecycle grant the server decides alone; a link not ready registers
-            # again (and is checked again) when it is.
+            # Without the lifecycle grant the server decides alone; a link not ready is checked
+            # again when it is (link_ready).
             self._log.info("channel.reconcile.skipped", server=ref.server_id, channel=ref.channel_id,
                            why="link-not-ready" if link is None or link.state is not LinkState.READY else "not-granted")
             return
+        if self._refused_on.get(ref) == link.epoch:
+            self._log.info("channel.reconcile.skipped", server=ref.server_id, channel=ref.channel_id,
+                           why="refused-this-epoch", epoch=link.epoch)
+            return
         action = RECONCILE_OPEN if wanted else RECONCILE_CLOSE
+        epoch = link.epoch
         reason = await (self.send_open(link, ref, {}) if wanted else self.send_close(link, ref))
         outcome = DONE if reason is None else FAILED
         self.counts[(ref.server_id, action, outcome)] += 1
         self._last[ref] = {"action": action, "outcome": outcome, "reason": reason, "at": trio.current_time()}
         agents = sorted(agent for agent, state in self.desired.deciders(ref).items() if state == (OPEN if wanted else CLOSED))
         if reason is None:
+            self._refused_on.pop(ref, None)
             self._log.info("channel.reconciled", server=ref.server_id, channel=ref.channel_id, action=action, agents=agents)
             for agent in agents:
                 self._told.discard((agent, ref))
             return
+        self._refused_on[ref] = epoch
         self._log.warning("channel.reconcile.failed", server=ref.server_id, channel=ref.channel_id, action=action,
-                          reason=reason, agents=agents)
+                          reason=reason, agents=agents, epoch=epoch)
         if not wanted:
             return
         shown = self._router.names.name_shown(ref)

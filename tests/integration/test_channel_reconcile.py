@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from mcpl_router.client import RouterClient
 from mcpl_router.daemon import Daemon
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing.control import FixtureControl, FixtureProcess, wait_until
+from mcpl_router.testing.descriptors import channel_descriptor
 
 from .conftest import control_of, daemon_config, daemon_running, dialled_server, running_daemon, stdio_server, wait_channel, wait_ready
 
@@ -49,6 +51,10 @@ async def in_turn(client: RouterClient, name: str, arguments: dict[str, Any]) ->
 
 async def opens_of(server: FixtureControl, channel_id: str, epoch: int | None = None) -> list[dict[str, Any]]:
     return [entry for entry in await server.recorded("channels/open", epoch=epoch) if entry["params"]["channelId"] == channel_id]
+
+
+async def closes_of(server: FixtureControl, channel_id: str, epoch: int) -> list[dict[str, Any]]:
+    return [entry for entry in await server.recorded("channels/close", epoch=epoch) if entry["params"]["channelId"] == channel_id]
 
 
 async def woken_by(client: RouterClient, server: FixtureControl, channel_id: str, text: str) -> None:
@@ -86,6 +92,11 @@ async def test_a_channel_opened_by_an_agent_is_open_again_after_its_server_resta
                 assert await opens_of(second, "general") == []
             decisions = daemon.status()["channelDecisions"]
             assert decisions["reconciled"] == {"open-done": 1} and decisions["diverging"] == []
+            shown = await trio.run_process(
+                [sys.executable, "-m", "mcpl_router", "status", "--socket", str(daemon.host_socket_path)],
+                capture_stdout=True, check=False,
+            )
+            assert "channel decisions: 1 reopened" in shown.stdout.decode(), shown.stdout
             scraped = daemon.metrics.render().decode()
             assert 'mcpl_router_channel_reconciles_total{action="open",outcome="done",server="s"} 1.0' in scraped
 
@@ -187,3 +198,84 @@ async def test_a_server_that_refuses_the_reopen_tells_the_agent_once(tmp_path: P
                 await client.call("turn/close", {"turnId": again["turnId"], "outcome": "completed"})
                 [diverging] = daemon.status()["channelDecisions"]["diverging"]
                 assert diverging["channelId"] == "c2" and diverging["desired"] == "open" and diverging["registered"] == "closed"
+                # What an operator sees: the refusals, and the channel that differs, with why.
+                shown = await trio.run_process(
+                    [sys.executable, "-m", "mcpl_router", "status", "--socket", str(daemon.host_socket_path)],
+                    capture_stdout=True, check=False,
+                )
+                text = shown.stdout.decode()
+                assert "channel decisions: 2 reopen refused" in text, text
+                assert "! s:c2 desired open, registered closed; last open refused: server-refused" in text, text
+
+
+async def test_a_channel_registered_before_the_link_is_ready_is_opened_again_once_it_is(tmp_path: Path) -> None:
+    # discord-mcpl registers its channels as soon as it is initialized when the policy is slow
+    # (its grace), before the daemon's featureSets/update is answered: the link is not ready
+    # yet when the registration arrives, and the reopen must wait for it, not be skipped.
+    with trio.fail_after(60):
+        async with FixtureProcess.start(
+            transport="tcp", personality="discord", channels=["general", "c2"], control_dir=tmp_path,
+            host_owns_subscriptions=True, grace=0,
+        ) as server:
+            async with running_daemon(tmp_path, {"s": dialled_server(server)}, unix_socket=True) as daemon, host(daemon) as client:
+                await wait_ready(daemon, "s")
+                await wait_channel(daemon, "s", "c2")
+                assert (await in_turn(client, "channel_open", {"channelId": "c2", "setSpeechTarget": False}))["isError"] is False
+                await woken_by(client, server, "c2", "before")
+                # From now on the server holds its policy answer a moment: each registration
+                # (sent before it) arrives while the link is still shaking hands.
+                await server.configure(policy_delay_ms=300)
+                epoch = (await server.call("disconnect"))["epoch"]
+                await wait_ready(daemon, "s", epoch=2)
+                await wait_until(lambda: opens_of(server, "c2", epoch + 1), timeout=15)
+                await woken_by(client, server, "c2", "after the server came back")
+
+
+async def test_a_refused_reopen_is_not_asked_again_at_each_registration_of_the_same_connection(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with FixtureProcess.start(
+            transport="tcp", personality="strict", channels=["general", "c2"], control_dir=tmp_path, host_owns_subscriptions=True
+        ) as server:
+            async with running_daemon(tmp_path, {"s": dialled_server(server)}, unix_socket=True) as daemon, host(daemon) as client:
+                await wait_ready(daemon, "s")
+                await wait_channel(daemon, "s", "c2")
+                assert (await in_turn(client, "channel_open", {"channelId": "c2", "setSpeechTarget": False}))["isError"] is False
+                await server.configure(open={"error": {"code": -32000, "message": "no such channel here"}})
+                epoch = (await server.call("disconnect"))["epoch"] + 1
+                await wait_ready(daemon, "s", epoch=2)
+                await wait_until(lambda: daemon.status()["channelDecisions"]["reconciled"].get("open-failed") == 1, timeout=15)
+                # A registration storm on the same connection: c2 withdrawn and registered again,
+                # five times. The server refused on this connection: it is not asked again.
+                for _ in range(5):
+                    await server.withdraw(["c2"])
+                    await server.register(["c2"])
+                    await wait_channel(daemon, "s", "c2")
+                # Every registration was checked (the last one too); a reopen asked of the server
+                # would have reached it within the wait.
+                await wait_until(lambda: daemon.status()["channelDecisions"]["pending"] == 0, timeout=10)
+                await trio.sleep(0.5)
+                assert len(await opens_of(server, "c2", epoch)) == 1
+                assert daemon.status()["channelDecisions"]["reconciled"] == {"open-failed": 1}
+                # The agent deciding again is a new question: asked once more.
+                await server.configure(open={})
+                assert (await in_turn(client, "channel_open", {"channelId": "c2", "setSpeechTarget": False}))["isError"] is False
+                await woken_by(client, server, "c2", "after the agent opened it again")
+
+
+async def test_a_channel_an_agent_closed_is_closed_again_when_its_server_registers_it_open(tmp_path: Path) -> None:
+    opened_c2 = {**channel_descriptor("c2"), "initiallyOpen": True}
+    with trio.fail_after(60):
+        async with FixtureProcess.start(transport="tcp", personality="strict", channels=["general"], control_dir=tmp_path) as server:
+            async with running_daemon(tmp_path, {"s": dialled_server(server)}, unix_socket=True) as daemon, host(daemon) as client:
+                await wait_ready(daemon, "s")
+                await server.register([opened_c2])
+                await wait_channel(daemon, "s", "c2")
+                assert daemon.router.registry.get(ChannelRef("s", "c2")).open
+                assert (await in_turn(client, "channel_close", {"channelId": "c2"}))["isError"] is False
+                epoch = (await server.call("disconnect"))["epoch"] + 1
+                await wait_ready(daemon, "s", epoch=2)
+                await server.register([opened_c2])  # open again, as the restarted server has it
+                await wait_until(lambda: closes_of(server, "c2", epoch), timeout=15)
+                assert len(await closes_of(server, "c2", epoch)) == 1
+                assert not daemon.router.registry.get(ChannelRef("s", "c2")).open
+                assert daemon.status()["channelDecisions"]["reconciled"] == {"close-done": 1}
