@@ -279,3 +279,40 @@ async def test_a_channel_an_agent_closed_is_closed_again_when_its_server_registe
                 assert len(await closes_of(server, "c2", epoch)) == 1
                 assert not daemon.router.registry.get(ChannelRef("s", "c2")).open
                 assert daemon.status()["channelDecisions"]["reconciled"] == {"close-done": 1}
+
+
+@pytest.mark.parametrize("first", ["a", "b"])
+async def test_after_the_daemon_restarts_only_the_opened_servers_channel_is_reopened_where_two_share_its_id(
+    tmp_path: Path, first: str
+) -> None:
+    second = "b" if first == "a" else "a"
+    with trio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            servers: dict[str, FixtureProcess] = {}
+            for name in ("a", "b"):
+                servers[name] = await stack.enter_async_context(
+                    FixtureProcess.start(transport="tcp", personality="strict", control_dir=tmp_path, server_name=name,
+                                         host_owns_subscriptions=True)
+                )
+            config = daemon_config(tmp_path, {name: dialled_server(fixture) for name, fixture in servers.items()}, unix_socket=True)
+            async with daemon_running(config) as daemon, host(daemon) as client:
+                for name in ("a", "b"):
+                    await wait_ready(daemon, name)
+                    await servers[name].register(["general"])
+                    await wait_channel(daemon, name, "general")
+                assert (await in_turn(client, "channel_open", {"channelId": "b:general", "setSpeechTarget": False}))["isError"] is False
+            # A new daemon on the same journal; the servers register general again, closed, in
+            # the order this run picks.
+            async with daemon_running(config) as daemon, host(daemon) as client:
+                epochs = {}
+                for name in (first, second):
+                    await wait_ready(daemon, name)
+                    epochs[name] = (await servers[name].state())["epoch"]
+                    await servers[name].register(["general"])
+                    await wait_channel(daemon, name, "general")
+                await wait_until(lambda: opens_of(servers["b"], "general", epochs["b"]), timeout=15)
+                await woken_by(client, servers["b"], "general", "on b")
+                await wait_until(lambda: daemon.status()["channelDecisions"]["pending"] == 0, timeout=10)
+                assert await opens_of(servers["a"], "general") == []
+                assert (await servers["a"].incoming([{"channelId": "general", "text": "on a", "tags": ["chat:mention"]}])).get("notSent")
+                assert daemon.status()["channelDecisions"]["reconciled"] == {"open-done": 1}

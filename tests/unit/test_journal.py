@@ -216,6 +216,27 @@ async def test_a_tune_out_round_trips_and_reads_back_the_wakes_it_holds(tmp_path
         assert [row.server_id for row in await journal.saved_tune_outs()] == ["a"]
 
 
+async def test_channel_decisions_survive_a_restart_one_per_agent_and_channel_pair(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    async with open_journal(path) as journal:
+        journal.record_channel_decision("kai", "a", "general", "open")
+        journal.record_channel_decision("kai", "b", "general", "closed")  # same id, other server: its own row
+        journal.record_channel_decision("mo", "a", "general", "closed")
+        journal.record_channel_decision("kai", "a", "c2", "open")
+        journal.record_decline("kai", "a", "c2")  # a decline replaces the open decision
+        journal.record_decline("mo", "b", "general")
+        journal.record_channel_decision("mo", "b", "general", "open")  # and an open replaces a decline
+        await journal.flush()
+    async with open_journal(path) as journal:
+        assert sorted(journal.channel_decisions()) == [
+            ("kai", "a", "general", "open"),
+            ("kai", "b", "general", "closed"),
+            ("mo", "a", "general", "closed"),
+            ("mo", "b", "general", "open"),
+        ]
+        assert journal.declines() == [("kai", "a", "c2")]
+
+
 async def test_a_version_2_journal_is_migrated_to_the_current_version_keeping_what_it_held(tmp_path: Path) -> None:
     path = tmp_path / "journal.sqlite3"
     async with open_journal(path) as journal:
