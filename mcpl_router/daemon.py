@@ -19,13 +19,23 @@ import trio
 from mcpl_router import __version__
 from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
+from mcpl_router.events import (
+    ChannelsChanged,
+    EventBus,
+    HostClosed,
+    HostOpened,
+    InboundAccepted,
+    ServerStateChanged,
+    ServerWithdrawn,
+)
 from mcpl_router.health import Readiness
 from mcpl_router.hosts.admission import HostAdmission
 from mcpl_router.hosts.connection import HostConnection
+from mcpl_router.hosts.directory import AgentDirectory
 from mcpl_router.hosts.forks import Forks
 from mcpl_router.hosts.gate import Diversions, JournalSettle, StillAdmitted, WakeGates
 from mcpl_router.hosts.services import HostServices
-from mcpl_router.hosts.sessions import SessionManager
+from mcpl_router.hosts.sessions import SessionManager, channels_changed_params
 from mcpl_router.inference import InferenceBroker
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
@@ -33,19 +43,20 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.mcpl.liveness import Liveness
-from mcpl_router.metrics import DaemonMetrics, ScrapedParts
+from mcpl_router.metrics import DaemonMetrics, ScrapedParts, StateScrape
 from mcpl_router.read_model import ReadModel
 from mcpl_router.reload_plan import plan_reload
-from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.router import Router
-from mcpl_router.store.journal import Delivery, InboundEvent, Journal
+from mcpl_router.servers_view import ServersView
+from mcpl_router.store.journal import Journal
 from mcpl_router.tools import ToolTable
 from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
 from mcpl_router.tools.channel_tools import ChannelTools
 from mcpl_router.tools.connector_tools import ConnectorTools
 from mcpl_router.tools.speech_tools import SpeechTools
 from mcpl_router.tools.tune_out import TuneOuts
-from mcpl_router.turns import Invitations, TurnManager
+from mcpl_router.turns import Invitations, TurnManager, TurnTimings
+from mcpl_router.turns.parts import TurnParts
 
 #: How long open turns may take to end (typing stopped, lifecycle terminals) at shutdown.
 SHUTDOWN_GRACE = 5.0
@@ -95,7 +106,10 @@ class Daemon:
         self.admission = HostAdmission(config.host)
         # How many routing decisions status keeps, and how much of their words it shows.
         self.router.names.decisions.configure(keep=config.health.decisions, preview=config.health.status_preview)
+        #: Told ``(event, fields)`` of state and channel changes and accepted events (the demo).
         self.observers: list[Observer] = list(observers or [])
+        #: The one dispatcher of the parts' events (mcpl_router/events.py).
+        self.events = EventBus()
         self.shutdown_requested = trio.Event()
         self._log = get_logger()
         self.host_socket_path: str | None = None
@@ -105,78 +119,86 @@ class Daemon:
         self._wire_parts()
 
     def _wire_parts(self) -> None:
-        """Build the parts, each given what it uses; none of them holds the daemon."""
-        # Sessions own agents and wakes: the inbound handler asks them whom each new event wakes
-        # before its commit (the deliveries commit with it), and they relay server and channel
-        # changes to hosts. Invitations are decided per agent by the channel tools (wired below).
-        invitations = Invitations(self.router)
-        self.sessions = SessionManager(
-            agents=self.config.agents,
-            journal=self.journal,
-            router=self.router,
-            metrics=self.metrics,
-            invitations=invitations,
-            servers_list=self.servers_list,
-        )
-        self.observers.append(self.sessions.observe)
-        # The one name table: what each offered tool name means, for listing and dispatch.
-        self.tools = ToolTable(on_clash=self.metrics.tool_name_clash)
+        """Build the parts in floor order, each given at construction what it uses; none of
+        them holds the daemon, and none is tied to another after it is built. What a part must
+        hear of another's doing it hears as an event (mcpl_router/events.py), subscribed as it
+        is built; docs/architecture.md lists who publishes and who listens."""
+        events = self.events
+        router, links, journal, metrics = self.router, self.links, self.journal, self.metrics
+        timings = TurnTimings()
+        # Who the agents are and who owns each: read by the parts below the sessions.
+        self.agents = AgentDirectory(agents=self.config.agents, journal=journal, router=router)
+        # Conversation forks: a forking agent's message goes to its conversation's fork (docs/forks.md).
+        self.forks = Forks(registry=router.registry, journal=journal, policy_deliveries=self.agents.deliveries_for,
+                           agent_of=self.agents.agent, owner_of=self.agents.owner_of, notify_agent=self.agents.notify_agent,
+                           hand_over=self.agents.hand_over_wakes, events=events)
         # Each agent's channel decisions, journaled; every registration is checked against them
         # (a server that keeps no subscriptions registers a channel closed again after a restart).
-        self.channel_decisions = ChannelLifecycle(self.router, self.links, self.journal)
-        self.turns = TurnManager(
-            router=self.router,
-            links=self.links,
-            journal=self.journal,
-            sessions=self.sessions,
-            tools=self.tools,
-            metrics=self.metrics,
-            is_draining=lambda: self.draining,
-            notices_for=self.channel_decisions.notices_for,
-        )
-        # Tune-outs (each agent's tuned-out channels; sessions ask it before sending a wake)
-        # and the subconscious agent's tools; its summary wakes go out through the sessions.
+        self.channel_decisions = ChannelLifecycle(router, links, journal, fork_home=self.forks.home_of, events=events)
+        # Tune-outs (each agent's tuned-out channels; sessions ask them before sending a wake).
         # Saved in the journal and resumed by its run() before hosts or servers connect.
-        self.tune_outs = TuneOuts(self.router, self.links, self.turns.timings, notify_agent=self.sessions.notify_agent,
-                                  journal=self.journal)
-        # Wake gates: each agent's rules delay or batch its admitted wakes (never admit one); the
-        # sessions ask the tune-outs, then the gates, of every wake.
-        self.gates = WakeGates(router=self.router, agent_of=self.sessions.agent, admitted=StillAdmitted(self.router.registry, self.links),
-                               deliver=self.sessions.offer_batch, settle=JournalSettle(self.journal), count=self.metrics.wake_gated)
-        self.sessions.divert_wakes_with(Diversions(self.tune_outs, self.gates))
-        self.turns.speech.set_tuned_out(self.tune_outs.tuned_out)
-        # Conversation forks: a forking agent's message goes to its conversation's fork (docs/forks.md).
-        self.forks = Forks(registry=self.router.registry, journal=self.journal, policy_deliveries=self.sessions.deliveries_for,
-                           agent_of=self.sessions.agent, owner_of=self.sessions.owner_of, notify_agent=self.sessions.notify_agent,
-                           hand_over=self.sessions.hand_over_wakes)
-        self.turns.route_fence = self.gates.route_fence = self.forks
+        self.tune_outs = TuneOuts(router, links, timings, notify_agent=self.agents.notify_agent, journal=journal)
+        # Wake gates: each agent's rules delay or batch its admitted wakes (never admit one).
+        self.gates = WakeGates(router=router, agent_of=self.agents.agent, admitted=StillAdmitted(router.registry, links),
+                               deliver=self.agents.offer_batch, settle=JournalSettle(journal), count=metrics.wake_gated,
+                               route_fence=self.forks, events=events)
+        self.servers = ServersView(router=router, links=links, liveness=self.liveness, events=events)
+        # Sessions own hello, acks and wake delivery: the inbound handler asks whom each new
+        # event wakes before its commit (the deliveries commit with it); the tune-outs, then
+        # the gates, are asked of every wake. Invitations are decided by each agent's decisions.
+        self.sessions = SessionManager(
+            directory=self.agents,
+            journal=journal,
+            router=router,
+            metrics=metrics,
+            invitations=Invitations(router, self.channel_decisions.has_open),
+            servers_list=self.servers.servers_list,
+            diversion=Diversions(self.tune_outs, self.gates),
+            events=events,
+        )
+        # What turns speak and type with: the tools below reach it, the turn manager is given it.
+        turn_parts = TurnParts.build(router=router, links=links, journal=journal, notify_agent=self.agents.notify_agent,
+                                     timings=timings, tuned_out=self.tune_outs.tuned_out)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
-            self.router, self.links, self.channel_decisions, self.turns.stop_typing_in, self.turns.timings, self.tune_outs,
-            fork_home=self.forks.home_of, may_take=self.forks.may_take_route)
-        self.gates.delivered = self.channel_tools.woke
-        invitations.ask_has_open(self.channel_tools.has_open)
+            router, links, self.channel_decisions, turn_parts.stop_typing_in, timings, self.tune_outs,
+            fork_home=self.forks.home_of, may_take=self.forks.may_take_route, events=events)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
-        self.connector_tools = ConnectorTools(self.links, self.router, self.tools, self.channel_decisions)
+        self.connector_tools = ConnectorTools(links, router, events, self.channel_decisions)
+        # The one name table: what each offered tool name means, for listing and dispatch.
         # Listed in this order; a name means one tool whatever the order.
-        self.tools.install([self.channel_tools, self.connector_tools, self.tune_outs, SpeechTools(speech=self.turns.speech, drafts=self.turns.drafts)])
-        self.inference = InferenceBroker(owner_of=self.sessions.owner_of, metrics=self.metrics)
+        self.tools = ToolTable([self.channel_tools, self.connector_tools, self.tune_outs,
+                                SpeechTools(speech=turn_parts.speech, drafts=turn_parts.drafts)],
+                               on_clash=metrics.tool_name_clash, events=events)
+        self.turns = TurnManager(
+            router=router,
+            links=links,
+            journal=journal,
+            sessions=self.sessions,
+            tools=self.tools,
+            parts=turn_parts,
+            metrics=metrics,
+            is_draining=lambda: self.draining,
+            notices_for=self.channel_decisions.notices_for,
+            route_fence=self.forks,
+            events=events,
+        )
+        self.inference = InferenceBroker(owner_of=self.agents.owner_of, metrics=metrics, events=events)
         self.inbound = ServerInbound(
-            self.router.registry, self.journal,
-            on_channels_changed=self._channels_changed,
+            router.registry, journal,
+            events=events,
             deliveries_for=self.forks.deliveries_for,
-            on_accepted=self._accepted,
             on_tools_changed=self.connector_tools.list_changed,
             inference=self.inference,
         )
         self.read_model = ReadModel(
-            router=self.router, links=self.links, sessions=self.sessions, tune_outs=self.tune_outs, turns=self.turns,
-            journal=self.journal, host_connections=self.host_connections, admission=self.admission, liveness=self.liveness,
+            router=router, links=links, servers=self.servers, sessions=self.sessions, tune_outs=self.tune_outs, turns=self.turns,
+            journal=journal, host_connections=self.host_connections, admission=self.admission, liveness=self.liveness,
             channel_decisions=self.channel_decisions, draining=lambda: self.draining, last_reload=lambda: self.last_reload,
         )
         self.host_services = HostServices(
-            router=self.router,
-            links=self.links,
+            router=router,
+            links=links,
             sessions=self.sessions,
             turns=self.turns,
             typing=self.turns.typing,
@@ -190,41 +212,38 @@ class Daemon:
             inference=self.inference,
             admission=self.admission,
         )
-        self.metrics.read_state_from(
+        StateScrape(
             ScrapedParts(
-                router=self.router,
-                links=self.links,
+                router=router,
+                links=links,
                 host_connections=self.host_connections,
                 sessions=self.sessions,
-                journal=self.journal,
+                journal=journal,
                 turns=self.turns,
                 readiness=self.readiness,
                 channel_decisions=self.channel_decisions,
                 liveness=self.liveness,
                 admission=self.admission,
-            )
+            ),
+            metrics,
         )
+        # The daemon's own observers (the demo prints what happens; hosts hear the same
+        # through the sessions): last, so they hear of a change after the parts acted on it.
+        events.subscribe(ServerStateChanged, self._observe_state)
+        events.subscribe(ChannelsChanged, self._observe_channels)
+        events.subscribe(InboundAccepted, self._observe_accepted)
 
-    # -- LinkDelegate ------------------------------------------------------------------------
+    # -- LinkDelegate: a link's news, published --------------------------------------------
 
     def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None:
-        if new is LinkState.CONNECTING:
-            self.read_model.new_connection(link.server_id)
-        self._emit("server/state", {"serverId": link.server_id, "old": old.value, "state": new.value})
-        if new is LinkState.READY:
-            # Every epoch (a reconnect too) lists the server's tools again, and holds the server
-            # to the agents' channel decisions (those it registered before it was ready too).
-            self.connector_tools.link_ready(link)
-            self.channel_decisions.link_ready(link.server_id)
+        # A new connection (its refusals forgotten), or ready: every epoch (a reconnect too)
+        # lists the server's tools again and holds it to the agents' channel decisions.
+        self.events.publish(ServerStateChanged(link.server_id, old.value, new.value))
 
     def link_epoch_ended(self, link: ServerLink) -> None:
         # The transport is gone and with it everything that server registered: a reconnect
         # registers again. Until then no name may resolve to its channels.
-        removed = self.router.registry.remove_server(link.server_id)
-        # Defaults on its channels keep their ref, not their message (issue 6 item 8).
-        self.channel_tools.server_removed(link.server_id)
-        if removed:
-            self._channels_changed(link.server_id, [], removed)
+        self.events.publish(ServerWithdrawn(link.server_id))
 
     async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
         result = await self.inbound.handle(link, inbound)
@@ -241,44 +260,31 @@ class Daemon:
     def _answered(self, link: ServerLink, method: str, result: Any) -> None:
         self.metrics.inbound_answered(link.server_id, method, result)
         if method in ("channels/register", "channels/changed") and isinstance(result, dict):
-            self.read_model.registrations_answered(link.server_id, result.get("results"))
+            self.servers.registrations_answered(link.server_id, result.get("results"))
 
     # -- host connections (the listener calls these) -------------------------------------------
 
     def opened(self, connection: HostConnection) -> None:
         self.host_connections.add(connection)
-        self.sessions.opened(connection)
+        self.events.publish(HostOpened(connection))
 
     def closed(self, connection: HostConnection) -> None:
         self.host_connections.discard(connection)
-        # The host is gone: its turns end now (typing stopped, lifecycle terminal sent),
-        # not at their lease; then its agents are released after the session grace.
-        self.turns.connection_closed(connection)
-        self.sessions.closed(connection)
-        self.inference.connection_closed(connection)
+        # Its turns end now (typing stopped, lifecycle terminal sent), not at their lease; its
+        # agents are released after the session grace; the inference it served is forgotten.
+        self.events.publish(HostClosed(connection))
 
-    # -- events ------------------------------------------------------------------------------
+    # -- observers -----------------------------------------------------------------------------
 
-    def _channels_changed(self, server_id: str, added: list[ChannelRef], removed: list[ChannelRef]) -> None:
-        if added:
-            self.channel_decisions.registered(added)
-        if removed:
-            # Only these refs' typing stops: another server's channel with the id keeps its own.
-            self.turns.channels_removed(removed)
-        self._emit(
-            "channels/changed",
-            {
-                "serverId": server_id,
-                "added": [ref.to_wire() for ref in added],
-                "removed": [ref.to_wire() for ref in removed],
-            },
-        )
+    def _observe_state(self, event: ServerStateChanged) -> None:
+        self._emit("server/state", {"serverId": event.server_id, "old": event.old, "state": event.new})
 
-    def _accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
-        for wake in self.sessions.accepted(seq, event, deliveries):
-            self.channel_tools.woke(wake)  # a held wake sets no default until its batch goes
-        self.forks.accepted(seq, event, deliveries)
-        self._emit("inbound/accepted", {"seq": seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
+    def _observe_channels(self, event: ChannelsChanged) -> None:
+        self._emit("channels/changed", channels_changed_params(event))
+
+    def _observe_accepted(self, accepted: InboundAccepted) -> None:
+        event = accepted.event
+        self._emit("inbound/accepted", {"seq": accepted.seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 
     def _emit(self, event: str, fields: dict[str, Any]) -> None:
         for observer in self.observers:
@@ -433,7 +439,7 @@ class Daemon:
             scope.cancel()
             await done.wait()
         self.links.pop(server_id, None)
-        self.read_model.new_connection(server_id)
+        self.servers.new_connection(server_id)
         self.liveness.forget(server_id)
 
     async def _serve_reloads(self) -> None:
@@ -445,12 +451,7 @@ class Daemon:
         loss (hosts hear ``channels/changed``, typing on them stops), not at its next reconnect."""
         if link.grant.allows("channels.register"):
             return
-        removed = self.router.registry.remove_server(link.server_id)
-        if not removed:
-            return
-        self.channel_tools.server_removed(link.server_id)
-        self._log.info("server.channels.withdrawn", server=link.server_id, channels=len(removed), why="channels.register revoked by reload")
-        self._channels_changed(link.server_id, [], removed)
+        self.events.publish(ServerWithdrawn(link.server_id, why="channels.register revoked by reload"))
 
     async def reload(self, new_config: RouterConfig | None = None) -> dict[str, Any]:
         """Re-read the config file (or take ``new_config``) and apply what can change live.

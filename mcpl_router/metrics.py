@@ -148,10 +148,6 @@ class DaemonMetrics:
         # ``labels()`` (a lock and a tuple of strings each time). As bounded as the series.
         self._series: dict[tuple[Any, ...], Any] = {}
 
-    def read_state_from(self, parts: ScrapedParts) -> None:
-        """Read ``parts``' state at every scrape (once: the daemon calls it when they exist)."""
-        self.registry.register(_StateCollector(parts, self))
-
     def render(self) -> bytes:
         """The exposition text (Prometheus format 0.0.4)."""
         return self.exposition(None)[0]
@@ -271,12 +267,15 @@ class ScrapedParts:
     admission: HostAdmission
 
 
-class _StateCollector(Collector):
-    """Series read from the parts' state at each scrape."""
+class StateScrape(Collector):
+    """Series read from the parts' state at each scrape: built last, once the parts exist
+    (they count into :class:`DaemonMetrics` from their construction), it registers itself
+    with the metrics' registry."""
 
     def __init__(self, parts: ScrapedParts, metrics: DaemonMetrics) -> None:
         self._parts = parts
         self._metrics = metrics
+        metrics.registry.register(self)
 
     def describe(self) -> list[Metric]:
         return []  # unchecked: the series depend on the servers configured now

@@ -1,22 +1,19 @@
 """The daemon as it is asked about: ``status``, ``servers/list``, readiness, ``channels/list``,
 ``explain`` (the host API, the CLI, ``/readyz``, the status page, the demo).
 
-It reads the parts the daemon built and changes none of them; the one state of its own is
-what each server's registrations were refused in its current connection (counted as the
-answers go out). The rows that read several parts are ``status_model.py``'s.
+It reads the parts the daemon built and changes none of them. The servers' rows are
+``servers_view.py``'s (built before the sessions, whose hello answer lists them); the rows
+that read several parts are ``status_model.py``'s.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router import __version__
 from mcpl_router.health import Readiness, readiness
-from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import LinkState
-from mcpl_router.metrics import registration_reason_label
+from mcpl_router.servers_view import ServersView
 from mcpl_router.status_model import agent_rows, channel_page, connection_rows, journal_row
 
 if TYPE_CHECKING:
@@ -45,6 +42,7 @@ class ReadModel:
         *,
         router: Router,
         links: Mapping[str, ServerLink],
+        servers: ServersView,
         sessions: SessionManager,
         tune_outs: TuneOuts,
         turns: TurnManager,
@@ -58,6 +56,7 @@ class ReadModel:
     ) -> None:
         self._router = router
         self._links = links
+        self._servers = servers
         self._sessions = sessions
         self._tune_outs = tune_outs
         self._turns = turns
@@ -68,31 +67,6 @@ class ReadModel:
         self._channel_decisions = channel_decisions
         self._draining = draining
         self._last_reload = last_reload
-        #: Per server: channel registrations refused in its current connection, by reason text.
-        self.registration_refusals: dict[str, collections.Counter[str]] = {}
-        self._log = get_logger()
-
-    # -- what the servers' registrations were refused -----------------------------------------
-
-    def registrations_answered(self, server_id: str, rows: Any) -> None:
-        """A ``channels/register``/``changed`` answer went out: count (and log) its refusals."""
-        refused = [row for row in rows or () if isinstance(row, dict) and not row.get("accepted")]
-        if not refused:
-            return
-        counts = self.registration_refusals.setdefault(server_id, collections.Counter())
-        for row in refused:
-            counts[str(row.get("reason") or "refused")] += 1
-        self._log.warning(
-            "server.registrations.refused",
-            server=server_id,
-            refused=len(refused),
-            reasons=sorted({registration_reason_label(row.get("reason")) for row in refused}),
-        )
-
-    def new_connection(self, server_id: str) -> None:
-        """A server connects again: it registers afresh, and last time's refusals no longer
-        describe it (also when it is removed)."""
-        self.registration_refusals.pop(server_id, None)
 
     # -- the queries ---------------------------------------------------------------------------
 
@@ -130,36 +104,7 @@ class ReadModel:
         }
 
     def servers_list(self) -> list[dict[str, Any]]:
-        rows = []
-        for link in self._links.values():
-            row = link.status().to_wire()
-            refusals = self.registration_refusals.get(link.server_id)
-            row["required"] = link.config.required
-            row["channelCount"] = self._router.registry.channel_count(link.server_id)
-            row["registrationsRefused"] = sum(refusals.values()) if refusals else 0
-            row["refusalReasons"] = dict(refusals) if refusals else {}
-            problem = self.server_problem(link)
-            row["serving"] = problem is None
-            row["problem"] = problem
-            row["liveness"] = self._liveness.of(link.server_id).to_wire()
-            rows.append(row)
-        return rows
-
-    def server_problem(self, link: ServerLink) -> str | None:
-        """Why ``link`` is not serving (a phrase after its id), or None when it is.
-
-        Ready with every channel registration refused is not serving: nothing it offers is
-        reachable; nor is one connected that stopped answering ping.
-        """
-        if link.state is not LinkState.READY:
-            why = f": {link.last_error}" if link.last_error else ""
-            verb = "has failed" if link.state is LinkState.FAILED else f"is {link.state.value}"
-            return f"{verb}{why}"
-        refusals = self.registration_refusals.get(link.server_id)
-        if refusals and not self._router.registry.channel_count(link.server_id):
-            reason, _ = refusals.most_common(1)[0]
-            return f"is ready but every channel registration was refused ({sum(refusals.values())}: {reason})"
-        return self._liveness.of(link.server_id).problem()
+        return self._servers.servers_list()
 
     def readiness(self) -> Readiness:
         """What ``/readyz`` answers (see :func:`mcpl_router.health.readiness`)."""
@@ -167,7 +112,7 @@ class ReadModel:
             draining=self._draining(),
             journal_failing=self._journal.statistics().failing,
             links=self._links.values(),
-            server_problem=self.server_problem,
+            server_problem=self._servers.server_problem,
         )
 
     def channels_list(self) -> list[dict[str, Any]]:

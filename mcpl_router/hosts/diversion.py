@@ -1,6 +1,6 @@
 """What holds some wakes back instead of sending them: the tune-outs and the wake gates.
 
-The sessions ask one :class:`WakeDiversion` (``SessionManager.divert_wakes_with``) for every
+The sessions ask one :class:`WakeDiversion` (given to ``SessionManager`` at construction) for every
 new wake and every wake read back from the journal; :class:`~mcpl_router.hosts.gate.Diversions`
 chains several.
 """

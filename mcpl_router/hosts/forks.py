@@ -24,12 +24,13 @@ their task are bounded by the inbound batches that made them (one per new bindin
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
+from mcpl_router.events import EventBus, InboundAccepted
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.forks import Binding, ConversationsSpec, Existing, ForkBook, Spawn, counters_of, fork_name, kind_of
 from mcpl_router.routing.refs import ChannelRef
@@ -60,12 +61,13 @@ class Forks:
     Args:
         registry: a channel's descriptor (its kind: DM, group DM, channel).
         journal: the generation counters.
-        policy_deliveries: whom an event wakes by the wake policy (``SessionManager.deliveries_for``).
+        policy_deliveries: whom an event wakes by the wake policy (:meth:`AgentDirectory.deliveries_for`).
         agent_of: an agent's spec (its ``conversations``), or None.
         owner_of: the connection owning an agent now, or None.
         notify_agent: a notification to an agent's owner (the closure prompt).
         hand_over: the wakes owed to a fork whose spawn failed, given to its trunk
-            (``SessionManager.hand_over_wakes``); how many.
+            (:meth:`AgentDirectory.hand_over_wakes`); how many.
+        events: where it hears each committed event (:class:`InboundAccepted`).
     """
 
     spawn_timeout: float = SPAWN_TIMEOUT
@@ -80,6 +82,7 @@ class Forks:
         owner_of: Callable[[str], HostConnection | None],
         notify_agent: Callable[[str, str, Any], Any],
         hand_over: Callable[[str, str], Awaitable[int]] | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self._registry = registry
         self._journal = journal
@@ -99,6 +102,8 @@ class Forks:
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
+        if events is not None:
+            events.subscribe(InboundAccepted, lambda accepted: self.accepted(accepted.seq, accepted.event, accepted.deliveries))
 
     # -- what the channel tools and gates ask ----------------------------------------------------
 
@@ -152,7 +157,7 @@ class Forks:
 
     # -- after the commit --------------------------------------------------------------------------
 
-    def accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> None:
+    def accepted(self, seq: int, event: InboundEvent, deliveries: Sequence[Delivery]) -> None:
         """An event committed: the spawns it decided ask their hosts now."""
         if self._to_ask:
             self._changed.set()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
+from mcpl_router.events import EventBus, WakeDelivered
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing.gate_batches import AgentGate, Batch
@@ -125,6 +126,8 @@ class WakeGates:
             no connection owns the agent (``SessionManager.offer_batch``).
         settle: ack ``(agent, seqs)`` in the journal (held wakes dropped at delivery).
         count: a counter ``(agent, outcome)`` for ``/metrics``.
+        route_fence: which channels a batch's route may be for its agent (the forks').
+        events: where a sent batch's route is told as delivered (:class:`WakeDelivered`).
     """
 
     def __init__(
@@ -136,6 +139,8 @@ class WakeGates:
         deliver: Callable[[str, tuple[int, ...], dict[str, Any]], bool],
         settle: Callable[[str, list[int]], Awaitable[None]],
         count: Callable[[str, str], None],
+        route_fence: RouteFence = NO_FENCE,
+        events: EventBus | None = None,
     ) -> None:
         self._router = router
         self._agent_of = agent_of
@@ -146,10 +151,10 @@ class WakeGates:
         self._gates: dict[str, AgentGate] = {}
         self._resolved: dict[str, _Resolved] = {}
         self._to_settle: list[tuple[str, list[int]]] = []
-        #: Which channels a batch's route may be for its agent (the forks install theirs).
-        self.route_fence: RouteFence = NO_FENCE
-        #: A batch went out: its route's wake sets the agent's default channel (the channel tools').
-        self.delivered: Callable[[Wake], None] = lambda _route: None
+        #: Which channels a batch's route may be for its agent (the forks').
+        self.route_fence = route_fence
+        # A batch went out: its route's wake is told as delivered (it sets the agent's default channel).
+        self._events = events
         self._changed = trio.Event()
         self.counters: dict[str, int] = {}
         self._log = get_logger()
@@ -256,8 +261,8 @@ class WakeGates:
                                      lambda ref: self.route_fence.may_take_route(batch.agent, ref))
         seqs = tuple(wake.seq for wake in kept)
         if self._deliver(self._target_of(batch, kept), seqs, params):
-            if route is not None:
-                self.delivered(route)
+            if route is not None and self._events is not None:
+                self._events.publish(WakeDelivered(route))
             self._bump(batch.agent, "batches")
             self._log.info("gate.batch.sent", agent=batch.agent, cause=batch.cause, seqs=len(seqs), route_seq=params["seq"],
                            route_server=params["routeServerId"], dropped=len(dropped))

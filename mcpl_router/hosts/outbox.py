@@ -149,6 +149,7 @@ class HostOutbox:
         self._batches: deque[tuple[str, tuple[int, ...], dict[str, Any]]] = deque()
         self._changed = trio.Event()
         self.closed = False
+        self._disconnect: str | None = None
         self._counts = {"wakes_sent": 0, "wakes_replayed": 0, "fresh_spills": 0, "offered_spills": 0}
         self._burst = 0
         self._sending = False
@@ -310,8 +311,11 @@ class HostOutbox:
                 if cursor.paging:
                     cursor.settled_in_page.add(seq)
 
-    def close(self) -> None:
+    def close(self, *, disconnect: str | None = None) -> None:
+        """Stop sending; with ``disconnect``, the sender task also closes the connection
+        with that reason (a host too slow to read its notices)."""
         self.closed = True
+        self._disconnect = disconnect
         self._poke()
 
     def statistics(self) -> OutboxStatistics:
@@ -339,6 +343,8 @@ class HostOutbox:
             while not self.closed and await self._send_some():
                 # What a pass queued without waiting: the others run before the next one.
                 await trio.lowlevel.checkpoint()
+        if self._disconnect is not None and self.connection.peer is not None:
+            await self.connection.peer.aclose(self._disconnect)
 
     async def _send_some(self) -> bool:
         """Send what is owed and fits; True if anything went out (there may be more)."""

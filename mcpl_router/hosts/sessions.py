@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import attrs
 import msgspec
@@ -30,16 +30,17 @@ import trio
 from mcpl_router import __version__
 from mcpl_router.config import AgentConfig
 from mcpl_router.routing.agents import AgentSpec, agent_may_call
-from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams, params_of, spec_from_config, spec_from_params
+from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams, params_of, spec_from_params
 from mcpl_router.hosts.connection import HostSession
 from mcpl_router.hosts.diversion import NO_DIVERSION, WakeDiversion
-from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
+from mcpl_router.hosts.directory import AgentDirectory
+from mcpl_router.hosts.outbox import HostOutbox
+from mcpl_router.events import ChannelsChanged, EventBus, HostClosed, HostOpened, InboundAccepted, ServerStateChanged, WakeDelivered
 from mcpl_router.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, Deferred, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.routing.tags import expand_tags
-from mcpl_router.routing.wakes import REASON_MESSAGE, REASON_PUSH, InboundFacts, Wake, WakePolicy, resolve_policy, wakes
-from mcpl_router.store.journal import Delivery, EventKind, InboundEvent, JournalFailure, StoredDelivery
+from mcpl_router.routing.wakes import REASON_MESSAGE, Wake
+from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure, StoredDelivery
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
@@ -64,8 +65,13 @@ class WakeCounts(Protocol):
     def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None: ...
 
 
-#: Daemon events every hello'd host is told of, under the same method name.
-BROADCAST_EVENTS: Final = ("server/state", "channels/changed")
+def channels_changed_params(event: ChannelsChanged) -> dict[str, Any]:
+    """The ``channels/changed`` notification's params (hosts and the demo's printer read them)."""
+    return {
+        "serverId": event.server_id,
+        "added": [ref.to_wire() for ref in event.added],
+        "removed": [ref.to_wire() for ref in event.removed],
+    }
 
 
 @attrs.define(eq=False)
@@ -90,45 +96,47 @@ class SessionManager:
     def __init__(
         self,
         *,
-        agents: Mapping[str, AgentConfig],
         journal: Journal,
         router: Router,
         metrics: WakeCounts,
         invitations: Invitations,
         servers_list: Callable[[], list[dict[str, Any]]],
+        directory: AgentDirectory | None = None,
+        agents: Mapping[str, AgentConfig] | None = None,
+        diversion: WakeDiversion = NO_DIVERSION,
+        events: EventBus | None = None,
     ) -> None:
         self._journal = journal
         self._router = router
         self._metrics = metrics
         self._invitations = invitations
         self._servers_list = servers_list
-        #: Tune-outs hold some wakes back (set by the daemon once they exist; none until then).
-        self._diversion: WakeDiversion = NO_DIVERSION
+        #: Who the agents are and who owns each (given by the daemon, which gives it to the
+        #: parts built before the sessions too; or made here from ``agents``).
+        self.directory = directory if directory is not None else AgentDirectory(agents=agents or {}, journal=journal, router=router)
+        # The directory's state, changed here by hello, close and the grace timers.
+        self._agents = self.directory.specs
+        self._owners = self.directory.owners
+        self._outboxes = self.directory.outboxes
+        #: Tune-outs and wake gates hold some wakes back (hosts/diversion.py).
+        self._diversion = diversion
         self.grace = GRACE_SECONDS
-        self._agents: dict[str, AgentSpec] = {name: spec_from_config(a) for name, a in agents.items()}
-        for name, saved in journal.saved_agents().items():
-            if name not in self._agents:
-                try:
-                    self._agents[name] = spec_from_params(msgspec.convert(saved, AgentSpecParams))
-                except msgspec.ValidationError:
-                    get_logger(agent=name).warning("agent.saved_spec.unreadable")
-        self._owners: dict[str, HostConnection] = {}
         self._holds: dict[str, _Hold] = {}
-        self._outboxes: dict[HostConnection, HostOutbox] = {}
-        # Each agent's resolved wake policy, with the registry generation it was resolved at.
-        self._policies: dict[str, tuple[int, AgentSpec, WakePolicy]] = {}
         # The newest wakes by (seq, agent), oldest first, at most RECENT_WAKES (turn/open reads).
         # An OrderedDict: dropping a plain dict's oldest key scans the holes earlier drops left.
         self._recent: collections.OrderedDict[tuple[int, str], Wake] = collections.OrderedDict()
         # Counters over every host connection that has closed (live ones are read when asked).
-        self._closed_totals = {"connections": 0, "stalledDisconnects": 0, "outboxFullDisconnects": 0,
+        self._closed_totals = {"connections": 0, "stalledDisconnects": 0,
                                "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
         self._nursery: trio.Nursery | None = None
+        self._events = events
         self._log = get_logger()
-
-    def divert_wakes_with(self, diversion: WakeDiversion) -> None:
-        """Ask ``diversion`` (the tune-outs) of every wake before it is sent or re-sent."""
-        self._diversion = diversion
+        if events is not None:
+            events.subscribe(ServerStateChanged, self._server_state_changed)
+            events.subscribe(ChannelsChanged, self._channels_changed)
+            events.subscribe(InboundAccepted, self._inbound_accepted)
+            events.subscribe(HostOpened, self._host_opened)
+            events.subscribe(HostClosed, self._host_closed)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the sender tasks and grace timers until cancelled."""
@@ -141,11 +149,11 @@ class SessionManager:
 
     def agent(self, name: str) -> AgentSpec | None:
         """The agent called ``name``, or None if neither the config nor a host declared it."""
-        return self._agents.get(name)
+        return self.directory.agent(name)
 
     def agents(self) -> list[AgentSpec]:
         """Every known agent, configured ones first."""
-        return sorted(self._agents.values(), key=lambda spec: (not spec.configured, spec.name))
+        return self.directory.agents()
 
     def statistics(self) -> list[dict[str, Any]]:
         """Every known agent, who owns it now (host name, connection) and its unacked wakes."""
@@ -165,22 +173,12 @@ class SessionManager:
         return rows
 
     def configure_agents(self, agents: dict[str, AgentConfig]) -> tuple[list[str], list[str]]:
-        """A reloaded config's agents: added ones declared, changed ones updated (new turns
-        use the new spec). Returns (added, changed) names. Agents it no longer lists stay."""
-        added: list[str] = []
-        changed: list[str] = []
-        for name, config in agents.items():
-            spec = spec_from_config(config)
-            previous = self._agents.get(name)
-            if previous == spec:
-                continue
-            (added if previous is None else changed).append(name)
-            self._agents[name] = spec
-        return added, changed
+        """A reloaded config's agents (:meth:`AgentDirectory.configure_agents`)."""
+        return self.directory.configure_agents(agents)
 
     def owner_of(self, name: str) -> HostConnection | None:
         """The connection owning agent ``name`` now, if any."""
-        return self._owners.get(name)
+        return self.directory.owner_of(name)
 
     def require_owner(self, connection: HostConnection, name: str) -> AgentSpec:
         """The agent's spec, if ``connection`` owns it.
@@ -196,25 +194,12 @@ class SessionManager:
         return spec
 
     async def notify_agent(self, name: str, method: str, params: Any) -> bool:
-        """Queue a notification to the connection owning ``name``; False when none does.
-
-        A cancellation point but no scheduling point: a turn's trace queued here must not let
-        the server's writer send the lifecycle it queued just before alone, a write ahead of
-        the ``context/beforeInference`` that follows (it queues without waiting, as sends do).
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        owner = self._owners.get(name)
-        return owner is not None and self._enqueue(owner, method, params)
+        """Queue a notification to the connection owning ``name``; False when none does."""
+        return await self.directory.notify_agent(name, method, params)
 
     async def hand_over_wakes(self, from_agent: str, to_agent: str) -> int:
-        """The wakes owed to ``from_agent`` (a fork whose spawn failed) become ``to_agent``'s,
-        in the journal, and go to its owner now, in seq order; how many were handed over."""
-        first, count = await self._journal.hand_over(from_agent, to_agent)
-        owner = self._owners.get(to_agent)
-        outbox = None if owner is None else self._outboxes.get(owner)
-        if count and outbox is not None:
-            outbox.rewind(to_agent, first - 1)
-        return count
+        """:meth:`AgentDirectory.hand_over_wakes`."""
+        return await self.directory.hand_over_wakes(from_agent, to_agent)
 
     async def wake(self, seq: int, agent: str) -> Wake | None:
         """The wake of ``agent`` by the event ``seq`` (acked or not): a recent one from memory,
@@ -258,14 +243,13 @@ class SessionManager:
             self._log.error("host.sessions.not_running", connection=connection.id)
 
     def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
-        """A wake gate's batched wake (hosts/gate.py), paced by the owner's outbox; False if unowned."""
-        owner = self._owners.get(agent)
-        outbox = None if owner is None else self._outboxes.get(owner)
-        return outbox is not None and outbox.offer_batch(agent, seqs, params)
+        """A wake gate's batched wake (:meth:`AgentDirectory.offer_batch`)."""
+        return self.directory.offer_batch(agent, seqs, params)
 
     def host_statistics(self) -> dict[str, Any]:
         """Host connections now and in total: what a slow or hostile host has cost (``status``)."""
         totals = dict(self._closed_totals)
+        totals["outboxFullDisconnects"] = self.directory.outbox_full_disconnects
         live = [connection.peer.statistics() for connection in self._outboxes if connection.peer is not None]
         for stats in live:
             totals["malformedMessages"] += stats.malformed_messages
@@ -317,20 +301,7 @@ class SessionManager:
             self._log.info("agent.released", agent=name, host=hold.host)
 
     def _enqueue(self, connection: HostConnection, method: str, params: Any) -> bool:
-        outbox = self._outboxes.get(connection)
-        if outbox is None:
-            return False
-        if outbox.notify(method, params):
-            return True
-        self._log.warning("host.outbox.full", connection=connection.id, method=method, size=NOTICE_LIMIT)
-        self._closed_totals["outboxFullDisconnects"] += 1
-        # Not reading: drop the connection rather than the messages. Its wakes are journaled
-        # and come back on reconnect.
-        self._outboxes.pop(connection, None)
-        outbox.close()
-        if connection.peer is not None:
-            self._spawn(connection.peer.aclose, "too slow: outbox full")
-        return False
+        return self.directory.enqueue(connection, method, params)
 
     def _broadcast_nowait(self, method: str, params: Any) -> None:
         for connection in list(self._outboxes):
@@ -339,32 +310,29 @@ class SessionManager:
 
     # -- daemon events -------------------------------------------------------------------------
 
-    def observe(self, event: str, fields: dict[str, Any]) -> None:
-        """A daemon observer: relays server-state and channel changes to every host."""
-        if event in BROADCAST_EVENTS:
-            self._broadcast_nowait(event, fields)
+    def _host_opened(self, event: HostOpened) -> None:
+        # The listener publishes its own HostConnection objects (hosts/listener.py).
+        self.opened(cast("HostConnection", event.connection))
+
+    def _host_closed(self, event: HostClosed) -> None:
+        self.closed(cast("HostConnection", event.connection))
+
+    def _server_state_changed(self, event: ServerStateChanged) -> None:
+        self._broadcast_nowait("server/state", {"serverId": event.server_id, "old": event.old, "state": event.new})
+
+    def _channels_changed(self, event: ChannelsChanged) -> None:
+        self._broadcast_nowait("channels/changed", channels_changed_params(event))
+
+    def _inbound_accepted(self, event: InboundAccepted) -> None:
+        for wake in self.accepted(event.seq, event.event, event.deliveries):
+            if self._events is not None:
+                self._events.publish(WakeDelivered(wake))  # a held wake sets no default until its batch goes
 
     def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
         """Which agents an event wakes (decided before its commit and written with it)."""
-        facts = self._facts(event)
-        decided: list[Delivery] = []
-        for spec in self._agents.values():
-            if wakes(self._policy_of(spec), facts):
-                decided.append(Delivery(spec.name, facts.kind, facts.tags, facts.addressed))
-        return decided
+        return self.directory.deliveries_for(event)
 
-    def _policy_of(self, spec: AgentSpec) -> WakePolicy:
-        """``spec``'s wake policy with its channel names resolved, once per registry change
-        (not once per message)."""
-        generation = self._router.registry.generation
-        cached = self._policies.get(spec.name)
-        if cached is not None and cached[0] == generation and cached[1] is spec:
-            return cached[2]
-        policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, self._router.names.channels_named)
-        self._policies[spec.name] = (generation, spec, policy)
-        return policy
-
-    def accepted(self, seq: int, event: InboundEvent, deliveries: list[Delivery]) -> list[Wake]:
+    def accepted(self, seq: int, event: InboundEvent, deliveries: Sequence[Delivery]) -> list[Wake]:
         """The event ``seq`` committed: hand its wakes to the agents' owners; the wakes that
         went (or wait for an owner), not those held back (a tune-out's, a gate's)."""
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
@@ -391,18 +359,6 @@ class SessionManager:
                 reason = "agent not owned" if owner is None else "owner's connection is closing"
                 self._log.info("wake.pending", agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq, reason=reason)
         return woken
-
-    def _facts(self, event: InboundEvent) -> InboundFacts:
-        channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
-        entry = None if channel is None else self._router.registry.get(channel)
-        payload = event.payload if isinstance(event.payload, dict) else {}
-        return InboundFacts(
-            kind=REASON_MESSAGE if event.kind is EventKind.MESSAGE else REASON_PUSH,
-            server_id=event.server_id,
-            channel=channel,
-            tags=expand_tags(payload.get("tags")),
-            is_dm=entry is not None and entry.descriptor.is_dm,
-        )
 
     def wake_params(self, wake: Wake) -> dict[str, Any]:
         """The ``wake`` notification's params."""

@@ -27,7 +27,7 @@ import itertools
 import math
 import secrets
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import attrs
 import msgspec
@@ -39,6 +39,7 @@ from mcpl_router.inference.serving import INFERENCE, MODEL_INFO, Serving
 from mcpl_router.jsonrpc import Inbound, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.envelope import RequestId
 from mcpl_router.jsonrpc.peer import Deferred
+from mcpl_router.events import EventBus, HostClosed
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.link_state import CapabilityNotGranted, LinkUnavailable
@@ -133,6 +134,7 @@ class InferenceBroker:
         owner_of: Callable[[str], HostEnd | None],
         metrics: InferenceCounts,
         clock: Callable[[], float] = trio.current_time,
+        events: EventBus | None = None,
     ) -> None:
         self.serving = Serving(owner_of)
         self._metrics = metrics
@@ -142,6 +144,9 @@ class InferenceBroker:
         self._ids = itertools.count(1)
         self._salt = secrets.token_hex(4)
         self._log = get_logger()
+        if events is not None:
+            # The listener's connections are the HostEnds the owners are (hosts/listener.py).
+            events.subscribe(HostClosed, lambda closed: self.connection_closed(cast("HostEnd", closed.connection)))
 
     def connection_closed(self, connection: HostEnd) -> None:
         """The connection's ``serves`` ends with it (its open requests fail as its peer closes)."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
+from mcpl_router.events import ChannelsChanged, EventBus, InboundAccepted, ServerWithdrawn
 from mcpl_router.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, Inbound, RpcError
 from mcpl_router.jsonrpc.envelope import describe_decode_failure
 from mcpl_router.jsonrpc.handlers import Later
@@ -96,11 +97,11 @@ class ServerInbound:
     Args:
         registry: the router's channel registry (the one state's).
         journal: where accepted inbound events are committed before ``accepted`` is answered.
-        on_channels_changed: told of every ref added or withdrawn (to stop typing and streams,
-            to notify hosts).
+        events: where it publishes what changed: :class:`ChannelsChanged` for every ref a
+            server added or withdrew (and every ref of a server withdrawn, which it hears as
+            :class:`ServerWithdrawn`), :class:`InboundAccepted` for each newly journaled
+            event right after its commit, in seq order.
         deliveries_for: which agents an event wakes (decided before the commit, written with it).
-        on_accepted: told of each newly journaled event (seq, event, its deliveries) right
-            after its commit, in seq order, to wake hosts.
         on_tools_changed: told of a server's ``notifications/tools/list_changed`` (the
             connector tools fetch its list again).
         inference: answers ``inference/request`` and ``model/info`` (-32601 without it).
@@ -111,17 +112,15 @@ class ServerInbound:
         registry: ChannelRegistry,
         journal: Journal,
         *,
-        on_channels_changed: Callable[[str, list[ChannelRef], list[ChannelRef]], None] | None = None,
+        events: EventBus,
         deliveries_for: Callable[[InboundEvent], list[Delivery]] | None = None,
-        on_accepted: Callable[[int, InboundEvent, list[Delivery]], None] | None = None,
         on_tools_changed: Callable[[ServerLink], None] | None = None,
         inference: InferenceHandler | None = None,
     ) -> None:
         self.registry = registry
         self.journal = journal
-        self._on_channels_changed = on_channels_changed or (lambda server, added, removed: None)
+        self._events = events
         self._deliveries_for = deliveries_for or (lambda event: [])
-        self._on_accepted = on_accepted or (lambda seq, event, deliveries: None)
         self._on_tools_changed = on_tools_changed or (lambda link: None)
         self._logs: dict[str, Any] = {}
         self._handlers = {
@@ -134,6 +133,16 @@ class ServerInbound:
         if inference is not None:
             for method in INFERENCE_METHODS:
                 self._handlers[method] = inference.handle
+        events.subscribe(ServerWithdrawn, self._withdrawn)
+
+    def _withdrawn(self, event: ServerWithdrawn) -> None:
+        # No name may resolve to a withdrawn server's channels (until a reconnect registers them again).
+        removed = self.registry.remove_server(event.server_id)
+        if not removed:
+            return
+        if event.why is not None:
+            self._log_of(event.server_id).info("server.channels.withdrawn", channels=len(removed), why=event.why)
+        self._events.publish(ChannelsChanged(event.server_id, removed=tuple(removed)))
 
     def _log_of(self, server_id: str) -> Any:
         # One bound logger per server, not one per message.
@@ -164,7 +173,7 @@ class ServerInbound:
         results = self.registry.register(link.server_id, descriptors, registration_policy(link, inbound), form=form)
         added = [ChannelRef(link.server_id, r.id) for r in results if r.accepted]
         if added:
-            self._on_channels_changed(link.server_id, added, [])
+            self._events.publish(ChannelsChanged(link.server_id, added=tuple(added)))
         return {"results": [r.to_wire() for r in results]}
 
     async def _changed(self, link: ServerLink, inbound: Inbound) -> Any:
@@ -188,7 +197,7 @@ class ServerInbound:
         )
         added = [ChannelRef(link.server_id, r.id) for r in outcome.added if r.accepted]
         if added or outcome.withdrawn:
-            self._on_channels_changed(link.server_id, added, list(outcome.withdrawn))
+            self._events.publish(ChannelsChanged(link.server_id, tuple(added), tuple(outcome.withdrawn)))
         return {"results": [r.to_wire() for r in outcome.results]}
 
     async def _list(self, link: ServerLink, inbound: Inbound) -> Any:
@@ -241,7 +250,7 @@ class ServerInbound:
             for (_slot, message_id, event), (_, deliveries), outcome in zip(pending, batch, recorded, strict=True):
                 self._log_outcome(log, "channels.incoming", outcome, channel=event.channel_id, message_id=message_id)
                 if not outcome.duplicate:
-                    self._on_accepted(outcome.seq, event, deliveries)
+                    self._events.publish(InboundAccepted(outcome.seq, event, tuple(deliveries)))
 
         later = Later()
 
@@ -275,7 +284,7 @@ class ServerInbound:
             )
             channel = placed.ref
             if placed.registered_lazily and placed.ref is not None:
-                self._on_channels_changed(link.server_id, [placed.ref], [])
+                self._events.publish(ChannelsChanged(link.server_id, added=(placed.ref,)))
             if placed.ref is None:
                 log.info("push.channel.unresolved", event_id=params.event_id, reason=placed.reason)
         payload = raw_to_plain(inbound.params) if inbound.params is not None else None
@@ -293,7 +302,7 @@ class ServerInbound:
             [outcome] = recorded
             self._log_outcome(log, "push", outcome, channel=event.channel_id, event_id=params.event_id)
             if not outcome.duplicate:
-                self._on_accepted(outcome.seq, event, deliveries)
+                self._events.publish(InboundAccepted(outcome.seq, event, tuple(deliveries)))
 
         wait = await _submitted(self.journal.submit_inbound([(event, deliveries)], committed))
 

@@ -25,11 +25,12 @@ again.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from mcpl_router.events import ChannelsChanged, EventBus, ServerStateChanged
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
@@ -58,10 +59,12 @@ class ChannelLifecycle:
 
     timeout: float = LIFECYCLE_TIMEOUT
 
-    def __init__(self, router: Router, links: Mapping[str, ServerLink], journal: Journal) -> None:
+    def __init__(self, router: Router, links: Mapping[str, ServerLink], journal: Journal, *,
+                 fork_home: Callable[[str], ChannelRef | None] = lambda agent: None, events: EventBus | None = None) -> None:
         self._router = router
         self._links = links
         self._journal = journal
+        self._fork_home = fork_home
         self._log = get_logger()
         #: What each agent last decided for each channel.
         self.desired = DesiredChannels()
@@ -84,6 +87,25 @@ class ChannelLifecycle:
         # The link epoch each channel's server refused its reconcile on: not asked again on it.
         # Bounded by the channels agents decided for.
         self._refused_on: dict[ChannelRef, int] = {}
+        if events is not None:
+            events.subscribe(ChannelsChanged, self._channels_changed)
+            events.subscribe(ServerStateChanged, self._state_changed)
+
+    def _channels_changed(self, event: ChannelsChanged) -> None:
+        if event.added:
+            self.registered(event.added)
+
+    def _state_changed(self, event: ServerStateChanged) -> None:
+        # Every epoch (a reconnect too) holds the server to the agents' channel decisions,
+        # those it registered before it was ready too.
+        if event.new == LinkState.READY.value:
+            self.link_ready(event.server_id)
+
+    def has_open(self, agent: str, ref: ChannelRef) -> bool:
+        """Whether ``agent`` is in channel ``ref`` by its own decisions, not merely because the
+        channel's transport is open (:meth:`DesiredChannels.has_open
+        <mcpl_router.routing.desired.DesiredChannels.has_open>` has the rule); a fork is in its home."""
+        return self.desired.has_open(agent, ref, self._router.registry.get(ref), home=self._fork_home(agent))
 
     # ------------------------------------------------------------------ decisions
 

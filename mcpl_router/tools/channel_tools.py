@@ -21,7 +21,7 @@ Declines are durable (the journal's ``declines`` table, per agent). What each ag
 for each channel (``open``/``closed``/``declined``, its *desired state*,
 :class:`~mcpl_router.routing.desired.DesiredChannels`) is its own: keyed by agent and channel,
 ``channel_list`` shows the calling agent's, and one agent's decline never shows for, nor is
-forgotten by, another. :meth:`ChannelTools.has_open` answers from it whether an agent is in a
+forgotten by, another. :meth:`ChannelLifecycle.has_open` answers from it whether an agent is in a
 channel (the closed-channel invitation asks, per agent: ``turns/invitations.py``).
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from mcpl_router.events import EventBus, ServerWithdrawn, WakeDelivered
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
@@ -110,8 +111,8 @@ def _refused(refusal: Refusal) -> dict[str, Any]:
 class ChannelTools:
     """The channel tools of one daemon, and each agent's default channel.
 
-    The daemon wires it as a tool provider and calls :meth:`woke` for each wake that goes out
-    (the sessions' and the gates') and :meth:`server_removed` when a server's connection ends.
+    A tool provider of the name table. It hears each wake that goes out (:class:`WakeDelivered`,
+    the sessions' and the gates') and each server connection that ends (:class:`ServerWithdrawn`).
 
     Args:
         router: the registry (what is registered and open) and the one resolver.
@@ -122,6 +123,7 @@ class ChannelTools:
         tune_outs: whose tuned-out channels open/close/decline refuse.
         fork_home: a conversation fork's home, by the agent's name (None: no fork). A fork's
             calls are fenced to its home (routing/fork_fence.py).
+        events: where it hears the wakes delivered and the server connections ended.
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class ChannelTools:
         tune_outs: TuneOuts,
         fork_home: Callable[[str], ChannelRef | None] = lambda agent: None,
         may_take: Callable[[str, ChannelRef], bool] = lambda agent, ref: True,
+        events: EventBus | None = None,
     ) -> None:
         self._router = router
         self._links = links
@@ -149,14 +152,9 @@ class ChannelTools:
         # The specs read nothing but the mode's one flag: built once per value, not per turn.
         self._specs: dict[bool, list[ToolSpec]] = {}
         self._log = get_logger()
-
-    # ------------------------------------------------------------------ queries (invitations)
-
-    def has_open(self, agent: str, ref: ChannelRef) -> bool:
-        """Whether ``agent`` is in channel ``ref`` by its own decisions, not merely because the
-        channel's transport is open (:meth:`DesiredChannels.has_open
-        <mcpl_router.routing.desired.DesiredChannels.has_open>` has the rule)."""
-        return self._desired.has_open(agent, ref, self._router.registry.get(ref), home=self._fork_home(agent))
+        if events is not None:
+            events.subscribe(WakeDelivered, lambda delivered: self.woke(delivered.wake))
+            events.subscribe(ServerWithdrawn, lambda ended: self.server_removed(ended.server_id))
 
     # ------------------------------------------------------------------ daemon events
 

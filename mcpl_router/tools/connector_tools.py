@@ -44,6 +44,7 @@ import msgspec
 import trio
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
+from mcpl_router.events import EventBus, ServerStateChanged, ServerToolsChanged
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
-    from mcpl_router.tools.table import ToolTable
     from mcpl_router.turns import TurnRun
 
 __all__ = [
@@ -174,18 +174,19 @@ class ConnectorTools:
         links: the daemon's links by server id, in config order (its own dict: a reload changes
             it in place).
         router: the registry (a send's channel, opened if closed) and the one resolver.
-        names: the one name table, rebuilt here whenever a catalog changes (and read by
-            :meth:`handles` and :meth:`tool_named`).
+        events: where it says a server's list changed (the name table is rebuilt), and hears
+            that a link became ready (its tools are listed again).
     """
 
     call_timeout: float = CALL_TIMEOUT
     list_timeout: float = LIST_TIMEOUT
 
-    def __init__(self, links: Mapping[str, ServerLink], router: Router, names: ToolTable, channels: ChannelLifecycle) -> None:
+    def __init__(self, links: Mapping[str, ServerLink], router: Router, events: EventBus, channels: ChannelLifecycle) -> None:
         self._links = links
         self._router = router
-        self._names = names
+        self._events = events
         self._channels = channels
+        events.subscribe(ServerStateChanged, self._state_changed)
         self._catalogs: dict[str, _ServerCatalog] = {}
         self._refreshes: dict[str, _Refresh] = {}
         self._nursery: trio.Nursery | None = None
@@ -215,13 +216,6 @@ class ConnectorTools:
         catalog = self._catalogs.get(server_id)
         return list(catalog.tools.values()) if catalog else []
 
-    def tool_named(self, exposed: str) -> ConnectorTool | None:
-        """The server tool the name table offers under ``exposed``, if any."""
-        entry = self._names.entry(exposed)
-        if entry is None or entry.provider is not self or entry.tool.server_tool is None:
-            return None
-        return self._tool_of(entry.tool.server_tool)
-
     def _tool_of(self, pair: ServerTool) -> ConnectorTool | None:
         """The tool ``pair`` names in its server's catalog as last listed."""
         catalog = self._catalogs.get(pair.server_id)
@@ -232,9 +226,14 @@ class ConnectorTools:
         gone = [server_id for server_id in self._catalogs if server_id not in self._links]
         for server_id in gone:
             del self._catalogs[server_id]
+            self._events.publish(ServerToolsChanged(server_id))
         if gone:
-            self._names.rebuild()
             self.generation += 1
+
+    def _state_changed(self, event: ServerStateChanged) -> None:
+        link = self._links.get(event.server_id)
+        if event.new == LinkState.READY.value and link is not None:
+            self.link_ready(link)
 
     def link_ready(self, link: ServerLink) -> None:
         """A link became ready (a new epoch): fetch its tools again."""
@@ -305,7 +304,7 @@ class ConnectorTools:
                 continue  # a server listing one name twice: the first stands
             catalog.tools[name] = ConnectorTool(server_id, name, exposed_name(prefix, name, server_id), dict(spec))
         self._catalogs[server_id] = catalog
-        self._names.rebuild()
+        self._events.publish(ServerToolsChanged(server_id))
         self.generation += 1
         self._log.info(
             "connector.tools.listed",
@@ -343,10 +342,6 @@ class ConnectorTools:
             offered.extend(tool.offered_spec() for tool in catalog.tools.values() if config.tool_offered(tool.name))
         self._offered = (basis, offered)
         return offered
-
-    def handles(self, name: str) -> bool:
-        """Whether the name table gives ``name`` to one of the servers' tools."""
-        return self.tool_named(name) is not None
 
     def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """Whether calling ``tool`` posts somewhere (send-silencing of its round's text)."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from mcpl_router.events import EventBus, ServerToolsChanged
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.agents import agent_may_call
 from mcpl_router.tools.seam import ToolName, ToolProvider, ToolSpec
@@ -131,26 +132,27 @@ def _same_lists(before: list[list[ToolSpec]], now: list[list[ToolSpec]]) -> bool
 class ToolTable:
     """The table every listing and dispatch reads; ``daemon.tools`` (and ``turns.tools``).
 
-    The daemon installs the providers (:meth:`install`; their order is the listing's order); a
-    provider whose names change calls :meth:`rebuild`.
+    Built last among the tool parts, with every provider (their order is the listing's order);
+    rebuilt whenever a server's tool list changes (:class:`ServerToolsChanged`).
 
     Args:
+        providers: the tool providers, in listing order.
         on_clash: called once for each clash as it appears (the daemon counts it).
+        events: where the connector tools say a server's list changed.
     """
 
-    def __init__(self, *, on_clash: Callable[[NameClash], None] | None = None) -> None:
-        self._providers: tuple[ToolProvider, ...] = ()
+    def __init__(self, providers: Sequence[ToolProvider] = (), *, on_clash: Callable[[NameClash], None] | None = None,
+                 events: EventBus | None = None) -> None:
+        self._providers: tuple[ToolProvider, ...] = tuple(providers)
         self._entries: dict[str, ToolEntry] = {}
         self._clashes: dict[str, NameClash] = {}
         self._on_clash = on_clash
         #: Each agent's offered tools as last filtered (see :meth:`offered`), by agent name.
         self._offered: dict[str | None, _Offered] = {}
         self._log = get_logger()
-
-    def install(self, providers: Sequence[ToolProvider]) -> None:
-        """Set the providers, in the order their tools are listed, and build the table."""
-        self._providers = tuple(providers)
         self.rebuild()
+        if events is not None:
+            events.subscribe(ServerToolsChanged, lambda _changed: self.rebuild())
 
     def rebuild(self) -> None:
         """Build the table again from every provider's names; log and count new clashes."""

@@ -1,7 +1,7 @@
 """The closed-channel invitation a message wake carries: how to answer where the agent isn't.
 
 Only for a message that addresses the agent in a channel that is registered and that *the
-agent* doesn't have open. Decided per agent (:data:`HasOpen`, the channel tools'
+agent* doesn't have open. Decided per agent (:data:`HasOpen`, the channel lifecycle's
 ``has_open``): a channel's transport is shared, so kai having opened ``a:general`` keeps it
 open for everyone, yet mo, who didn't, is still invited; and kai is still invited to
 ``b:general``, another channel with the same id. The first option is the agent's mode's way to
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["HasOpen", "Invitations"]
 
 #: Whether an agent has a registered channel open: ``(agent, ref) -> bool``
-#: (``ChannelTools.has_open``).
+#: (``ChannelLifecycle.has_open``).
 HasOpen = Callable[[str, ChannelRef], bool]
 
 #: Rendered invitations kept (cleared whenever the registry changes).
@@ -37,8 +37,8 @@ class Invitations:
 
     Args:
         router: the registry and the names an invitation shows.
-        has_open: whether an agent has a channel open; until one is given (:meth:`ask_has_open`),
-            the channel's shared open state.
+        has_open: whether an agent has a channel open by its own decisions (the daemon gives
+            ``ChannelLifecycle.has_open``); without it, the channel's shared open state.
     """
 
     def __init__(self, router: Router, has_open: HasOpen | None = None) -> None:
@@ -46,11 +46,6 @@ class Invitations:
         self._has_open: HasOpen = has_open if has_open is not None else self._transport_open
         self._cache: dict[tuple[ProseMode, ChannelRef, str | None, bool], str] = {}
         self._generation = -1
-
-    def ask_has_open(self, has_open: HasOpen) -> None:
-        """Decide per agent with ``has_open`` (the daemon wires the channel tools' once they exist:
-        they are built after the sessions, which take this)."""
-        self._has_open = has_open
 
     def _transport_open(self, agent: str, ref: ChannelRef) -> bool:
         entry = self._router.registry.get(ref)

@@ -27,21 +27,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from mcpl_router.events import ChannelsChanged, EventBus, HostClosed
 from mcpl_router.jsonrpc import INVALID_PARAMS, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import HookFacts, before_inference
 from mcpl_router.routing import prose, texts
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.agents import agent_may_call
-from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, call_scope, requested_channel, trigger_of
-from mcpl_router.turns.drafts import DraftBook, receipt_of
+from mcpl_router.routing.turns import OUTCOMES, MalformedChannel, Turn, TurnRouting, TurnTable, requested_channel, trigger_of
+from mcpl_router.turns.drafts import receipt_of
 from mcpl_router.turns.keeper import TurnKeepers
-from mcpl_router.turns.lifecycle import REFUSAL_REACTION, InferenceLifecycle
+from mcpl_router.turns.lifecycle import REFUSAL_REACTION
+from mcpl_router.turns.parts import TurnParts
 from mcpl_router.turns.ports import ContextMetrics, Owners, ToolListing
-from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, HostLink, Timing, TurnRun, TurnTimings
-from mcpl_router.turns.speech import Speech
-from mcpl_router.turns.streams import OutgoingStreams
-from mcpl_router.turns.typing import TypingIndicators
+from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, HostLink, Timing, TurnRun
 from mcpl_router.turns.wakes import NO_FENCE, RouteFence, fenced, wake_facts
 
 if TYPE_CHECKING:
@@ -93,9 +92,12 @@ class TurnManager:
         journal: Journal,
         sessions: Owners,
         tools: ToolListing,
+        parts: TurnParts | None = None,
         metrics: ContextMetrics | None = None,
         is_draining: Callable[[], bool] = lambda: False,
         notices_for: Callable[[str], list[str]] = lambda agent: [],
+        route_fence: RouteFence = NO_FENCE,
+        events: EventBus | None = None,
     ) -> None:
         self._router = router
         self._links = links
@@ -106,9 +108,12 @@ class TurnManager:
         # What an agent was not told outside a turn (a channel its open couldn't be restored
         # in): given at its next turn/open, once.
         self._notices_for = notices_for
-        self.timings = TurnTimings()
+        if parts is None:
+            parts = TurnParts.build(router=router, links=links, journal=journal, notify_agent=sessions.notify_agent)
+        self.parts = parts
+        self.timings = parts.timings
         self.table = TurnTable()
-        self._runs: dict[str, TurnRun] = {}
+        self._runs = parts.runs
         #: Recently ended turns, newest last (a script left running may still call tools in one).
         self._ended: collections.OrderedDict[str, TurnRun] = collections.OrderedDict()
         self._ids = itertools.count(1)
@@ -120,16 +125,16 @@ class TurnManager:
         #: The one name table, as a turn lists an agent's tools and tells a send (the table
         #: itself, and dispatching a call, are ``tools/``'s).
         self.tools = tools
-        #: Which channels an agent's turn may take (the forks install theirs).
-        self.route_fence: RouteFence = NO_FENCE
-        self.typing = TypingIndicators(links=links, router=router, timings=self.timings)
-        self.drafts = DraftBook(journal=journal, names=router.names)
-        streams = OutgoingStreams(links)
-        self.speech = Speech(
-            router=router, links=links, journal=journal, drafts=self.drafts, typing=self.typing, streams=streams, timings=self.timings
-        )
-        self.lifecycle = InferenceLifecycle(links=links, streams=streams, notify_agent=sessions.notify_agent)
+        #: Which channels an agent's turn may take (the forks').
+        self.route_fence = route_fence
+        self.typing = parts.typing
+        self.drafts = parts.drafts
+        self.speech = parts.speech
+        self.lifecycle = parts.lifecycle
         self.keepers = TurnKeepers(self)
+        if events is not None:
+            events.subscribe(ChannelsChanged, self._channels_changed)
+            events.subscribe(HostClosed, self._host_closed)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the turns' keeper tasks (and the hosts' typing leases) until cancelled."""
@@ -526,7 +531,17 @@ class TurnManager:
                 if run is not None:
                     nursery.start_soon(functools.partial(self.finish, run, "aborted", why="shutdown"))
 
-    def connection_closed(self, connection: HostLink) -> None:
+    def _channels_changed(self, event: ChannelsChanged) -> None:
+        if event.removed:
+            # Only these refs' typing stops: another server's channel with the id keeps its own.
+            self.channels_removed(event.removed)
+
+    def _host_closed(self, event: HostClosed) -> None:
+        # The host is gone: its turns end now (typing stopped, lifecycle terminal sent), not
+        # at their lease. Compared by identity: the event's connection is a HostLink.
+        self.connection_closed(event.connection)
+
+    def connection_closed(self, connection: object) -> None:
         """A host connection is gone: its turns end at their keeper's next check (soon), and
         the typing it started by itself is stopped now."""
         self.typing.host_gone(connection)
@@ -536,7 +551,7 @@ class TurnManager:
 
     async def stop_typing_in(self, ref: ChannelRef) -> None:
         """``channel_close`` of ``ref``: stop the typing of the turns typing in exactly that channel."""
-        await self.typing.stop_in(ref, self._runs.values())
+        await self.parts.stop_typing_in(ref)
 
     def typing_statistics(self) -> dict[str, int]:
         """Typing indicators the daemon holds now: for turns, and started by hosts."""

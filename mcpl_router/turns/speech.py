@@ -49,6 +49,7 @@ class Speech:
         typing: TypingIndicators,
         streams: OutgoingStreams,
         timings: TurnTimings,
+        tuned_out: Callable[[str], Collection[ChannelRef]] = lambda _agent: (),
     ) -> None:
         self._router = router
         self._links = links
@@ -60,11 +61,8 @@ class Speech:
         self._log = get_logger()
         #: Bounces in a row per agent (a bounce wakes the agent again at most twice in a row).
         self._bounce_streak: dict[str, int] = {}
-        self._tuned_out: Callable[[str], Collection[ChannelRef]] = lambda _agent: ()
-
-    def set_tuned_out(self, tuned_out: Callable[[str], Collection[ChannelRef]]) -> None:
-        """The channels each agent tuned out (the tune-outs, wired once both exist): their
-        traffic is held for a summary, so a mid-turn arrival there competes for nothing."""
+        # The channels each agent tuned out (the tune-outs'): their traffic is held for a
+        # summary, so a mid-turn arrival there competes for nothing.
         self._tuned_out = tuned_out
 
     def _shown(self, ref: ChannelRef) -> str:

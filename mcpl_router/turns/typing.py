@@ -212,12 +212,12 @@ class TypingIndicators:
             self._log.info("typing.host", server=ref.server_id, channel=ref.channel_id, op=op, sent=reason is None, reason=reason)
         return {"typing": rows}
 
-    def host_gone(self, connection: HostLink) -> None:
+    def host_gone(self, connection: object) -> None:
         """A host connection closed: the typing it started by itself is stopped now."""
         if self._nursery is not None and any(owner is connection for owner, _ in self._host_typing.values()):
             self._nursery.start_soon(self._expire_host_typing, connection)
 
-    async def _expire_host_typing(self, connection: HostLink | None = None) -> None:
+    async def _expire_host_typing(self, connection: object | None = None) -> None:
         """Stop host typing whose lease ran out (or, given ``connection``, all of that host's)."""
         now = trio.current_time()
         ending = [

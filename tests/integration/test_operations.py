@@ -146,7 +146,7 @@ async def test_refused_registrations_are_not_ready_without_saying_so(short_tmp: 
             await nursery.start(daemon.run)
             try:
                 await wait_ready(daemon, "s")
-                await wait_until(lambda: daemon.read_model.registration_refusals.get("s"), timeout=10)
+                await wait_until(lambda: daemon.servers.registration_refusals.get("s"), timeout=10)
                 [row] = daemon.status()["servers"]
                 assert row["state"] == "ready" and not row["serving"]
                 assert row["registrationsRefused"] == 1 and "every channel registration was refused" in row["problem"]

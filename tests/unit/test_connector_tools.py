@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from mcpl_router.config import ServerConfig
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.link import LinkState
+from mcpl_router.events import EventBus
 from mcpl_router.routing.router import Router
 from mcpl_router.tools import ToolTable
 from mcpl_router.tools.connector_tools import SEND_TOOLS, ConnectorTools, exposed_name, is_send_tool
@@ -59,7 +60,7 @@ def test_the_offered_list_is_the_same_until_a_link_its_grant_or_its_catalog_chan
     link = types.SimpleNamespace(server_id="a", state=LinkState.READY, grant=granted, epoch=1,
                                  config=ServerConfig(id="a", transport="stdio", command="true"))
     links = {"a": link}
-    connector = ConnectorTools(links, Router(), ToolTable(), None)  # type: ignore[arg-type]
+    connector = ConnectorTools(links, Router(), EventBus(), None)  # type: ignore[arg-type]
     send = {"name": "send_message", "description": "Send.", "inputSchema": {"type": "object"}}
     connector._install(link, 1, [send])  # type: ignore[arg-type]
 
@@ -91,9 +92,9 @@ def test_the_table_offers_what_the_connector_offers_now_as_its_link_comes_and_go
     # No rebuild between the steps: a link's state changes the connector's list, not the table.
     link = types.SimpleNamespace(server_id="a", state=LinkState.READY, grant=Grant(effective=frozenset({"tools"})), epoch=1,
                                  config=ServerConfig(id="a", transport="stdio", command="true", tool_prefix="mcpl--a--"))
-    table = ToolTable()
-    connector = ConnectorTools({"a": link}, Router(), table, None)  # type: ignore[arg-type]
-    table.install([connector])
+    events = EventBus()
+    connector = ConnectorTools({"a": link}, Router(), events, None)  # type: ignore[arg-type]
+    table = ToolTable([connector], events=events)
     connector._install(link, 1, [{"name": "send_message", "inputSchema": {"type": "object"}}])  # type: ignore[arg-type]
 
     def offered() -> list[str]:

@@ -5,9 +5,10 @@ The package is built in floors, each importing only floors below it (docs/archit
     foundation   logs, errors, exit_codes  <  jsonrpc
     the core     routing (pure; the package face re-exports its refs)
     reading      config  <  store, client
+    events       the domain events and their one dispatcher
     links        mcpl, testing (the fixture servers)
     the shell    inference, turns  <  tools  <  hosts
-    application  health, reload_plan, query  <  metrics  <  daemon  <  supervision  <  demo  <  cli  <  __main__
+    application  health, reload_plan, query  <  metrics  <  servers_view  <  read_model  <  daemon  <  supervision  <  demo  <  cli  <  __main__
 
 What a lower floor needs of a higher one is a small protocol in the lower floor (turns/ports.py,
 inference/ports.py, HostLink, WakeCounts, MetricsPage), which the higher one implements. Every
@@ -34,12 +35,14 @@ ORDER: tuple[str, ...] = (
     "routing", "__init__",
     "config",
     "store", "client",
+    "events",
     "mcpl", "testing",
     "inference", "turns",
     "tools",
     "hosts",
     "status_model", "status_page", "health", "reload_plan", "query",
     "metrics",
+    "servers_view",
     "read_model",
     "daemon",
     "supervision",

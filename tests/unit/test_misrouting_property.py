@@ -49,6 +49,7 @@ from mcpl_router.hosts.agents import AgentSpecParams, HelloParams
 from mcpl_router.jsonrpc import RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState, ServerLink
+from mcpl_router.events import ChannelsChanged, InboundAccepted
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import RegistrationPolicy
 from mcpl_router.store.journal import Delivery, InboundEvent
@@ -210,14 +211,14 @@ async def do_register(world: World, server_id: str, channel_id: str) -> None:
     results = registry.register(server_id, [{"id": channel_id, "type": "channel", "label": "", "initiallyOpen": True}], PERMISSIVE)
     added = [ChannelRef(server_id, r.id) for r in results if r.accepted]
     if added:
-        world.daemon._channels_changed(server_id, added, [])
+        world.daemon.events.publish(ChannelsChanged(server_id, added=tuple(added)))
 
 
 async def do_withdraw(world: World, server_id: str, channel_id: str) -> None:
     ref = ChannelRef(server_id, channel_id)
     if ref in registered(world.daemon):
         world.daemon.router.registry.withdraw(server_id, [channel_id])
-        world.daemon._channels_changed(server_id, [], [ref])
+        world.daemon.events.publish(ChannelsChanged(server_id, removed=(ref,)))
 
 
 async def do_remove(world: World, server_id: str) -> None:
@@ -240,7 +241,7 @@ async def do_message(world: World, server_id: str, channel_id: str) -> None:
     event = InboundEvent(server_id, channel_id, "message", message_id, payload)
     deliveries = [Delivery(f"ag-{mode}", "message", ("chat:mention", "chat:addressed"), True) for mode in MODES]
     [recorded] = await world.daemon.journal.record_inbound([(event, deliveries)])
-    world.daemon._accepted(recorded.seq, event, deliveries)
+    world.daemon.events.publish(InboundAccepted(recorded.seq, event, tuple(deliveries)))
     world.seqs.append(recorded.seq)
     world.seq_refs[recorded.seq] = ChannelRef(server_id, channel_id)
 

@@ -65,11 +65,10 @@ def test_two_daemon_providers_claiming_one_name_is_a_programming_error() -> None
 
 def test_the_table_logs_and_counts_a_clash_once_and_says_when_it_clears() -> None:
     counted: list[NameClash] = []
-    table = ToolTable(on_clash=counted.append)
     daemon = Provider(ToolName("sleep"), sends=frozenset({"sleep"}))
     servers = Provider(server("a", "leep", "sleep"))
     with capture_logs() as logs:
-        table.install([daemon, servers])
+        table = ToolTable([daemon, servers], on_clash=counted.append)
         table.rebuild()
         table.rebuild()
         servers.names = []
@@ -82,10 +81,9 @@ def test_the_table_logs_and_counts_a_clash_once_and_says_when_it_clears() -> Non
 
 
 def test_listing_and_dispatch_read_one_table() -> None:
-    table = ToolTable()
     daemon = Provider(ToolName("sleep"), ToolName("channel_publish"), sends=frozenset({"channel_publish"}))
     servers = Provider(server("a", "leep", "sleep"), server("a", "x", "shared"), server("b", "y", "shared"), server("a", "send"))
-    table.install([daemon, servers])
+    table = ToolTable([daemon, servers])
     offered = [spec["name"] for spec in table.offered(None, None)]  # type: ignore[arg-type]
     assert offered == ["sleep", "channel_publish", "mcpl--a--send"]
     assert [table.entry(name) is not None for name in ("sleep", "shared", "mcpl--a--send", "nope")] == [True, False, True, False]
@@ -128,9 +126,8 @@ def _names(specs: list[dict[str, Any]]) -> list[str]:
 
 
 def test_the_offered_tools_are_each_callers_own_and_follow_every_change_they_come_from() -> None:
-    table = ToolTable()
     daemon, servers = KeptProvider(ToolName("sleep")), KeptProvider(server("a", "send"), server("a", "react"))
-    table.install([daemon, servers])
+    table = ToolTable([daemon, servers])
     ann = Agent("ann")
     first = table.offered(ann, None)
     assert _names(first) == ["sleep", "mcpl--a--send", "mcpl--a--react"]

@@ -1,0 +1,172 @@
+"""Who the agents are, which host connection owns each, and the way to each owner's outbox.
+
+The state the session protocol (hosts/sessions.py: hello, ack, a connection's open and close)
+changes, and that the parts below it read or write through: the wake gates hand a batch to an
+agent's owner, a tune-out's summary and a fork's closure prompt are sent to it, a fork whose spawn
+failed hands its wakes back to its trunk, and the forks ask whom an event wakes. Kept apart from
+the protocol so those parts are built before the sessions, each given this at construction (the
+sessions in turn are given the tune-outs and gates they ask of every wake).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from mcpl_router.config import AgentConfig
+from mcpl_router.hosts.agents import AgentSpecParams, spec_from_config, spec_from_params
+from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
+from mcpl_router.logs import get_logger
+from mcpl_router.routing.agents import AgentSpec
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.tags import expand_tags
+from mcpl_router.routing.wakes import REASON_MESSAGE, REASON_PUSH, InboundFacts, WakePolicy, resolve_policy, wakes
+from mcpl_router.store.journal import Delivery, EventKind, InboundEvent
+
+if TYPE_CHECKING:
+    from mcpl_router.hosts.connection import HostConnection
+    from mcpl_router.routing.router import Router
+    from mcpl_router.store.journal import Journal
+
+
+class AgentDirectory:
+    """The agents' specs (configured, declared by hosts, saved in the journal), their owners,
+    and each open connection's outbox. The sessions change owners and outboxes; the rest read.
+
+    Args:
+        agents: the configured agents.
+        journal: the agents hosts declared earlier (read once), and the wakes a hand-over moves.
+        router: the registry and the one resolver (each agent's wake policy names channels).
+    """
+
+    def __init__(self, *, agents: Mapping[str, AgentConfig], journal: Journal, router: Router) -> None:
+        self._journal = journal
+        self._router = router
+        #: Every known agent by name (configured ones, those hosts declared).
+        self.specs: dict[str, AgentSpec] = {name: spec_from_config(a) for name, a in agents.items()}
+        for name, saved in journal.saved_agents().items():
+            if name not in self.specs:
+                try:
+                    self.specs[name] = spec_from_params(msgspec.convert(saved, AgentSpecParams))
+                except msgspec.ValidationError:
+                    get_logger(agent=name).warning("agent.saved_spec.unreadable")
+        #: The connection owning each owned agent.
+        self.owners: dict[str, HostConnection] = {}
+        #: Each open connection's outbox (wakes and notices, flow-controlled).
+        self.outboxes: dict[HostConnection, HostOutbox] = {}
+        #: Connections dropped because their outbox of notices was full.
+        self.outbox_full_disconnects = 0
+        # Each agent's resolved wake policy, with the registry generation it was resolved at.
+        self._policies: dict[str, tuple[int, AgentSpec, WakePolicy]] = {}
+        self._log = get_logger()
+
+    # -- who ---------------------------------------------------------------------------------
+
+    def agent(self, name: str) -> AgentSpec | None:
+        """The agent called ``name``, or None if neither the config nor a host declared it."""
+        return self.specs.get(name)
+
+    def agents(self) -> list[AgentSpec]:
+        """Every known agent, configured ones first."""
+        return sorted(self.specs.values(), key=lambda spec: (not spec.configured, spec.name))
+
+    def configure_agents(self, agents: dict[str, AgentConfig]) -> tuple[list[str], list[str]]:
+        """A reloaded config's agents: added ones declared, changed ones updated (new turns
+        use the new spec). Returns (added, changed) names. Agents it no longer lists stay."""
+        added: list[str] = []
+        changed: list[str] = []
+        for name, config in agents.items():
+            spec = spec_from_config(config)
+            previous = self.specs.get(name)
+            if previous == spec:
+                continue
+            (added if previous is None else changed).append(name)
+            self.specs[name] = spec
+        return added, changed
+
+    def owner_of(self, name: str) -> HostConnection | None:
+        """The connection owning agent ``name`` now, if any."""
+        return self.owners.get(name)
+
+    # -- whom an event wakes -----------------------------------------------------------------
+
+    def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
+        """Which agents an event wakes by their policies (decided before its commit and written with it)."""
+        facts = self._facts(event)
+        decided: list[Delivery] = []
+        for spec in self.specs.values():
+            if wakes(self._policy_of(spec), facts):
+                decided.append(Delivery(spec.name, facts.kind, facts.tags, facts.addressed))
+        return decided
+
+    def _policy_of(self, spec: AgentSpec) -> WakePolicy:
+        """``spec``'s wake policy with its channel names resolved, once per registry change
+        (not once per message)."""
+        generation = self._router.registry.generation
+        cached = self._policies.get(spec.name)
+        if cached is not None and cached[0] == generation and cached[1] is spec:
+            return cached[2]
+        policy = resolve_policy(spec.wake_channels, spec.wake_servers, spec.wake_tags, self._router.names.channels_named)
+        self._policies[spec.name] = (generation, spec, policy)
+        return policy
+
+    def _facts(self, event: InboundEvent) -> InboundFacts:
+        channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
+        entry = None if channel is None else self._router.registry.get(channel)
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        return InboundFacts(
+            kind=REASON_MESSAGE if event.kind is EventKind.MESSAGE else REASON_PUSH,
+            server_id=event.server_id,
+            channel=channel,
+            tags=expand_tags(payload.get("tags")),
+            is_dm=entry is not None and entry.descriptor.is_dm,
+        )
+
+    # -- to an agent's owner -----------------------------------------------------------------
+
+    def outbox_of_agent(self, name: str) -> HostOutbox | None:
+        owner = self.owners.get(name)
+        return None if owner is None else self.outboxes.get(owner)
+
+    async def notify_agent(self, name: str, method: str, params: Any) -> bool:
+        """Queue a notification to the connection owning ``name``; False when none does.
+
+        A cancellation point but no scheduling point: a turn's trace queued here must not let
+        the server's writer send the lifecycle it queued just before alone, a write ahead of
+        the ``context/beforeInference`` that follows (it queues without waiting, as sends do).
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        owner = self.owners.get(name)
+        return owner is not None and self.enqueue(owner, method, params)
+
+    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
+        """A wake gate's batched wake (hosts/gate.py), paced by the owner's outbox; False if unowned."""
+        outbox = self.outbox_of_agent(agent)
+        return outbox is not None and outbox.offer_batch(agent, seqs, params)
+
+    async def hand_over_wakes(self, from_agent: str, to_agent: str) -> int:
+        """The wakes owed to ``from_agent`` (a fork whose spawn failed) become ``to_agent``'s,
+        in the journal, and go to its owner now, in seq order; how many were handed over."""
+        first, count = await self._journal.hand_over(from_agent, to_agent)
+        outbox = self.outbox_of_agent(to_agent)
+        if count and outbox is not None:
+            outbox.rewind(to_agent, first - 1)
+        return count
+
+    def enqueue(self, connection: HostConnection, method: str, params: Any) -> bool:
+        """Queue a notification to ``connection``; False if it has no outbox (any more)."""
+        outbox = self.outboxes.get(connection)
+        if outbox is None:
+            return False
+        if outbox.notify(method, params):
+            return True
+        self._log.warning("host.outbox.full", connection=connection.id, method=method, size=NOTICE_LIMIT)
+        self.outbox_full_disconnects += 1
+        # Not reading: drop the connection rather than the messages. Its wakes are journaled
+        # and come back on reconnect. The outbox's own task closes the connection.
+        del self.outboxes[connection]
+        outbox.close(disconnect="too slow: outbox full")
+        return False
