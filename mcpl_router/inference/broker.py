@@ -42,7 +42,7 @@ from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.events import EventBus, HostClosed
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.grants import Grant
-from mcpl_router.mcpl.link_state import CapabilityNotGranted, LinkUnavailable
+from mcpl_router.mcpl.session import INFERENCE_STREAMING
 
 if TYPE_CHECKING:
     from mcpl_router.config.model import InferencePolicy
@@ -54,8 +54,6 @@ __all__ = ["INFERENCE_METHODS", "ChunkParams", "InferenceBroker", "chunk_lane"]
 
 #: The server → host methods this module answers, and which ``serves`` kind each needs.
 INFERENCE_METHODS: Final = {"inference/request": INFERENCE, "model/info": MODEL_INFO}
-_STREAMING: Final = "inferenceRequest.streaming"
-_CHUNK: Final = "inference/chunk"
 
 # Chunk drop reasons (log lines and the chunk counter's ``outcome``).
 CHUNK_FORWARDED: Final = "forwarded"
@@ -166,7 +164,7 @@ class InferenceBroker:
         if inbound.method == "inference/request":
             asked = inbound.decode_params(_StreamOf).stream
             grant = inbound.stamp if isinstance(inbound.stamp, Grant) else link.grant
-            stream = asked is True and grant.allows(_STREAMING)
+            stream = asked is True and grant.allows(INFERENCE_STREAMING)
         else:
             await trio.lowlevel.checkpoint()
         if inbound.is_notification or inbound.id is None:
@@ -269,11 +267,10 @@ class InferenceBroker:
         # The server knows its request by its own id: the host's routing id never reaches it.
         chunk = {key: value for key, value in params.chunk.items() if key != "requestId"}
         chunk["requestId"] = pending.server_request_id
-        try:
-            await link.send_notification(_CHUNK, chunk, capability=_STREAMING)
-        except CapabilityNotGranted:
+        unsent = await link.session.inference_chunk(chunk)
+        if unsent == "not-granted":
             return await self._drop(connection, params, REASON_NOT_STREAMING)
-        except (LinkUnavailable, PeerClosed):
+        if unsent is not None:
             return await self._drop(connection, params, REASON_SERVER_GONE)
         pending.chunks += 1
         self._metrics.inference_chunk(CHUNK_FORWARDED)

@@ -43,9 +43,10 @@ import attrs
 import trio
 
 from mcpl_router.errors import first_leaf
-from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Inbound, Peer, PeerClosed, RequestTimeout, RpcError
+from mcpl_router.jsonrpc import Inbound, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.peer import PeerStatistics
 from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.session import ServerSession
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.handshake import HOST_MCPL_CAPABILITIES, MCP_PROTOCOL_VERSION, LinkHandshake, _LegacyRefused, _PolicyRefused
 from mcpl_router.mcpl.link_state import (
@@ -173,6 +174,13 @@ class ServerLink(LinkHandshake, LinkRegrant):
         #: than the newest one answered is ignored (two reloads' requests may cross).
         self._policy_generation = 0
         self._answered_generation = 0
+        #: Every request and notification the turns, tools and broker send it (mcpl/session.py).
+        self.session = ServerSession(self)
+
+    @property
+    def request_timeout(self) -> float:
+        """The server's own ``requestTimeout`` (docs/config.md)."""
+        return self.config.request_timeout
 
     # -- status ------------------------------------------------------------------------------
 
@@ -248,24 +256,6 @@ class ServerLink(LinkHandshake, LinkRegrant):
         peer = self._live_peer()
         self._check_capability(capability)
         return await peer.request(method, params, timeout=timeout, result_type=result_type)
-
-    async def request_or_notify(self, method: str, params: Any, *, capability: str, timeout: float | None = None) -> Any:
-        """Send ``method`` as a Request; the result, or :data:`NOTIFIED`.
-
-        A server that takes ``method`` only as a Notification (mcpl-editor's ``channels/publish``)
-        answers the Request -32601: it then gets the Notification, and in the rest of this epoch
-        only that, without a refused Request first. Raises as :meth:`call` does otherwise.
-        """
-        if method not in self._notification_only:
-            try:
-                return await self.call(method, params, capability=capability, timeout=timeout)
-            except RpcError as error:
-                if error.code != METHOD_NOT_FOUND:
-                    raise
-                self._notification_only.add(method)
-                self._log.info("link.notification_only", method=method, epoch=self.epoch)
-        await self.send_notification(method, params, capability=capability)
-        return NOTIFIED
 
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         """Send a notification needing ``capability`` (checked against the current grant first)."""

@@ -24,7 +24,7 @@ __all__ = [
     "LinkUnavailable",
 ]
 
-#: What :meth:`ServerLink.request_or_notify` returns when the method went as a Notification.
+#: What a session's request returns when the method went as a Notification (mcpl/session.py).
 class _Notified(enum.Enum):
     NOTIFIED = "notified"
 

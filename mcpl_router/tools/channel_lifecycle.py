@@ -36,7 +36,8 @@ from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN, DesiredChannels
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
+from mcpl_router.mcpl.session import LIFECYCLE, CloseParams, HistoryParams, OpenParams
+from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -120,17 +121,19 @@ class ChannelLifecycle:
         else:
             self._journal.record_channel_decision(agent, ref.server_id, ref.channel_id, state)
 
-    async def send_open(self, link: ServerLink, ref: ChannelRef, params: dict[str, Any]) -> str | None:
+    async def send_open(self, link: ServerLink, ref: ChannelRef, *, history: HistoryParams | None = None,
+                        thread_id: str | None = None) -> str | None:
         """``channels/open`` on ``ref``'s own server; None when answered (the channel is then
         open here too), else a stable reason."""
-        reason = await lifecycle_request(link, "channels/open", {**params, "channelId": ref.channel_id}, timeout=self.timeout)
+        params = OpenParams(channel_id=ref.channel_id, history=history, thread_id=thread_id)
+        reason = await link.session.open_channel(params, timeout=self.timeout)
         if reason is None:
             self._router.registry.set_open(ref, True)
         return reason
 
     async def send_close(self, link: ServerLink, ref: ChannelRef) -> str | None:
         """``channels/close`` on ``ref``'s own server; None when answered (then closed here too)."""
-        reason = await lifecycle_request(link, "channels/close", {"channelId": ref.channel_id}, timeout=self.timeout)
+        reason = await link.session.close_channel(CloseParams(channel_id=ref.channel_id), timeout=self.timeout)
         if reason is None:
             self._router.registry.set_open(ref, False)
         return reason
@@ -181,19 +184,19 @@ class ChannelLifecycle:
         if entry is None or wanted is None or entry.open == wanted:
             return
         link = self._links.get(ref.server_id)
-        if link is None or link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
+        if link is None or link.session.unusable(LIFECYCLE) is not None:
             # Without the lifecycle grant the server decides alone; a link not ready is checked
             # again when it is (link_ready).
             self._log.info("channel.reconcile.skipped", server=ref.server_id, channel=ref.channel_id,
-                           why="link-not-ready" if link is None or link.state is not LinkState.READY else "not-granted")
+                           why="link-not-ready" if link is None or not link.session.ready else "not-granted")
             return
-        if self._refused_on.get(ref) == link.epoch:
+        epoch = link.session.epoch
+        if self._refused_on.get(ref) == epoch:
             self._log.info("channel.reconcile.skipped", server=ref.server_id, channel=ref.channel_id,
-                           why="refused-this-epoch", epoch=link.epoch)
+                           why="refused-this-epoch", epoch=epoch)
             return
         action = RECONCILE_OPEN if wanted else RECONCILE_CLOSE
-        epoch = link.epoch
-        reason = await (self.send_open(link, ref, {}) if wanted else self.send_close(link, ref))
+        reason = await (self.send_open(link, ref) if wanted else self.send_close(link, ref))
         outcome = DONE if reason is None else FAILED
         self.counts[(ref.server_id, action, outcome)] += 1
         self._last[ref] = {"action": action, "outcome": outcome, "reason": reason, "at": trio.current_time()}

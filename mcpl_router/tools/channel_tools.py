@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from mcpl_router.events import EventBus, ServerWithdrawn, WakeDelivered
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import LinkState
+from mcpl_router.mcpl.session import ACKNOWLEDGE, LIFECYCLE, HistoryParams
 from mcpl_router.routing import texts
 from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
 from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN
@@ -43,7 +43,7 @@ from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
-from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT
+from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
@@ -59,7 +59,6 @@ __all__ = ["CHANNEL_TOOLS", "LIFECYCLE_TIMEOUT", "ChannelTools"]
 CHANNEL_TOOLS: Final = ("channel_list", "channel_open", "channel_close", "channel_decline", "channel_publish")
 _NAMES: Final = tuple(ToolName(name) for name in CHANNEL_TOOLS)
 
-ACKNOWLEDGE: Final = "channels.acknowledge"
 
 # Stable reasons of the tools' own refusals (the resolver's kinds and delivery reasons too).
 REASON_NO_CONTENT: Final = "no-content"
@@ -236,7 +235,7 @@ class ChannelTools:
 
     def _link(self, ref: ChannelRef) -> ServerLink | None:
         link = self._links.get(ref.server_id)
-        return link if link is not None and link.state is LinkState.READY else None
+        return link if link is not None and link.session.ready else None
 
     def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, Any] | None:
         """The refusal for a channel the calling agent tuned out, saying how the tune-out ends."""
@@ -315,28 +314,19 @@ class ChannelTools:
         if link is None:
             return tool_result(texts.lifecycle_failed("open", shown, texts.REASON_NO_LINK, not_done), error=True,
                                reason=texts.REASON_NO_LINK, data=self._data(ref))
-        if not link.grant.allows(LIFECYCLE):
+        if not link.session.allows(LIFECYCLE):
             if entry is None or not entry.open:
                 return tool_result(texts.lifecycle_not_granted("open", shown, ref.server_id, not_done), error=True,
                                    reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
             reason = None  # open already, and its server decides: nothing to ask
         else:
-            params: dict[str, Any] = {}
             # Backscroll travels as `history: {limit, beforeMessageId?}`, the shape discord-mcpl
             # reads (src/server.ts:68-71, :2379); a bare `backscroll` number it never sees.
             backscroll = args.get("backscroll")
-            before = _text_arg(args, "beforeMessageId")
-            history: dict[str, Any] = {}
-            if isinstance(backscroll, int) and not isinstance(backscroll, bool) and backscroll > 0:
-                history["limit"] = backscroll
-            if before:
-                history["beforeMessageId"] = before  # alone too: the schema offers it alone
-            if history:
-                params["history"] = history
-            thread_id = _text_arg(args, "threadId")
-            if thread_id is not None:
-                params["threadId"] = thread_id
-            reason = await self._channels.send_open(link, ref, params)
+            limit = backscroll if isinstance(backscroll, int) and not isinstance(backscroll, bool) and backscroll > 0 else None
+            before = _text_arg(args, "beforeMessageId")  # alone too: the schema offers it alone
+            history = HistoryParams(limit=limit, before_message_id=before or None) if limit is not None or before else None
+            reason = await self._channels.send_open(link, ref, history=history, thread_id=_text_arg(args, "threadId"))
         if reason == REASON_UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
             return tool_result(texts.lifecycle_unconfirmed("open", shown), error=True, reason=reason, data=self._data(ref))
@@ -372,7 +362,7 @@ class ChannelTools:
         if link is None:
             return tool_result(texts.lifecycle_failed("close", shown, texts.REASON_NO_LINK, not_done), error=True,
                                reason=texts.REASON_NO_LINK, data=self._data(ref))
-        if not link.grant.allows(LIFECYCLE):
+        if not link.session.allows(LIFECYCLE):
             return tool_result(texts.lifecycle_not_granted("close", shown, ref.server_id, not_done), error=True,
                                reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
         reason = await self._channels.send_close(link, ref)
@@ -411,7 +401,7 @@ class ChannelTools:
                 acknowledged, note = False, texts.ACK_NO_MESSAGE
             elif link is None:
                 acknowledged, note = False, texts.ack_not_sent(texts.REASON_NO_LINK)
-            elif not link.grant.allows(ACKNOWLEDGE):
+            elif not link.session.allows(ACKNOWLEDGE):
                 acknowledged, note = False, texts.ack_not_sent(texts.REASON_NOT_PERMITTED)
             else:
                 reason = await acknowledge_message(

@@ -47,12 +47,12 @@ from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.events import EventBus, ServerStateChanged, ServerToolsChanged
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.mcpl.session import LIFECYCLE, TOOLS, ToolCallParams, ToolNotSent, ToolRefused, ToolsListParams, ToolUnconfirmed
 from mcpl_router.routing import texts
 from mcpl_router.routing.desired import OPEN
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
-from mcpl_router.turns.sends import LIFECYCLE
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
@@ -86,7 +86,6 @@ META_CHANNEL_ARGUMENT: Final = "mcpl/channelArgument"
 NAME_MAX: Final = 64
 _NAME_OK = re.compile(r"[A-Za-z0-9_-]+")
 _NAME_BAD_CHAR = re.compile(r"[^A-Za-z0-9_-]")
-TOOLS: Final = "tools"
 
 
 def exposed_name(prefix: str, tool: str, server_id: str) -> str:
@@ -268,15 +267,14 @@ class ConnectorTools:
     async def _refresh(self, link: ServerLink) -> None:
         epoch = link.epoch
         log = self._log.bind(server=link.server_id, epoch=epoch)
-        if link.state is not LinkState.READY or not link.grant.allows(TOOLS):
-            log.info("connector.tools.skipped", state=link.state.value, granted=link.grant.allows(TOOLS))
+        if link.session.unusable(TOOLS) is not None:
+            log.info("connector.tools.skipped", state=link.state.value, granted=link.session.allows(TOOLS))
             return
         listed: list[Mapping[str, Any]] = []
         cursor: str | None = None
         for _ in range(MAX_LIST_PAGES):
-            params = {"cursor": cursor} if cursor else {}
             try:
-                answer = await link.call("tools/list", params, capability=TOOLS, timeout=self.list_timeout)
+                answer = await link.session.list_tools(ToolsListParams(cursor=cursor or None), timeout=self.list_timeout)
             except (RpcError, RequestTimeout, PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
                 log.warning("connector.tools.list_failed", error=f"{type(exc).__name__}: {exc}")
                 return
@@ -367,7 +365,7 @@ class ConnectorTools:
             log.info("connector.call.disabled")
             text = texts.connector_tool_disabled(call.name, tool.name, server_id)
             return tool_result(text, error=True, reason=texts.REASON_TOOL_DISABLED, data=data)
-        if link is None or link.state is not LinkState.READY or not link.grant.allows(TOOLS):
+        if link is None or link.session.unusable(TOOLS) is not None:
             log.info("connector.call.unavailable", state=link.state.value if link else None)
             text = texts.connector_server_unavailable(call.name, server_id)
             return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
@@ -382,28 +380,19 @@ class ConnectorTools:
             # "b:general" given to b's own send: the server knows its channel by its own id.
             arguments[tool.channel_argument] = channel.channel_id
         timeout = self.call_timeout
-        try:
-            answer = await link.call(
-                "tools/call", {"name": tool.name, "arguments": arguments}, capability=TOOLS, timeout=timeout
-            )
-        except RequestTimeout as exc:
-            if not exc.sent:
-                log.info("connector.call.not_sent", reason="timeout")
-                text = texts.connector_server_unavailable(call.name, server_id)
-                return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
-            log.warning("connector.call.unconfirmed", timeout=timeout)
-            return self._unconfirmed(call, tool, channel, data, timeout)
-        except PeerClosed:
-            log.warning("connector.call.unconfirmed", reason="connection lost")
-            return self._unconfirmed(call, tool, channel, data, timeout)
-        except (LinkUnavailable, CapabilityNotGranted):
+        outcome = await link.session.call_tool(ToolCallParams(name=tool.name, arguments=arguments), timeout=timeout)
+        if isinstance(outcome, ToolNotSent):
+            log.info("connector.call.not_sent")
             text = texts.connector_server_unavailable(call.name, server_id)
             return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
-        except RpcError as error:
-            log.info("connector.call.refused", code=error.code)
-            text = texts.connector_failed(call.name, server_id, error.message)
-            return tool_result(text, error=True, reason=texts.REASON_SERVER_REFUSED, data={**data, "code": error.code})
-        result = dict(answer) if isinstance(answer, Mapping) else {"content": [], "isError": False}
+        if isinstance(outcome, ToolUnconfirmed):
+            log.warning("connector.call.unconfirmed", reason=outcome.why, timeout=timeout)
+            return self._unconfirmed(call, tool, channel, data, timeout)
+        if isinstance(outcome, ToolRefused):
+            log.info("connector.call.refused", code=outcome.code)
+            text = texts.connector_failed(call.name, server_id, outcome.message)
+            return tool_result(text, error=True, reason=texts.REASON_SERVER_REFUSED, data={**data, "code": outcome.code})
+        result = outcome.result
         content = result.get("content")
         if not isinstance(content, list):
             content = []
@@ -467,10 +456,10 @@ class ConnectorTools:
         if entry.open:
             return []
         link = self._links.get(channel.server_id)
-        if link is None or link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
+        if link is None or link.session.unusable(LIFECYCLE) is not None:
             log.info("connector.send.left_closed", channel=channel.channel_id, why="not-granted")
             return []
-        reason = await self._channels.send_open(link, channel, {})
+        reason = await self._channels.send_open(link, channel)
         if reason is not None:
             log.warning("connector.send.open_failed", channel=channel.channel_id, reason=reason)
             return []

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import trio
 
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
@@ -51,7 +50,8 @@ from mcpl_router.routing.wakes import Wake
 from mcpl_router.store.records import SavedTuneOut
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.turns import publish_text
-from mcpl_router.turns.sends import LIFECYCLE, LIFECYCLE_TIMEOUT, lifecycle_request
+from mcpl_router.mcpl.session import LIFECYCLE, OpenParams
+from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
@@ -369,8 +369,8 @@ class TuneOuts:
         # its transport actually brings that traffic in.
         entry = registry.get(ref)
         link = self._links.get(ref.server_id)
-        if entry is not None and not entry.open and link is not None and link.state is LinkState.READY and link.grant.allows(LIFECYCLE):
-            reason = await lifecycle_request(link, "channels/open", {"channelId": ref.channel_id}, timeout=LIFECYCLE_TIMEOUT)
+        if entry is not None and not entry.open and link is not None and link.session.unusable(LIFECYCLE) is None:
+            reason = await link.session.open_channel(OpenParams(channel_id=ref.channel_id), timeout=LIFECYCLE_TIMEOUT)
             if reason is not None:
                 self._log.info("tuneout.open_failed", agent=owner, server=ref.server_id, channel=ref.channel_id, reason=reason)
                 return tool_result(texts.lifecycle_failed("open", self._shown(ref), reason, texts.NOTHING_TUNED),

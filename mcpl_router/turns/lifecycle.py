@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from mcpl_router.mcpl.session import ACKNOWLEDGE
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle, wait_lifecycle
-from mcpl_router.mcpl.link import LinkState
-from mcpl_router.turns.run import ACKNOWLEDGE, FINISH_GRACE, TurnRun
+from mcpl_router.turns.run import FINISH_GRACE, TurnRun
 from mcpl_router.turns.sends import ACK_INTENT_REFUSED, acknowledge_message
 from mcpl_router.turns.streams import OutgoingStreams
 
@@ -121,12 +121,12 @@ class InferenceLifecycle:
             log.info("refusal.reaction.skipped", why="no-inbound-message" if run.mode.reacts_to_refusal else run.mode.name)
             return
         link = self._links.get(ref.server_id)
-        if link is None or link.state is not LinkState.READY or not link.grant.allows(ACKNOWLEDGE):
+        if link is None or link.session.unusable(ACKNOWLEDGE) is not None:
             log.info("refusal.reaction.skipped", why="not-permitted", server=ref.server_id)
             return
         reason = await acknowledge_message(
             link, ref, message_id, intent=ACK_INTENT_REFUSED, value=reaction,
-            timeout=min(REFUSAL_REACTION_TIMEOUT, link.config.request_timeout),
+            timeout=min(REFUSAL_REACTION_TIMEOUT, link.session.request_timeout),
         )
         if reason is not None:
             log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id, reason=reason)

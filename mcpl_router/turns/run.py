@@ -41,11 +41,6 @@ WAKE_UNKNOWN: Final = -32051
 CHANNEL_REFUSED: Final = -32052
 DAEMON_DRAINING: Final = -32053
 
-# The capabilities a turn's sends need on the destination's server.
-TYPING: Final = "channels.typing"
-PUBLISH: Final = "channels.publish"
-ACKNOWLEDGE: Final = "channels.acknowledge"
-STREAMING: Final = "channels.streaming"
 
 
 class HostLink(Protocol):

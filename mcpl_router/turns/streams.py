@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from mcpl_router.jsonrpc import PeerClosed
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.mcpl.session import STREAMING, ChunkParams, CompleteParams, Queued
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.turns.run import STREAMING, TurnRun
+from mcpl_router.turns.run import TurnRun
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -37,25 +36,23 @@ class OutgoingStreams:
         ``index`` counts per inference across channels.
         """
         link = self._links.get(ref.server_id)
-        if link is None or link.state is not LinkState.READY or not link.grant.allows(STREAMING):
+        if link is None or link.session.unusable(STREAMING) is not None:
             return
         stream = run.streams.get(ref)
-        if stream is not None and stream[0] != link.epoch:
+        if stream is not None and stream[0] != link.session.epoch:
             return
         turn = run.turn
         index = run.stream_index
         run.stream_index += 1
         # Each channel's deltas join into its complete text: later words start a new paragraph.
         delta = text if stream is None else "\n\n" + text
-        params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
-                  "index": index, "delta": delta}
+        params = ChunkParams(inference_id=turn.inference_id, conversation_id=turn.conversation_id, channel_id=ref.channel_id,
+                             index=index, delta=delta)
         # Recorded before the send: whoever completes the streams meanwhile completes this one.
         if stream is None:
-            run.streams[ref] = stream = (link.epoch, [])
+            run.streams[ref] = stream = (link.session.epoch, [])
         stream[1].append(delta)
-        try:
-            await link.send_notification("channels/outgoing/chunk", params, capability=STREAMING)
-        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+        if not await link.session.stream_chunk(params):
             self._log.info("stream.chunk.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id, channel=ref.channel_id)
             if delta in stream[1]:
                 stream[1].remove(delta)
@@ -70,9 +67,7 @@ class OutgoingStreams:
             if sendable is None:
                 continue
             link, params = sendable
-            try:
-                await link.send_notification("channels/outgoing/complete", params, capability=STREAMING)
-            except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+            if not await link.session.stream_complete(params):
                 self._complete_failed(run, ref)
 
     def complete_nowait(self, run: TurnRun) -> bool:
@@ -83,25 +78,24 @@ class OutgoingStreams:
             sendable = self._completion(run, ref, stream)
             if sendable is not None:
                 link, params = sendable
-                try:
-                    if not link.send_notification_nowait("channels/outgoing/complete", params, capability=STREAMING):
-                        return False
-                except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+                queued = link.session.stream_complete_nowait(params)
+                if queued is Queued.FULL:
+                    return False
+                if queued is Queued.GONE:
                     self._complete_failed(run, ref)
             del run.streams[ref]
         return True
 
-    def _completion(self, run: TurnRun, ref: ChannelRef, stream: tuple[int, list[str]]) -> tuple[ServerLink, dict[str, str]] | None:
+    def _completion(self, run: TurnRun, ref: ChannelRef, stream: tuple[int, list[str]]) -> tuple[ServerLink, CompleteParams] | None:
         """The link and params of ``ref``'s ``complete``; None when its server can't hear it (gone,
         not ready, or reconnected since the stream's first chunk)."""
         epoch, parts = stream
         link = self._links.get(ref.server_id)
-        if link is None or link.epoch != epoch or link.state is not LinkState.READY:
+        if link is None or link.session.epoch != epoch or not link.session.ready:
             return None
         turn = run.turn
-        params = {"inferenceId": turn.inference_id, "conversationId": turn.conversation_id, "channelId": ref.channel_id,
-                  "content": "".join(parts)}
-        return link, params
+        return link, CompleteParams(inference_id=turn.inference_id, conversation_id=turn.conversation_id, channel_id=ref.channel_id,
+                                    content="".join(parts))
 
     def _complete_failed(self, run: TurnRun, ref: ChannelRef) -> None:
         self._log.info("stream.complete.failed", agent=run.turn.agent, turn=run.turn.turn_id, server=ref.server_id)

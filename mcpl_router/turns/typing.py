@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from mcpl_router.jsonrpc import INVALID_PARAMS, PeerClosed, RpcError
+from mcpl_router.mcpl.session import TYPING, Queued, TypingOp, TypingParams
+from mcpl_router.jsonrpc import INVALID_PARAMS, RpcError
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.routing import texts
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import MalformedChannel
 from mcpl_router.routing.typing import host_typing_targets
-from mcpl_router.turns.run import CHANNEL_REFUSED, TYPING, TurnRun, TurnTimings
+from mcpl_router.turns.run import CHANNEL_REFUSED, TurnRun, TurnTimings
 
 if TYPE_CHECKING:
     from mcpl_router.turns.run import HostLink
@@ -61,25 +61,24 @@ class TypingIndicators:
 
     def _unsendable(self, ref: ChannelRef, link: ServerLink | None) -> str | None:
         """Why no ``channels/typing`` can go to ``ref`` on ``link`` (its own server's), or None."""
-        if link is None or link.state is not LinkState.READY:
+        if link is None:
             return texts.REASON_NO_LINK
-        if not link.grant.allows(TYPING):
-            return texts.REASON_NOT_PERMITTED
+        unusable = link.session.unusable(TYPING)
+        if unusable is not None:
+            return unusable
         if not self._router.registry.is_registered(ref):
             # A withdrawn channel is unknown to its server: neither start nor stop names it.
             return texts.REASON_NOT_REGISTERED
         return None
 
-    async def send(self, ref: ChannelRef, op: str) -> str | None:
+    async def send(self, ref: ChannelRef, op: TypingOp) -> str | None:
         """Send one ``channels/typing`` to ``ref``'s own server; None when sent, else why not."""
         link = self._links.get(ref.server_id)
         reason = self._unsendable(ref, link)
         if reason is not None:
             return reason
         assert link is not None
-        try:
-            await link.send_notification("channels/typing", {"channelId": ref.channel_id, "op": op}, capability=TYPING)
-        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+        if not await link.session.typing(TypingParams(channel_id=ref.channel_id, op=op)):
             return texts.REASON_NO_LINK
         return None
 
@@ -98,8 +97,8 @@ class TypingIndicators:
         previous = run.typing_sent
         # Recorded before the send: a turn ending while the start is in flight still stops it
         # (a stop where no start landed is harmless; a start never stopped is not).
-        run.typing_sent = (ref, link.epoch if link else 0)
-        if await self.send(ref, "start") is not None and run.typing_sent == (ref, link.epoch if link else 0):
+        run.typing_sent = (ref, link.session.epoch if link else 0)
+        if await self.send(ref, "start") is not None and run.typing_sent == (ref, link.session.epoch if link else 0):
             run.typing_sent = previous
 
     def start_nowait(self, run: TurnRun) -> bool:
@@ -115,15 +114,11 @@ class TypingIndicators:
         if self._unsendable(ref, link) is not None:
             return True
         assert link is not None
-        run.typing_sent = (ref, link.epoch)  # before the send, as in refresh
-        try:
-            queued = link.send_notification_nowait("channels/typing", {"channelId": ref.channel_id, "op": "start"}, capability=TYPING)
-        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
+        run.typing_sent = (ref, link.session.epoch)  # before the send, as in refresh
+        queued = link.session.typing_nowait(TypingParams(channel_id=ref.channel_id, op="start"))
+        if queued is not Queued.QUEUED:
             run.typing_sent = None
-            return True
-        if not queued:
-            run.typing_sent = None
-        return queued
+        return queued is not Queued.FULL
 
     async def stop(self, run: TurnRun) -> None:
         """Stop the turn's typing where its start went (if that server's connection saw it)."""
@@ -133,7 +128,7 @@ class TypingIndicators:
         ref, epoch = sent
         link = self._links.get(ref.server_id)
         # A server that reconnected since never saw the start on this connection.
-        if link is not None and link.epoch == epoch:
+        if link is not None and link.session.epoch == epoch:
             await self.send(ref, "stop")
 
     def stop_nowait(self, run: TurnRun) -> bool:
@@ -144,13 +139,11 @@ class TypingIndicators:
             return True
         ref, epoch = sent
         link = self._links.get(ref.server_id)
-        if link is None or link.epoch != epoch or self._unsendable(ref, link) is not None:
+        if link is None or link.session.epoch != epoch or self._unsendable(ref, link) is not None:
             run.typing_sent = None  # as in stop: nothing this connection could hear
             return True
-        try:
-            queued = link.send_notification_nowait("channels/typing", {"channelId": ref.channel_id, "op": "stop"}, capability=TYPING)
-        except (LinkUnavailable, CapabilityNotGranted, PeerClosed):
-            queued = True  # gone meanwhile: as in stop, nothing to wait for
+        # Gone meanwhile counts as queued: as in stop, nothing to wait for.
+        queued = link.session.typing_nowait(TypingParams(channel_id=ref.channel_id, op="stop")) is not Queued.FULL
         if queued:
             run.typing_sent = None
         return queued
@@ -188,7 +181,7 @@ class TypingIndicators:
 
     # -- hosts' own typing ------------------------------------------------------------------
 
-    async def host_typing(self, channel: str | Mapping[str, Any], op: str, connection: HostLink | None = None) -> dict[str, Any]:
+    async def host_typing(self, channel: str | Mapping[str, Any], op: TypingOp, connection: HostLink | None = None) -> dict[str, Any]:
         """A host's ``channels/typing``: a bare id in each server's channel with it (the
         deliberate fan-out); a ref or qualified name there alone. A ``start`` holds for the
         host typing lease (renewed by the next start)."""

@@ -10,6 +10,7 @@ import functools
 import types
 from typing import Any
 
+import msgspec
 import trio
 import trio.testing
 
@@ -17,6 +18,7 @@ from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import PeerClosed
 from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle
 from mcpl_router.mcpl.link import LinkState
+from mcpl_router.mcpl.session import ServerSession
 from mcpl_router.routing.modes import mode_named
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import RegistrationPolicy
@@ -41,6 +43,11 @@ class StandInLink:
         self.epoch = 1
         self.phases: list[str] = []
         self.config = ServerConfig(id=server_id, transport="stdio", command="true")
+        self.session = ServerSession(self)
+
+    @property
+    def request_timeout(self) -> float:
+        return self.config.request_timeout
 
     async def send_notification(self, method: str, params: dict[str, Any], capability: str | None = None) -> None:
         if self.gone:
@@ -158,7 +165,8 @@ class RecordingLink(StandInLink):
         self.waited: list[tuple[str, str]] = []
 
     @staticmethod
-    def _what(method: str, params: dict[str, Any]) -> tuple[str, str]:
+    def _what(method: str, params: Any) -> tuple[str, str]:
+        params = msgspec.to_builtins(params)  # a session's typed params, as the wire has them
         return method, str(params.get("op") or params.get("phase") or params.get("content"))
 
     async def send_notification(self, method: str, params: dict[str, Any], capability: str | None = None) -> None:

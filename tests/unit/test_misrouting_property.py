@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import msgspec
 import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -47,8 +48,8 @@ from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.publish_api import HostPublishParams, publish_for_agent
 from mcpl_router.hosts.agents import AgentSpecParams, HelloParams
 from mcpl_router.jsonrpc import RpcError
-from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import LinkState, ServerLink
+from mcpl_router.mcpl.link import LinkState
+from mcpl_router.mcpl.session import ServerSession
 from mcpl_router.events import ChannelsChanged, InboundAccepted
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import RegistrationPolicy
@@ -86,32 +87,33 @@ class RecordingLink:
 
     def __attrs_post_init__(self) -> None:
         self.config = ServerConfig(id=self.server_id, transport="stdio", command="true", request_timeout=5)
+        self.session = ServerSession(self)
 
     async def call(self, method: str, params: Any = None, *, capability: str | None, timeout: float | None = None, result_type: type | None = None) -> Any:
         await trio.lowlevel.checkpoint()
-        self.sent.append((method, params))
+        self.sent.append((method, msgspec.to_builtins(params)))
         if method == "channels/publish":
             return {"delivered": True, "messageId": f"{self.server_id}-{next(self._ids)}"}
         return {}
 
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         await trio.lowlevel.checkpoint()
-        self.sent.append((method, params))
+        self.sent.append((method, msgspec.to_builtins(params)))
 
     def send_notification_nowait(self, method: str, params: Any = None, *, capability: str | None) -> bool:
         # Room now for every other send, none for every other (the waiting path is driven too).
         self._nowait_calls += 1
         if self._nowait_calls % 2:
             return False
-        self.sent.append((method, params))
+        self.sent.append((method, msgspec.to_builtins(params)))
         return True
 
-    # The link's own Request-then-Notification rule, over this stand-in's call/send_notification.
-    request_or_notify = ServerLink.request_or_notify
-    _notification_only: set[str] = attrs.field(factory=set)
-    _log: Any = attrs.field(factory=get_logger)
-    #: What ``/metrics`` reads off a real link: publish outcomes, counted by ``publish_text``.
-    publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
+    #: The real typed session over this stand-in port: the requests it sees are the daemon's own.
+    session: ServerSession = attrs.field(init=False)
+
+    @property
+    def request_timeout(self) -> float:
+        return self.config.request_timeout
 
     def status(self) -> Any:
         return _Status({"serverId": self.server_id, "state": self.state.value})

@@ -13,8 +13,8 @@ import trio
 from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import RequestTimeout, RpcError
 from mcpl_router.mcpl.grants import Grant
-from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import LinkState, ServerLink
+from mcpl_router.mcpl.link import LinkState
+from mcpl_router.mcpl.session import ServerSession
 from mcpl_router.routing.names import ChannelNames, Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry, RegistrationPolicy
@@ -256,11 +256,17 @@ class PublishLink:
         self.notified.append((method, params))
         return True
 
-    # The real Request-then-Notification fallback, over this stand-in's call/send_notification.
-    request_or_notify = ServerLink.request_or_notify
-    _notification_only: set[str] = attrs.field(factory=set)
-    _log: object = attrs.field(factory=get_logger)
     epoch: int = 1
+    server_id: str = "b"
+    #: The real typed session over this stand-in port (its Request-then-Notification rule too).
+    session: ServerSession = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.session = ServerSession(self)
+
+    @property
+    def request_timeout(self) -> float:
+        return self.config.request_timeout
 
 
 async def publish(link: PublishLink | None, *, registered: bool = True) -> Delivery:
