@@ -84,7 +84,9 @@ class Daemon:
         self.config = config
         self.router = Router()
         self.journal = Journal(config.journal.path, retention=config.journal.retention)
-        self.metrics = DaemonMetrics(config.agents)
+        #: The one dispatcher of the parts' events (mcpl_router/events.py).
+        self.events = EventBus()
+        self.metrics = DaemonMetrics(config.agents, events=self.events)
         #: Open host connections (the metrics read their peers' queues; the shutdown notice).
         self.host_connections: set[HostConnection] = set()
         #: True from the moment shutdown starts: ``/readyz`` answers 503.
@@ -108,8 +110,6 @@ class Daemon:
         self.router.names.decisions.configure(keep=config.health.decisions, preview=config.health.status_preview)
         #: Told ``(event, fields)`` of state and channel changes and accepted events (the demo).
         self.observers: list[Observer] = list(observers or [])
-        #: The one dispatcher of the parts' events (mcpl_router/events.py).
-        self.events = EventBus()
         self.shutdown_requested = trio.Event()
         self._log = get_logger()
         self.host_socket_path: str | None = None
@@ -259,8 +259,6 @@ class Daemon:
 
     def _answered(self, link: ServerLink, method: str, result: Any) -> None:
         self.metrics.inbound_answered(link.server_id, method, result)
-        if method in ("channels/register", "channels/changed") and isinstance(result, dict):
-            self.servers.registrations_answered(link.server_id, result.get("results"))
 
     # -- host connections (the listener calls these) -------------------------------------------
 

@@ -23,6 +23,7 @@ import attrs
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.registry import DescriptorResult
 from mcpl_router.routing.wakes import Wake
 from mcpl_router.store.records import Delivery, InboundEvent
 
@@ -52,6 +53,15 @@ class ChannelsChanged:
     server_id: str
     added: tuple[ChannelRef, ...] = ()
     removed: tuple[ChannelRef, ...] = ()
+
+
+@attrs.frozen
+class RegistrationsAnswered:
+    """A server's ``channels/register`` or ``channels/changed`` was answered: each descriptor's
+    result, accepted or refused (with its reason's sentence and stable value)."""
+
+    server_id: str
+    results: tuple[DescriptorResult, ...]
 
 
 @attrs.frozen
@@ -91,11 +101,11 @@ class HostClosed:
     connection: object
 
 
-Event = ServerStateChanged | ServerWithdrawn | ChannelsChanged | InboundAccepted | WakeDelivered | ServerToolsChanged | HostOpened | HostClosed
+Event = ServerStateChanged | ServerWithdrawn | ChannelsChanged | RegistrationsAnswered | InboundAccepted | WakeDelivered | ServerToolsChanged | HostOpened | HostClosed
 E = TypeVar("E", bound=Event)
 
 #: Every event type, in the order docs/architecture.md lists them.
-EVENT_TYPES: Final = (ServerStateChanged, ServerWithdrawn, ChannelsChanged, InboundAccepted, WakeDelivered, ServerToolsChanged,
+EVENT_TYPES: Final = (ServerStateChanged, ServerWithdrawn, ChannelsChanged, RegistrationsAnswered, InboundAccepted, WakeDelivered, ServerToolsChanged,
                       HostOpened, HostClosed)
 
 

@@ -30,7 +30,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from mcpl_router import __version__
-from mcpl_router.routing import texts
+from mcpl_router.events import EventBus, RegistrationsAnswered
 from mcpl_router.store.records import COMMIT_SECONDS_BUCKETS
 
 if TYPE_CHECKING:
@@ -50,27 +50,6 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 _LINK_STATES = ("connecting", "ready", "retrying", "closed", "failed")
 _LIVENESS_STATES = ("answering", "unresponsive", "unknown", "not-checked")
 
-#: Registration refusal texts (server-facing, sentences) → a stable label.
-_REGISTRATION_REASONS = {
-    texts.REASON_REGISTER_NOT_GRANTED: "not-granted",
-    texts.REASON_DUPLICATE_IN_CALL: "duplicate-in-call",
-    texts.REASON_UPDATE_UNKNOWN: "update-unknown",
-}
-
-
-def registration_reason_label(reason: str | None) -> str:
-    """A registration refusal's reason text as a metric label (a small, fixed set)."""
-    if reason is None:
-        return "unknown"
-    if reason in _REGISTRATION_REASONS:
-        return _REGISTRATION_REASONS[reason]
-    if reason.startswith("malformed"):
-        return "malformed"
-    if "is outside the ids this server may" in reason:  # texts.reason_outside_patterns
-        return "outside-patterns"
-    return "other"
-
-
 #: Agents labelled by name; past this many, host-declared agents share :data:`OTHER_AGENTS`.
 MAX_AGENT_LABELS: Final = 200
 OTHER_AGENTS: Final = "other"
@@ -79,7 +58,7 @@ OTHER_AGENTS: Final = "other"
 class DaemonMetrics:
     """The daemon's metrics registry; the shell calls the ``*_`` recording methods."""
 
-    def __init__(self, configured_agents: Collection[str]) -> None:
+    def __init__(self, configured_agents: Collection[str], *, events: EventBus | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         # What every Python exporter shows: memory, CPU, descriptors, start time; the
@@ -147,6 +126,8 @@ class DaemonMetrics:
         # The labelled series counted per message, looked up here rather than through
         # ``labels()`` (a lock and a tuple of strings each time). As bounded as the series.
         self._series: dict[tuple[Any, ...], Any] = {}
+        if events is not None:
+            events.subscribe(RegistrationsAnswered, self.registrations_answered)
 
     def render(self) -> bytes:
         """The exposition text (Prometheus format 0.0.4)."""
@@ -183,12 +164,16 @@ class DaemonMetrics:
                 if isinstance(row, Mapping):
                     accepted = bool(row.get("accepted"))
                     self._series_of(self.inbound, server_id, "accepted" if accepted else "refused", "" if accepted else str(row.get("code", ""))).inc()
-        elif method in ("channels/register", "channels/changed"):
-            for row in rows:
-                if isinstance(row, Mapping):
-                    accepted = bool(row.get("accepted"))
-                    reason = "" if accepted else registration_reason_label(row.get("reason"))
-                    self.registrations.labels(server_id, "accepted" if accepted else "refused", reason).inc()
+
+    def registrations_answered(self, answered: RegistrationsAnswered) -> None:
+        """Each descriptor of a ``channels/register``/``changed``, accepted or refused (labelled
+        by the refusal's stable value, never by parsing its sentence)."""
+        for result in answered.results:
+            if result.accepted:
+                self.registrations.labels(answered.server_id, "accepted", "").inc()
+            else:
+                label = result.refusal.value if result.refusal is not None else "other"
+                self.registrations.labels(answered.server_id, "refused", label).inc()
 
     def context_answered(self, outcomes: Mapping[str, str], elapsed: Mapping[str, float]) -> None:
         """One ``beforeInference`` fan-out's per-server outcomes and latencies."""

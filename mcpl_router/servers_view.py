@@ -3,7 +3,7 @@ state, its channels, its liveness, and why it is not serving when it is not.
 
 The one state of its own is what each server's registrations were refused in its current
 connection, counted as the daemon's answers go out and forgotten when the server connects
-again. Built before the sessions (a hello answer lists the servers), after the links.
+again. Built before the sessions (a hello answer lists the servers), after the links. What it counts it hears as :class:`RegistrationsAnswered`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import collections
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mcpl_router.events import EventBus, ServerStateChanged
+from mcpl_router.events import EventBus, RegistrationsAnswered, ServerStateChanged
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState
-from mcpl_router.metrics import registration_reason_label
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -43,24 +42,25 @@ class ServersView:
         self.registration_refusals: dict[str, collections.Counter[str]] = {}
         self._log = get_logger()
         events.subscribe(ServerStateChanged, self._state_changed)
+        events.subscribe(RegistrationsAnswered, self._registrations_answered)
 
     def _state_changed(self, event: ServerStateChanged) -> None:
         if event.new == LinkState.CONNECTING.value:
             self.new_connection(event.server_id)
 
-    def registrations_answered(self, server_id: str, rows: Any) -> None:
-        """A ``channels/register``/``changed`` answer went out: count (and log) its refusals."""
-        refused = [row for row in rows or () if isinstance(row, dict) and not row.get("accepted")]
+    def _registrations_answered(self, answered: RegistrationsAnswered) -> None:
+        """A ``channels/register``/``changed`` answer: count (and log) its refusals."""
+        refused = [result for result in answered.results if not result.accepted]
         if not refused:
             return
-        counts = self.registration_refusals.setdefault(server_id, collections.Counter())
-        for row in refused:
-            counts[str(row.get("reason") or "refused")] += 1
+        counts = self.registration_refusals.setdefault(answered.server_id, collections.Counter())
+        for result in refused:
+            counts[result.reason or "refused"] += 1
         self._log.warning(
             "server.registrations.refused",
-            server=server_id,
+            server=answered.server_id,
             refused=len(refused),
-            reasons=sorted({registration_reason_label(row.get("reason")) for row in refused}),
+            reasons=sorted({result.refusal.value if result.refusal is not None else "other" for result in refused}),
         )
 
     def new_connection(self, server_id: str) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
-from mcpl_router.events import ChannelsChanged, EventBus, InboundAccepted, ServerWithdrawn
+from mcpl_router.events import ChannelsChanged, EventBus, InboundAccepted, RegistrationsAnswered, ServerWithdrawn
 from mcpl_router.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, Inbound, RpcError
 from mcpl_router.jsonrpc.envelope import describe_decode_failure
 from mcpl_router.jsonrpc.handlers import Later
@@ -171,6 +171,7 @@ class ServerInbound:
         form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         descriptors = [_plain_or_none(raw) for raw in params.channels]
         results = self.registry.register(link.server_id, descriptors, registration_policy(link, inbound), form=form)
+        self._events.publish(RegistrationsAnswered(link.server_id, tuple(results)))
         added = [ChannelRef(link.server_id, r.id) for r in results if r.accepted]
         if added:
             self._events.publish(ChannelsChanged(link.server_id, added=tuple(added)))
@@ -195,6 +196,7 @@ class ServerInbound:
             registration_policy(link, inbound),
             form=form,
         )
+        self._events.publish(RegistrationsAnswered(link.server_id, tuple(outcome.results)))
         added = [ChannelRef(link.server_id, r.id) for r in outcome.added if r.accepted]
         if added or outcome.withdrawn:
             self._events.publish(ChannelsChanged(link.server_id, tuple(added), tuple(outcome.withdrawn)))

@@ -96,6 +96,8 @@ class DescriptorResult:
     id: str
     accepted: bool
     reason: str | None = None
+    #: The reason as a stable value (the metrics' label), beside its sentence.
+    refusal: texts.RegistrationRefusal | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The result as ``channels/register`` answers it."""
@@ -244,7 +246,7 @@ class ChannelRegistry(ChannelNameIndex):
         method: str,
         updating: bool = False,
     ) -> list[DescriptorResult]:
-        parsed: list[tuple[str, ChannelDescriptor | None, str | None]] = []
+        parsed: list[tuple[str, ChannelDescriptor | None, tuple[texts.RegistrationRefusal, str] | None]] = []
         for item in descriptors:
             if isinstance(item, ChannelDescriptor):
                 parsed.append((item.id, item, None))
@@ -254,7 +256,8 @@ class ChannelRegistry(ChannelNameIndex):
             except ValueError as exc:
                 # Refuse this descriptor alone; the rest of the call stands on its own.
                 raw_id = item.get("id") if isinstance(item, Mapping) else None
-                parsed.append((raw_id if isinstance(raw_id, str) else "", None, texts.reason_malformed(str(exc))))
+                malformed = (texts.RegistrationRefusal.MALFORMED, texts.reason_malformed(str(exc)))
+                parsed.append((raw_id if isinstance(raw_id, str) else "", None, malformed))
             else:
                 parsed.append((read.id, read, None))
         seen: dict[str, int] = {}
@@ -263,11 +266,12 @@ class ChannelRegistry(ChannelNameIndex):
                 seen[channel_id] = seen.get(channel_id, 0) + 1
 
         results: list[DescriptorResult] = []
-        for channel_id, descriptor, reason in parsed:
+        for channel_id, descriptor, refused in parsed:
             if descriptor is not None:
-                reason = self._refusal_reason(server_id, descriptor, policy, seen, updating)
-            if reason is not None:
-                results.append(DescriptorResult(channel_id, False, reason))
+                refused = self._refusal_reason(server_id, descriptor, policy, seen, updating)
+            if refused is not None:
+                refusal, reason = refused
+                results.append(DescriptorResult(channel_id, False, reason, refusal))
                 self._log_refused("channels.register.refused", server_id, channel_id, reason, form, method)
                 continue
             assert descriptor is not None
@@ -282,15 +286,16 @@ class ChannelRegistry(ChannelNameIndex):
         policy: RegistrationPolicy,
         seen: Mapping[str, int],
         updating: bool,
-    ) -> str | None:
+    ) -> tuple[texts.RegistrationRefusal, str] | None:
+        refusal = texts.RegistrationRefusal
         if not policy.may_register:
-            return texts.REASON_REGISTER_NOT_GRANTED
+            return refusal.NOT_GRANTED, texts.REASON_REGISTER_NOT_GRANTED
         if not policy.permits_id(descriptor.id):
-            return texts.reason_outside_patterns(descriptor.id)
+            return refusal.OUTSIDE_PATTERNS, texts.reason_outside_patterns(descriptor.id)
         if seen.get(descriptor.id, 0) > 1:
-            return texts.REASON_DUPLICATE_IN_CALL
+            return refusal.DUPLICATE_IN_CALL, texts.REASON_DUPLICATE_IN_CALL
         if updating and ChannelRef(server_id, descriptor.id) not in self._entries:
-            return texts.REASON_UPDATE_UNKNOWN
+            return refusal.UPDATE_UNKNOWN, texts.REASON_UPDATE_UNKNOWN
         return None
 
     def _put(self, ref: ChannelRef, descriptor: ChannelDescriptor, *, lazy: bool) -> ChannelEntry:

@@ -19,6 +19,7 @@ from mcpl_router.events import (
     HostClosed,
     HostOpened,
     InboundAccepted,
+    RegistrationsAnswered,
     ServerStateChanged,
     ServerToolsChanged,
     ServerWithdrawn,
@@ -68,6 +69,7 @@ def test_the_built_daemon_has_a_listener_for_every_event(tmp_path: Path) -> None
             ServerStateChanged.__name__: 5,  # channel decisions, servers view, sessions, connector tools, observers
             ServerWithdrawn.__name__: 2,  # channel tools, the inbound handler (the registry)
             ChannelsChanged.__name__: 4,  # channel decisions, sessions, turns, observers
+            RegistrationsAnswered.__name__: 2,  # metrics, servers view
             InboundAccepted.__name__: 3,  # forks, sessions, observers
             WakeDelivered.__name__: 1,  # channel tools (default channel)
             ServerToolsChanged.__name__: 1,  # the name table

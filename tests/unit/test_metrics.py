@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcpl_router.config import parse_config
 from mcpl_router.daemon import Daemon
-from mcpl_router.metrics import registration_reason_label
+from mcpl_router.events import RegistrationsAnswered
 from mcpl_router.routing import texts
+from mcpl_router.routing.registry import DescriptorResult, RegistrationPolicy
 
 
 @pytest.fixture
@@ -43,10 +44,10 @@ def test_inbound_answers_are_counted_by_outcome_and_code(daemon: Daemon) -> None
         {"messageId": "3", "accepted": False, "code": -32023, "reason": "…"},
     ]})
     metrics.inbound_answered("a", "push/event", {"accepted": True})
-    metrics.inbound_answered("a", "channels/register", {"results": [
-        {"id": "g", "accepted": True},
-        {"id": "h", "accepted": False, "reason": texts.REASON_REGISTER_NOT_GRANTED},
-    ]})
+    daemon.events.publish(RegistrationsAnswered("a", (
+        DescriptorResult("g", True),
+        DescriptorResult("h", False, texts.REASON_REGISTER_NOT_GRANTED, texts.RegistrationRefusal.NOT_GRANTED),
+    )))
     found = samples(daemon)
     assert found[("mcpl_router_inbound_messages_total", (("code", ""), ("outcome", "accepted"), ("server", "a")))] == 2
     assert found[("mcpl_router_inbound_messages_total", (("code", "-32023"), ("outcome", "refused"), ("server", "a")))] == 2
@@ -70,15 +71,21 @@ def test_state_series_before_anything_connected(daemon: Daemon) -> None:
     assert found[("mcpl_router_journal_failing", ())] == 0
 
 
-@pytest.mark.parametrize(
-    ("reason", "label"),
-    [
-        (texts.REASON_DUPLICATE_IN_CALL, "duplicate-in-call"),
-        ("malformed channel descriptor: id missing", "malformed"),
-        (texts.reason_outside_patterns("x"), "outside-patterns"),
-        ("something new", "other"),
-        (None, "unknown"),
-    ],
-)
-def test_registration_reasons_are_a_small_fixed_set_of_labels(reason: str | None, label: str) -> None:
-    assert registration_reason_label(reason) == label
+def test_each_registration_refusal_is_labelled_by_its_stable_value_not_its_sentence(daemon: Daemon) -> None:
+    # Every way the registry refuses a descriptor, each counted under its own label.
+    registry = daemon.router.registry
+    policy = RegistrationPolicy(may_register=True, id_patterns=("ok-*",))
+    results = [
+        *registry.register("a", [{"id": "ok-dup", "type": "channel"}, {"id": "ok-dup", "type": "channel"}], policy, form="request"),
+        *registry.register("a", [{"type": "channel"}], policy, form="request"),
+        *registry.register("a", [{"id": "elsewhere", "type": "channel"}], policy, form="request"),
+        *registry.register("a", [{"id": "ok-1", "type": "channel"}], RegistrationPolicy(may_register=False), form="request"),
+        *registry.change("a", [], [], [{"id": "ok-2", "type": "channel"}], policy, form="request").results,
+    ]
+    daemon.events.publish(RegistrationsAnswered("a", tuple(results)))
+    refused = {labels: value for (name, labels), value in samples(daemon).items()
+               if name == "mcpl_router_channel_registrations_total" and ("outcome", "refused") in labels}
+    assert {dict(labels)["reason"]: value for labels, value in refused.items()} == {
+        "duplicate-in-call": 2, "malformed": 1, "outside-patterns": 1, "not-granted": 1, "update-unknown": 1,
+    }
+    assert {result.refusal for result in results} == set(texts.RegistrationRefusal)

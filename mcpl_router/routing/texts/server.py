@@ -4,9 +4,21 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Final
 
 from mcpl_router.routing.texts.shown import quoted
+
+
+class RegistrationRefusal(str, enum.Enum):
+    """Why a channel descriptor was refused, as a stable value beside its sentence: the
+    sentence goes to the server and the logs, the value labels ``/metrics`` and the status."""
+
+    NOT_GRANTED = "not-granted"  # REASON_REGISTER_NOT_GRANTED
+    OUTSIDE_PATTERNS = "outside-patterns"  # reason_outside_patterns
+    DUPLICATE_IN_CALL = "duplicate-in-call"  # REASON_DUPLICATE_IN_CALL
+    UPDATE_UNKNOWN = "update-unknown"  # REASON_UPDATE_UNKNOWN
+    MALFORMED = "malformed"  # reason_malformed
 
 # ---------------------------------------------------------------------- server-facing reasons
 
