@@ -25,8 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: The inbound table's daemon row: msgs/s, msgs/CPU-s, ÷ forwarder, ÷ floor, [÷ empty], µs trio thread.
-INBOUND_ROW = re.compile(r"^daemon\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)\s+(?:[\d.]+\s+)?([\d,]+)\s+([\d,]+)\s+([\d,]+)\s*$", re.M)
+#: The inbound table's row of the daemon on an empty journal: msgs/s, msgs/CPU-s, ÷ forwarder,
+#: ÷ floor, ÷ empty journal, µs of the trio thread, of its other threads, of the load.
+INBOUND_ROW = re.compile(r"^daemon@0\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)\s+(?:[\d.]+\s+)?(-?[\d,]+)\s+(-?[\d,]+)\s+(-?[\d,]+)\s*$", re.M)
 SPEECH_RATIO = re.compile(r"^daemon ÷ forwarder \(same host calls and server messages\): ([\d.]+)$", re.M)
 
 
