@@ -281,6 +281,8 @@ class Daemon:
         self._emit("channels/changed", channels_changed_params(event))
 
     def _observe_accepted(self, accepted: InboundAccepted) -> None:
+        if not self.observers:
+            return  # once per message: no fields built for nobody
         event = accepted.event
         self._emit("inbound/accepted", {"seq": accepted.seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 

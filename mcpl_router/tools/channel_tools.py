@@ -40,6 +40,7 @@ from mcpl_router.routing.fork_fence import FenceRefusal, fenced
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import own_channel_named
+from mcpl_router.tools.arguments import ChannelArgs, DeclineArgs, OpenArgs, PublishArgs
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.tools.tune_out import tune_out_owner
 from mcpl_router.turns import ACK_INTENT_DECLINED, acknowledge_message, message_ids_of, publish_text
@@ -80,24 +81,6 @@ def _channel_id(description: str = texts.CHANNEL_ID_DESCRIPTION) -> dict[str, An
 
 
 _SERVER_ID: Final = {**_STRING, "description": texts.SERVER_ID_DESCRIPTION}
-
-
-def _text_arg(arguments: dict[str, Any], key: str) -> str | None:
-    """A string argument; an empty string (a model's way of leaving it out) is None."""
-    value = arguments.get(key)
-    return value if isinstance(value, str) and value else None
-
-
-def _content_arg(arguments: dict[str, Any]) -> str:
-    """The words of a publish: ``content`` (a string or text blocks), else ``text``."""
-    content = arguments.get("content")
-    if isinstance(content, list):
-        parts = [b.get("text", "") for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
-        content = "".join(parts)
-    if isinstance(content, str) and content.strip():
-        return content
-    text = arguments.get("text")
-    return text if isinstance(text, str) and text.strip() else ""
 
 
 def _refused(refusal: Refusal) -> dict[str, Any]:
@@ -287,14 +270,13 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ channel_open
 
-    def _lifecycle_target(self, call: ToolCall, verb: str, not_done: str) -> ChannelRef | dict[str, Any]:
+    def _lifecycle_target(self, call: ToolCall, named: ChannelArgs, verb: str, not_done: str) -> ChannelRef | dict[str, Any]:
         """The channel an open/close/decline names, or the refusal to return (a name that
         picks no channel alone, or a tuned-out channel)."""
-        args = call.arguments
-        fork = self._fork_target(call, verb, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done)
+        fork = self._fork_target(call, verb, named.channel_id, named.server_id, not_done)
         if fork is not None:
             return fork if not isinstance(fork, ChannelRef) else self._tuned_out(call, fork, verb, not_done) or fork
-        resolved = self.resolve(call, _text_arg(args, "channelId"), _text_arg(args, "serverId"), not_done=not_done)
+        resolved = self.resolve(call, named.channel_id, named.server_id, not_done=not_done)
         if isinstance(resolved, Refusal):
             self._log_call(call, f"channel_{verb}.refused", kind=resolved.kind)
             return _refused(resolved)
@@ -302,9 +284,9 @@ class ChannelTools:
         return tuned_out if tuned_out is not None else resolved.ref
 
     async def _open(self, call: ToolCall) -> dict[str, Any]:
-        args = call.arguments
+        args = OpenArgs.read(call.arguments)
         not_done = texts.OPEN_NOT_DONE
-        ref = self._lifecycle_target(call, "open", not_done)
+        ref = self._lifecycle_target(call, args.channel, "open", not_done)
         if not isinstance(ref, ChannelRef):
             return ref
         shown = self._shown(ref)
@@ -322,11 +304,11 @@ class ChannelTools:
         else:
             # Backscroll travels as `history: {limit, beforeMessageId?}`, the shape discord-mcpl
             # reads (src/server.ts:68-71, :2379); a bare `backscroll` number it never sees.
-            backscroll = args.get("backscroll")
-            limit = backscroll if isinstance(backscroll, int) and not isinstance(backscroll, bool) and backscroll > 0 else None
-            before = _text_arg(args, "beforeMessageId")  # alone too: the schema offers it alone
-            history = HistoryParams(limit=limit, before_message_id=before or None) if limit is not None or before else None
-            reason = await self._channels.send_open(link, ref, history=history, thread_id=_text_arg(args, "threadId"))
+            # `beforeMessageId` goes alone too: the schema offers it alone.
+            history = None
+            if args.backscroll is not None or args.before_message_id is not None:
+                history = HistoryParams(limit=args.backscroll, before_message_id=args.before_message_id)
+            reason = await self._channels.send_open(link, ref, history=history, thread_id=args.thread_id)
         if reason == REASON_UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
             return tool_result(texts.lifecycle_unconfirmed("open", shown), error=True, reason=reason, data=self._data(ref))
@@ -339,7 +321,7 @@ class ChannelTools:
         # This agent opened it after all: its decision replaces its own decline, journaled, so
         # the server is held to it after a restart; another agent's decline stays.
         self._channels.decide(agent, ref, OPEN)
-        set_target = args.get("setSpeechTarget", True) is not False
+        set_target = args.set_speech_target
         turn = call.scope.turn
         speech_here = False
         if turn is not None and call.scope.may_move_routing:
@@ -354,7 +336,7 @@ class ChannelTools:
 
     async def _close(self, call: ToolCall) -> dict[str, Any]:
         not_done = texts.CLOSE_NOT_DONE
-        ref = self._lifecycle_target(call, "close", not_done)
+        ref = self._lifecycle_target(call, ChannelArgs.read(call.arguments), "close", not_done)
         if not isinstance(ref, ChannelRef):
             return ref
         shown = self._shown(ref)
@@ -381,18 +363,18 @@ class ChannelTools:
     # ------------------------------------------------------------------ channel_decline
 
     async def _decline(self, call: ToolCall) -> dict[str, Any]:
-        args = call.arguments
+        args = DeclineArgs.read(call.arguments)
         not_done = texts.DECLINE_NOT_DONE
-        ref = self._lifecycle_target(call, "decline", not_done)
+        ref = self._lifecycle_target(call, args.channel, "decline", not_done)
         if not isinstance(ref, ChannelRef):
             return ref
         agent = call.run.turn.agent
         self._channels.decide(agent, ref, DECLINED)
-        emoji = _text_arg(args, "acknowledge")
+        emoji = args.acknowledge
         acknowledged: bool | None = None
         note = None
         if emoji is not None:
-            message_id = _text_arg(args, "messageId")
+            message_id = args.message_id
             default = self.defaults.get(agent)
             if message_id is None and default is not None and default.ref == ref:
                 message_id = default.message_id
@@ -418,14 +400,12 @@ class ChannelTools:
     # ------------------------------------------------------------------ channel_publish
 
     async def _publish(self, call: ToolCall) -> dict[str, Any]:
-        args = call.arguments
+        args = PublishArgs.read(call.arguments)
         not_done = texts.PUBLISH_NOT_SENT
-        content = _content_arg(args)
+        content = args.content
         if not content:
             return tool_result(texts.publish_no_content(), error=True, reason=REASON_NO_CONTENT)
-        name = _text_arg(args, "channelId")
-        server_id = _text_arg(args, "serverId")
-        thread_id = _text_arg(args, "threadId")
+        name, server_id, thread_id = args.channel.channel_id, args.channel.server_id, args.thread_id
         agent = call.run.turn.agent
         fork = self._fork_target(call, "publish", name, server_id, not_done)
         if isinstance(fork, dict):

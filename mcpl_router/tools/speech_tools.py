@@ -16,6 +16,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.drafts import Draft, page
 from mcpl_router.routing.modes import ProseMode
+from mcpl_router.tools.arguments import DraftsArgs, SleepArgs
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class SpeechTools:
 
     def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
         """A drafts ``resend`` posts: its round's plain text is held (send-silencing)."""
-        return tool.name == "drafts" and arguments.get("action") == "resend"
+        return tool.name == "drafts" and DraftsArgs.read(arguments).action == "resend"
 
     async def call(self, call: ToolCall) -> dict[str, Any]:
         handler = {
@@ -132,10 +133,10 @@ class SpeechTools:
 
     async def _sleep(self, call: ToolCall) -> dict[str, Any]:
         run = call.run
-        announce = call.arguments.get("announce")
+        announce = SleepArgs.read(call.arguments).announce
         turn = call.scope.turn
         log = self._log.bind(agent=run.turn.agent, turn=run.turn.turn_id, call=call.call_id)
-        if not run.mode.speaks or turn is None or not isinstance(announce, str) or not announce.strip():
+        if not run.mode.speaks or turn is None or not announce:
             log.info("sleep.not_announced", mode=run.mode.name, in_turn=turn is not None)
             return tool_result(texts.SLEEP_NOT_ANNOUNCED, data={"sleep": True})
         where = turn.routing.sticky_target or turn.routing.locus
@@ -155,31 +156,24 @@ class SpeechTools:
     # ------------------------------------------------------------------ drafts
 
     async def _drafts(self, call: ToolCall) -> dict[str, Any]:
-        action = call.arguments.get("action")
+        args = DraftsArgs.read(call.arguments)
+        action = args.action
         if action == "list":
-            return self._list(call)
+            return self._list(call, args)
         if action == "read":
-            return self._read(call)
+            return self._read(call, args)
         if action == "resend":
-            return await self._resend(call)
+            return await self._resend(call, args)
         if action == "dismiss":
-            return self._dismiss(call)
+            return self._dismiss(call, args)
         return tool_result(
             f"Unknown action {texts.quoted(str(action))}. Nothing was done. Use list, read, resend or dismiss.",
             error=True,
             reason=REASON_BAD_ACTION,
         )
 
-    def _ids(self, call: ToolCall) -> list[str]:
-        ids = call.arguments.get("ids")
-        if isinstance(ids, list):
-            return [i for i in ids if isinstance(i, str)]
-        single = call.arguments.get("id")
-        return [single] if isinstance(single, str) else []
-
-    def _list(self, call: ToolCall) -> dict[str, Any]:
-        number = call.arguments.get("page", 1)
-        drafts = page(self._draft_book.drafts_of(call.run.turn.agent), number if isinstance(number, int) else 1)
+    def _list(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
+        drafts = page(self._draft_book.drafts_of(call.run.turn.agent), args.page)
         now = time.time()
         rows = [draft.to_wire(now) for draft in drafts]
         if not rows:
@@ -187,8 +181,8 @@ class SpeechTools:
         lines = [f"{r['id']} {r['state']} {r['ageSeconds']}s {r['reason']} {r['size']} chars: {r['preview']}" for r in rows]
         return tool_result("\n".join(lines), data={"drafts": rows})
 
-    def _read(self, call: ToolCall) -> dict[str, Any]:
-        [draft_id, *_] = self._ids(call) or [""]
+    def _read(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
+        [draft_id, *_] = args.ids or ("",)
         draft = self._draft_book.draft(call.run.turn.agent, draft_id)
         if draft is None:
             return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
@@ -196,9 +190,9 @@ class SpeechTools:
         text = f"{draft.draft_id} ({draft.state}, {draft.reason})\n" + ("\n".join(attempts) + "\n" if attempts else "") + draft.text
         return tool_result(text, data={**draft.to_wire(), "text": draft.text, "attempts": [a.to_wire() for a in draft.attempts]})
 
-    def _dismiss(self, call: ToolCall) -> dict[str, Any]:
+    def _dismiss(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
         drafts: list[Draft] = []
-        for draft_id in self._ids(call):
+        for draft_id in args.ids:
             draft = self._draft_book.draft(call.run.turn.agent, draft_id)
             if draft is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
@@ -210,20 +204,20 @@ class SpeechTools:
             self._draft_book.save(draft)
         return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
 
-    async def _resend(self, call: ToolCall) -> dict[str, Any]:
+    async def _resend(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
         run = call.run
         agent = run.turn.agent
         named = run.mode.sends_only_where_named
         # Each id once, in the order given: the same draft named twice is sent once.
-        ids = list(dict.fromkeys(self._ids(call)))
+        ids = list(dict.fromkeys(args.ids))
         for draft_id in ids:
             if self._draft_book.draft(agent, draft_id) is None:
                 return tool_result(texts.draft_unknown(draft_id), error=True, reason=REASON_UNKNOWN_DRAFT)
         if not ids:
             return tool_result(texts.draft_unknown(""), error=True, reason=REASON_UNKNOWN_DRAFT)
-        channel = call.arguments.get("channelId")
+        channel = args.channel_id
         routing = call.scope.turn.routing if call.scope.turn is not None else None
-        if not isinstance(channel, str) or not channel:
+        if channel is None:
             ref = None if named or routing is None else (routing.sticky_target or routing.locus)
             if ref is None:
                 return tool_result(texts.draft_no_destination(named), error=True, reason=REASON_NO_DESTINATION)
@@ -239,7 +233,7 @@ class SpeechTools:
                     data={"why": target.why},
                 )
             ref = target.ref
-        confirm = call.arguments.get("confirmDuplicate") is True
+        confirm = args.confirm_duplicate
         rows: list[str] = []
         sent: list[dict[str, Any]] = []
         for draft_id in ids:

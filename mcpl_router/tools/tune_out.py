@@ -48,6 +48,7 @@ from mcpl_router.routing.tuneout import Summary, TuneOut, TuneOutSettings, TuneO
 from mcpl_router.routing.turns import own_channel_named
 from mcpl_router.routing.wakes import Wake
 from mcpl_router.store.records import SavedTuneOut
+from mcpl_router.tools.arguments import SpeakArgs, SummaryArgs, TuneOutArgs
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.turns import publish_text
 from mcpl_router.mcpl.session import LIFECYCLE, OpenParams
@@ -322,25 +323,24 @@ class TuneOuts:
             not_done = _NOT_DONE[call.name]
             return tool_result(texts.not_subconscious(call.name, not_done), error=True, reason=texts.REASON_NOT_SUBCONSCIOUS)
         if call.name == "tune_out":
-            op = call.arguments.get("op") or "enter"
-            if op == "cancel":
-                return self._cancel(call)
-            if op != "enter":
+            args = TuneOutArgs.read(call.arguments)
+            if args.op == "cancel":
+                return self._cancel(call, args.channel_name)
+            if args.op != "enter":
                 text = texts.tuneout_bad_argument("op", 'must be "enter" or "cancel"', texts.NOTHING_TUNED)
                 return tool_result(text, error=True, reason=texts.REASON_BAD_ARGUMENT)
-            return await self._enter(call)
+            return await self._enter(call, args)
         if call.name == "cancel_tuneout":
-            return self._cancel(call)
+            return self._cancel(call, TuneOutArgs.read(call.arguments).channel_name)
         if call.name == "speak_in_channel":
             return await self._speak(call)
         return self._deliver(call)
 
     # ------------------------------------------------------------------ the tools
 
-    def _channel(self, call: ToolCall, not_done: str) -> ChannelRef | dict[str, Any]:
-        """The channel ``channelId`` names, read as every tool reads one; else the refusal."""
-        name = call.arguments.get("channelId")
-        name = name if isinstance(name, str) else ""
+    def _channel(self, call: ToolCall, name: str, not_done: str) -> ChannelRef | dict[str, Any]:
+        """The channel ``name`` (the call's ``channelId``) names, read as every tool reads one;
+        else the refusal."""
         router = self._router
         resolved: Resolved | Refusal | None = None
         if call.scope.turn is not None:
@@ -354,12 +354,12 @@ class TuneOuts:
             data["serverId"] = resolved.server_id
         return tool_result(resolved.text, error=True, reason=resolved.kind, data=data)
 
-    async def _enter(self, call: ToolCall) -> dict[str, Any]:
-        settings = TuneOutSettings.from_arguments(call.arguments)
+    async def _enter(self, call: ToolCall, args: TuneOutArgs) -> dict[str, Any]:
+        settings = args.settings
         if isinstance(settings, tuple):
             field, problem = settings
             return tool_result(texts.tuneout_bad_argument(field, problem, texts.NOTHING_TUNED), error=True, reason=texts.REASON_BAD_ARGUMENT)
-        ref = self._channel(call, texts.NOTHING_TUNED)
+        ref = self._channel(call, args.channel_name, texts.NOTHING_TUNED)
         if isinstance(ref, dict):
             return ref
         owner = tune_out_owner(call.agent)
@@ -390,8 +390,8 @@ class TuneOuts:
                 "backlogCap": settings.backlog_cap, "maxWakes": settings.max_wakes, "duration": settings.duration}
         return tool_result(texts.tuneout_entered(shown, settings.cadence, settings.backlog_cap, ends), data=data)
 
-    def _cancel(self, call: ToolCall) -> dict[str, Any]:
-        ref = self._channel(call, texts.NOTHING_CANCELLED)
+    def _cancel(self, call: ToolCall, channel_name: str) -> dict[str, Any]:
+        ref = self._channel(call, channel_name, texts.NOTHING_CANCELLED)
         if isinstance(ref, dict):
             return ref
         owner = tune_out_owner(call.agent)
@@ -409,13 +409,11 @@ class TuneOuts:
         return tool_result(texts.tuneout_cancelled(shown, held), data={**ref.to_wire(), "shown": shown, "agent": owner, "held": held})
 
     async def _speak(self, call: ToolCall) -> dict[str, Any]:
-        text = call.arguments.get("text")
-        if not isinstance(text, str) or not text.strip():
-            content = call.arguments.get("content")
-            text = content if isinstance(content, str) else ""
+        args = SpeakArgs.read(call.arguments)
+        text = args.text
         if not text.strip():
             return tool_result(texts.tuneout_bad_argument("text", "is empty", texts.NOTHING_POSTED), error=True, reason=texts.REASON_BAD_ARGUMENT)
-        ref = self._channel(call, texts.NOTHING_POSTED)
+        ref = self._channel(call, args.channel_name, texts.NOTHING_POSTED)
         if isinstance(ref, dict):
             return ref
         shown = self._shown(ref)
@@ -438,11 +436,12 @@ class TuneOuts:
         return tool_result(texts.receipt([], 0, [shown], []), error=True, reason=delivery.reason, data=data)
 
     def _deliver(self, call: ToolCall) -> dict[str, Any]:
-        summary = call.arguments.get("summary")
-        if not isinstance(summary, str) or not summary.strip():
+        args = SummaryArgs.read(call.arguments)
+        summary = args.summary
+        if not summary:
             return tool_result(texts.tuneout_bad_argument("summary", "is empty", texts.NOTHING_DELIVERED), error=True, reason=texts.REASON_BAD_ARGUMENT)
         # A gone own channel or a shared name is refused here, never stored as a bare id.
-        ref = self._channel(call, texts.NOTHING_DELIVERED)
+        ref = self._channel(call, args.channel_name, texts.NOTHING_DELIVERED)
         if isinstance(ref, dict):
             return ref
         owner = tune_out_owner(call.agent)

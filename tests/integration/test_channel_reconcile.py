@@ -86,7 +86,8 @@ async def test_a_channel_opened_by_an_agent_is_open_again_after_its_server_resta
                 await wait_until(lambda: opens_of(second, "c2"), timeout=15)
                 [reopen] = await opens_of(second, "c2")
                 assert "history" not in reopen["params"]
-                assert daemon.router.registry.get(ChannelRef("s", "c2")).open
+                # The daemon marks it open once the server's answer is read.
+                await wait_until(lambda: daemon.router.registry.get(ChannelRef("s", "c2")).open, timeout=15)
                 await woken_by(client, second, "c2", "after")
                 # general was never opened by anyone: it stays as the server registered it.
                 assert await opens_of(second, "general") == []
@@ -276,9 +277,10 @@ async def test_a_channel_an_agent_closed_is_closed_again_when_its_server_registe
                 await wait_ready(daemon, "s", epoch=2)
                 await server.register([opened_c2])  # open again, as the restarted server has it
                 await wait_until(lambda: closes_of(server, "c2", epoch), timeout=15)
+                # The server has the close; the daemon marks it closed once the answer is read.
+                await wait_until(lambda: daemon.status()["channelDecisions"]["reconciled"] == {"close-done": 1}, timeout=15)
                 assert len(await closes_of(server, "c2", epoch)) == 1
                 assert not daemon.router.registry.get(ChannelRef("s", "c2")).open
-                assert daemon.status()["channelDecisions"]["reconciled"] == {"close-done": 1}
 
 
 @pytest.mark.parametrize("first", ["a", "b"])
