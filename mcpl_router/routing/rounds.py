@@ -8,18 +8,18 @@ with the grammar's answers, so neither of them needs the other's faces.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+from collections.abc import Callable, Sequence
 import attrs
 
 from mcpl_router.routing import texts
 from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.names import ChannelNames
-from mcpl_router.routing.prose import ProseState, target_token
+from mcpl_router.routing.prose import ProseState, Resolve, Segment, target_token
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import TurnRouting
 
-__all__ = ["Arrival", "hold_for_arrivals", "invitation_text"]
+__all__ = ["Arrival", "RoundFacts", "RoundPlan", "after_failed_pinned_delivery", "hold_for_arrivals", "invitation_text",
+           "plan_round", "round_end_notices"]
 
 
 def invitation_text(
@@ -79,3 +79,89 @@ def hold_for_arrivals(
     if not others:
         return ()
     return tuple(dict.fromkeys([locus, *others]))
+
+
+# ---------------------------------------------------------------------- a round's plan
+
+
+@attrs.frozen
+class RoundFacts:
+    """What a round's routing is decided from: its words and the turn's routing as it was when
+    they were written (``*_then``) and is now.
+
+    ``targets_*`` count the ``channel_open`` calls that set a speech target: a count, not a
+    moved locus, since a continuation or an arrival moves an inferred locus too.
+    """
+
+    text: str
+    prose: ProseState
+    locus: ChannelRef | None
+    pin_then: ChannelRef | None
+    pin_now: ChannelRef | None
+    targets_then: int
+    targets_now: int
+    targets_seen: int
+    silenced: bool = False
+
+
+@attrs.frozen
+class RoundPlan:
+    """Where a round's words go and what the turn's prose state becomes, decided at once.
+
+    ``started`` is the prose state the words were read in (after a speech target set since
+    lifted quiet and hold); ``prose`` the state after reading them; ``sticky_target`` the
+    turn's new sticky target when ``sets_sticky``; ``notices`` what the agent is told before
+    the words are carried out (where its speech now lands).
+    """
+
+    segments: tuple[Segment, ...]
+    started: ProseState
+    prose: ProseState
+    targets_seen: int
+    sets_sticky: bool = False
+    sticky_target: ChannelRef | None = None
+    notices: tuple[str, ...] = ()
+
+
+def plan_round(mode: ProseMode, facts: RoundFacts, *, resolve: Resolve, shown: Callable[[ChannelRef], str]) -> RoundPlan:
+    """Decide a round: its segments, pins, quiet and hold, and what the agent is told. Pure:
+    ``facts.prose`` is read, never edited (the shell installs ``plan.prose``)."""
+    # The words go along the pin in force when they were written.
+    state = attrs.evolve(facts.prose, pin=facts.pin_then if mode.keeps_pins else None)
+    targets_seen = facts.targets_seen
+    if facts.targets_then != facts.targets_seen:
+        # A channel_open that set the speech target before these words were written
+        # supersedes a >>>skip_reply or a failed >>>.
+        state.quiet = state.hold = False
+        targets_seen = facts.targets_then
+    started = attrs.evolve(state)
+    segments = mode.segments(facts.text, state, locus=facts.locus, resolve=resolve, silenced=facts.silenced)
+    sets_sticky, sticky = False, None
+    notices: list[str] = []
+    if mode.keeps_pins:
+        # A channel_open that landed after these words were written wins for later words, and
+        # so does a pin withdrawn meanwhile.
+        moved = facts.targets_now != facts.targets_then or facts.pin_now != facts.pin_then
+        if not moved:
+            if mode.tells_pin_changes and state.pin != facts.pin_then and state.pin is not None:
+                notices.append(texts.speech_lands_in(shown(state.pin)))
+            sets_sticky, sticky = True, state.pin
+    return RoundPlan(tuple(segments), started, state, targets_seen, sets_sticky, sticky, tuple(notices))
+
+
+def round_end_notices(mode: ProseMode, started: ProseState, ended: ProseState) -> tuple[str, ...]:
+    """What the agent is told once a round's words are carried out: its later words are now
+    private, or held, until it names a target (modes that tell pin changes)."""
+    if not mode.tells_pin_changes:
+        return ()
+    notices = []
+    if ended.quiet and not started.quiet:
+        notices.append(texts.SPEECH_PRIVATE_UNTIL_TARGET)
+    if ended.hold and not started.hold:
+        notices.append(texts.SPEECH_HELD_UNTIL_TARGET)
+    return tuple(notices)
+
+
+def after_failed_pinned_delivery(state: ProseState) -> ProseState:
+    """A failed delivery along a ``>>>`` pin clears the pin and holds later words."""
+    return attrs.evolve(state, pin=None, hold=True)

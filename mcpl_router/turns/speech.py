@@ -160,48 +160,33 @@ class Speech:
         log = self._log.bind(agent=turn.agent, turn=turn.turn_id, round=round_)
         mode = run.mode
         prefix = mode.target_prefix
-        silenced = round_ in run.explicit_send_rounds
         # Pins live in the routing (a channel_open with setSpeechTarget clears them); the words
         # go along the pin in force when they were written.
         pin_now = routing.sticky_target
+        silenced = round_ in run.explicit_send_rounds
         # A tool boundary: messages that arrived meanwhile may hold later words.
         await self._arrivals(run, log)
         if not text.strip():
             return []
-        run.prose.pin = pin_then if mode.keeps_pins else None
-        if targets_then != run.speech_targets_seen:
-            # A channel_open that set the speech target before these words were written
-            # supersedes a >>>skip_reply or a failed >>>. Counted, not read off a moved locus: a
-            # continuation moves an inferred locus too, and lifts neither.
-            run.prose.quiet = run.prose.hold = False
-            run.speech_targets_seen = targets_then
-        quiet_before, hold_before = run.prose.quiet, run.prose.hold
-        segments = mode.segments(
-            text,
-            run.prose,
-            locus=locus_then,
+        # The core decides the round at once (routing/rounds.py); this only carries it out.
+        plan = rounds.plan_round(
+            mode,
+            rounds.RoundFacts(text, run.prose, locus_then, pin_then, pin_now, targets_then, routing.speech_targets_set,
+                              run.speech_targets_seen, silenced=silenced),
             resolve=lambda token: self.resolve_target(token, routing, prefix),
-            silenced=silenced,
+            shown=self._shown,
         )
-        if mode.keeps_pins:
-            # A channel_open that landed after these words were written wins for later words
-            # (counted: a continuation or an arrival moves the locus too, and is no open), and
-            # so does a pin withdrawn meanwhile.
-            moved = routing.speech_targets_set != targets_then or pin_now != pin_then
-            if not moved:
-                if mode.tells_pin_changes and run.prose.pin != pin_then and run.prose.pin is not None:
-                    run.notices.append(texts.speech_lands_in(self._shown(run.prose.pin)))
-                routing.sticky_target = run.prose.pin
+        run.prose = plan.prose
+        run.speech_targets_seen = plan.targets_seen
+        run.notices.extend(plan.notices)
+        if plan.sets_sticky:
+            routing.sticky_target = plan.sticky_target
         deliveries: list[Delivery] = []
-        for segment in segments:
+        for segment in plan.segments:
             delivery = await self._carry_out(run, round_, segment, prefix, log)
             if delivery is not None:
                 deliveries.append(delivery)
-        if mode.tells_pin_changes:
-            if run.prose.quiet and not quiet_before:
-                run.notices.append(texts.SPEECH_PRIVATE_UNTIL_TARGET)
-            if run.prose.hold and not hold_before:
-                run.notices.append(texts.SPEECH_HELD_UNTIL_TARGET)
+        run.notices.extend(rounds.round_end_notices(mode, plan.started, run.prose))
         return deliveries
 
     def hold_unfinished(self, run: TurnRun, outcome: str) -> None:
@@ -352,8 +337,7 @@ class Speech:
         elif run.mode.bounces_failed_delivery or segment.pinned:
             # A failed >> or >>> delivery bounces; a failed >>> clears the pin and holds.
             if segment.pinned:
-                run.prose.pin = None
-                run.prose.hold = True
+                run.prose = rounds.after_failed_pinned_delivery(run.prose)
                 if turn.routing.sticky_target == ref:
                     turn.routing.sticky_target = None
             why = texts.bounce_why_not_delivered(delivery.shown, delivery.reason or texts.REASON_NOT_DELIVERED)
