@@ -32,7 +32,7 @@ import trio
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.events import EventBus, InboundAccepted
 from mcpl_router.logs import get_logger
-from mcpl_router.routing.forks import Binding, ConversationsSpec, Existing, ForkBook, Spawn, counters_of, fork_name, kind_of
+from mcpl_router.routing.forks import Binding, ConversationsSpec, ForkBook, counters_of, fork_name, kind_of, route_wakes
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.store.journal import Delivery, EventKind, InboundEvent
 
@@ -123,32 +123,34 @@ class Forks:
     # -- before the commit -----------------------------------------------------------------------
 
     def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
-        """Whom an event wakes: the policy's agents, each forking agent's message given to its fork."""
+        """Whom an event wakes: the policy's agents, each forking agent's message given to its
+        fork (decided by ``route_wakes``; the reservations, counters and clock are this shell's)."""
         decided = self._policy(event)
-        out: list[Delivery] = []
         ref = None if event.channel_id is None or event.kind is not EventKind.MESSAGE else ChannelRef(event.server_id, event.channel_id)
-        for delivery in decided:
-            if self.book.home_of(delivery.agent) is not None:
-                continue  # a fork (released ones too) hears its home alone, by the decision below
-            conversations = self._conversations_of(delivery.agent)
-            if conversations is None or ref is None:
-                out.append(delivery)
-                continue
+        kind = ""
+        if ref is not None and any(self._conversations_of(d.agent) is not None for d in decided):
             entry = self._registry.get(ref)
             kind = kind_of(None if entry is None else entry.descriptor.type, entry is not None and entry.descriptor.is_dm)
-            decision = self.book.decide(delivery.agent, conversations, ref, kind, addressed=delivery.addressed)
-            now = trio.current_time()
-            if isinstance(decision, Spawn):
-                binding = self.book.reserve(delivery.agent, decision, now)
-                self._journal.raise_fork_generation(delivery.agent, ref.server_id, ref.channel_id, decision.generation)
+        routes = route_wakes(((d.agent, d.addressed) for d in decided), ref=ref, kind=kind, book=self.book,
+                             conversations_of=self._conversations_of)
+        out: list[Delivery] = []
+        now = trio.current_time()
+        for delivery, route in zip(decided, routes, strict=True):
+            if route.recipient is None:
+                continue  # a fork (released ones too) hears its home alone, by the decision
+            if route.spawn is not None:
+                assert ref is not None
+                binding = self.book.reserve(delivery.agent, route.spawn, now)
+                self._journal.raise_fork_generation(delivery.agent, ref.server_id, ref.channel_id, route.spawn.generation)
                 self._to_ask.append(binding)
-                self._trace("fork.spawning", binding, template=conversations.template, kind=kind)
-            elif isinstance(decision, Existing):
-                self.book.touched(decision.fork, now)
-            else:
+                conversations = self._conversations_of(delivery.agent)
+                self._trace("fork.spawning", binding, template=conversations.template if conversations else None, kind=kind)
+            elif route.touched is not None:
+                self.book.touched(route.touched, now)
+            if route.recipient == delivery.agent:
                 out.append(delivery)
-                continue
-            out.append(Delivery(decision.fork, delivery.reason, delivery.tags, delivery.addressed))
+            else:
+                out.append(Delivery(route.recipient, delivery.reason, delivery.tags, delivery.addressed))
         return out
 
     def _conversations_of(self, agent: str) -> ConversationsSpec | None:

@@ -19,7 +19,7 @@ journals the counters and asks the host.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import attrs
@@ -136,6 +136,52 @@ class Unbound:
 Decision = Existing | Spawn | Unbound
 
 
+@attrs.frozen
+class WakeRoute:
+    """Where one agent's wake by an event goes (:func:`route_wakes`): to ``recipient`` (the
+    agent, or its fork), or to nobody (``None``: the agent is itself a fork, and a fork hears
+    its home by this decision alone). ``spawn``: a fork to reserve, journal and ask the host
+    for; ``touched``: a fork whose idle clock restarts."""
+
+    agent: str
+    recipient: str | None
+    spawn: Spawn | None = None
+    touched: str | None = None
+
+
+def route_wakes(
+    wanted: Iterable[tuple[str, bool]],
+    *,
+    ref: ChannelRef | None,
+    kind: str,
+    book: ForkBook,
+    conversations_of: Callable[[str], ConversationsSpec | None],
+) -> tuple[WakeRoute, ...]:
+    """Who each of ``wanted`` (the policy's ``(agent, addressed)`` for one message; ``ref``
+    None for a push) is woken as, with the forks' effects for the shell to carry out. Reads
+    the book only: two agents spawning in one message get names apart, as if the first were
+    reserved before the second was decided."""
+    taken: dict[str, tuple[str, ChannelRef]] = {}
+    routes: list[WakeRoute] = []
+    for agent, addressed in wanted:
+        if book.home_of(agent) is not None:
+            routes.append(WakeRoute(agent, None))
+            continue
+        spec = conversations_of(agent)
+        if spec is None or ref is None:
+            routes.append(WakeRoute(agent, agent))
+            continue
+        decision = book.decide(agent, spec, ref, kind, addressed=addressed, taken=taken)
+        if isinstance(decision, Spawn):
+            taken[decision.fork] = (agent, ref)
+            routes.append(WakeRoute(agent, decision.fork, spawn=decision))
+        elif isinstance(decision, Existing):
+            routes.append(WakeRoute(agent, decision.fork, touched=decision.fork))
+        else:
+            routes.append(WakeRoute(agent, agent))
+    return tuple(routes)
+
+
 @attrs.define
 class Binding:
     """One conversation's fork: its agent (the trunk), home, name, generation and state."""
@@ -209,8 +255,11 @@ class ForkBook:
     def bindings(self) -> list[Binding]:
         return list(self._bindings.values())
 
-    def decide(self, agent: str, spec: ConversationsSpec, ref: ChannelRef, kind: str, *, addressed: bool) -> Decision:
-        """Where a message for ``agent`` in ``ref`` (of ``kind``) goes. Reads only."""
+    def decide(self, agent: str, spec: ConversationsSpec, ref: ChannelRef, kind: str, *, addressed: bool,
+               taken: Mapping[str, tuple[str, ChannelRef]] | None = None) -> Decision:
+        """Where a message for ``agent`` in ``ref`` (of ``kind``) goes. Reads only. ``taken``:
+        fork names a plan already gives other (agent, home)s, not reserved yet."""
+        taken = taken or {}
         rules = spec.rules_for(kind)
         bound = self._bindings.get((agent, ref))
         if bound is not None:
@@ -221,7 +270,7 @@ class ForkBook:
             return Unbound(f"{kind} trigger rule {rules.trigger!r}" + ("" if rules.trigger == NEVER else ": not addressed"))
         generation = self.generation(agent, ref) + 1
         name = fork_name(spec.fork_prefix, ref, generation)
-        while self._homes.get(name, (agent, ref)) != (agent, ref):
+        while taken.get(name, self._homes.get(name, (agent, ref))) != (agent, ref):
             # Spelled alike by another home or agent: the next generation, until the name is free.
             generation += 1
             name = fork_name(spec.fork_prefix, ref, generation)

@@ -16,6 +16,8 @@ from mcpl_router.config import ConfigError, parse_config
 from mcpl_router.routing.agents import AgentSpec
 from mcpl_router.hosts.agents import AgentSpecParams, spec_from_params
 from mcpl_router.routing.forks import (
+    WakeRoute,
+    route_wakes,
     CHANNEL,
     DM,
     GROUP_DM,
@@ -365,3 +367,34 @@ async def test_a_trunk_that_no_longer_forks_lets_its_bound_forks_go_at_once(auto
         nursery.cancel_scope.cancel()
     [(agent, method, params)] = told
     assert (agent, method, params["reason"], params["channel"]) == (spawn.fork, "wake", "fork/close", {"serverId": "a", "channelId": "dm-1"})
+
+
+# -- who is woken, decided at once (issue 27 item 3) ---------------------------------------------
+
+
+def _snapshot(book: ForkBook) -> tuple[object, ...]:
+    return (book.bindings(), {agent_ref: book.generation(*agent_ref) for agent_ref in [("kai", A_DM), ("mo", A_DM)]},
+            [book.home_of(name) for name in ("kai-a-dm-1-1", "kai-a-dm-1-2")])
+
+
+def test_who_is_woken_is_decided_without_touching_the_book_and_two_spawns_in_one_message_get_names_apart() -> None:
+    book = ForkBook()
+    shared_prefix = ConversationsSpec(template="t", fork_prefix="kai-")
+    before = _snapshot(book)
+    routes = route_wakes([("kai", True), ("mo", True), ("plain", False)], ref=A_DM, kind=DM, book=book,
+                         conversations_of={"kai": shared_prefix, "mo": shared_prefix}.get)
+    assert _snapshot(book) == before  # read only: the shell reserves, journals and asks
+    kai, mo, plain = routes
+    assert kai.spawn is not None and mo.spawn is not None
+    assert kai.recipient == "kai-a-dm-1-1" and mo.recipient == "kai-a-dm-1-2"  # one prefix, one home: names apart
+    assert plain == WakeRoute("plain", "plain")
+    # Carried out in order, they are what the shell's loop reserves.
+    book.reserve("kai", kai.spawn, 0.0)
+    book.reserve("mo", mo.spawn, 0.0)
+    [again_kai, fork_self] = route_wakes([("kai", True), ("kai-a-dm-1-1", True)], ref=A_DM, kind=DM, book=book,
+                                         conversations_of={"kai": shared_prefix}.get)
+    assert again_kai == WakeRoute("kai", "kai-a-dm-1-1", touched="kai-a-dm-1-1")
+    assert fork_self == WakeRoute("kai-a-dm-1-1", None)  # a fork hears its home by the decision alone
+    # A push (no channel) goes to the agent itself.
+    assert route_wakes([("kai", True)], ref=None, kind="", book=book, conversations_of={"kai": shared_prefix}.get) == (
+        WakeRoute("kai", "kai"),)
