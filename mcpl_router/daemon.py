@@ -14,9 +14,11 @@ from functools import partial
 from typing import Any
 
 import attrs
+import msgspec
 import trio
 
 from mcpl_router import __version__
+from mcpl_router.host_notices import ChannelsChangedNotice, ServerStateNotice, ShutdownNotice
 from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.events import (
@@ -35,7 +37,7 @@ from mcpl_router.hosts.directory import AgentDirectory
 from mcpl_router.hosts.forks import Forks
 from mcpl_router.hosts.gate import Diversions, JournalSettle, StillAdmitted, WakeGates
 from mcpl_router.hosts.services import HostServices
-from mcpl_router.hosts.sessions import SessionManager, channels_changed_params
+from mcpl_router.hosts.sessions import SessionManager
 from mcpl_router.inference import InferenceBroker
 from mcpl_router.jsonrpc import Inbound
 from mcpl_router.jsonrpc.peer import Deferred
@@ -275,10 +277,13 @@ class Daemon:
     # -- observers -----------------------------------------------------------------------------
 
     def _observe_state(self, event: ServerStateChanged) -> None:
-        self._emit("server/state", {"serverId": event.server_id, "old": event.old, "state": event.new})
+        if self.observers:
+            self._emit(ServerStateNotice.METHOD, msgspec.to_builtins(ServerStateNotice(event.server_id, event.old, event.new)))
 
     def _observe_channels(self, event: ChannelsChanged) -> None:
-        self._emit("channels/changed", channels_changed_params(event))
+        if self.observers:
+            notice = ChannelsChangedNotice.of(event.server_id, event.added, event.removed)
+            self._emit(notice.METHOD, msgspec.to_builtins(notice))
 
     def _observe_accepted(self, accepted: InboundAccepted) -> None:
         if not self.observers:
@@ -401,7 +406,7 @@ class Daemon:
             self._log.info("daemon.stopped")
 
     async def _notify_shutdown(self) -> None:
-        params = {"grace": SHUTDOWN_GRACE, "reason": self._shutdown_reason}
+        notice = ShutdownNotice(SHUTDOWN_GRACE, self._shutdown_reason)
         async with trio.open_nursery() as nursery:
             for connection in list(self.host_connections):
                 if connection.session is None:
@@ -409,7 +414,7 @@ class Daemon:
 
                 async def tell(connection: HostConnection = connection) -> None:
                     with trio.move_on_after(SHUTDOWN_NOTICE_TIMEOUT):
-                        await connection.notify("daemon/shutdown", params)
+                        await connection.notify(notice.METHOD, notice)
 
                 nursery.start_soon(tell)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import trio
 
+from mcpl_router.host_notices import HostNotice
 from mcpl_router.config import AgentConfig
 from mcpl_router.hosts.agents import AgentSpecParams, spec_from_config, spec_from_params
 from mcpl_router.hosts.outbox import NOTICE_LIMIT, HostOutbox
@@ -131,7 +132,7 @@ class AgentDirectory:
         owner = self.owners.get(name)
         return None if owner is None else self.outboxes.get(owner)
 
-    async def notify_agent(self, name: str, method: str, params: Any) -> bool:
+    async def notify_agent(self, name: str, notice: HostNotice) -> bool:
         """Queue a notification to the connection owning ``name``; False when none does.
 
         A cancellation point but no scheduling point: a turn's trace queued here must not let
@@ -140,7 +141,7 @@ class AgentDirectory:
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         owner = self.owners.get(name)
-        return owner is not None and self.enqueue(owner, method, params)
+        return owner is not None and self.enqueue(owner, notice)
 
     def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
         """A wake gate's batched wake (hosts/gate.py), paced by the owner's outbox; False if unowned."""
@@ -156,14 +157,14 @@ class AgentDirectory:
             outbox.rewind(to_agent, first - 1)
         return count
 
-    def enqueue(self, connection: HostConnection, method: str, params: Any) -> bool:
+    def enqueue(self, connection: HostConnection, notice: HostNotice) -> bool:
         """Queue a notification to ``connection``; False if it has no outbox (any more)."""
         outbox = self.outboxes.get(connection)
         if outbox is None:
             return False
-        if outbox.notify(method, params):
+        if outbox.notify(notice):
             return True
-        self._log.warning("host.outbox.full", connection=connection.id, method=method, size=NOTICE_LIMIT)
+        self._log.warning("host.outbox.full", connection=connection.id, method=notice.METHOD, size=NOTICE_LIMIT)
         self.outbox_full_disconnects += 1
         # Not reading: drop the connection rather than the messages. Its wakes are journaled
         # and come back on reconnect. The outbox's own task closes the connection.

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
+from mcpl_router.host_notices import HostNotice, WakeNotice
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.events import EventBus, InboundAccepted
 from mcpl_router.logs import get_logger
@@ -80,7 +81,7 @@ class Forks:
         policy_deliveries: Callable[[InboundEvent], list[Delivery]],
         agent_of: Callable[[str], AgentSpec | None],
         owner_of: Callable[[str], HostConnection | None],
-        notify_agent: Callable[[str, str, Any], Any],
+        notify_agent: Callable[[str, HostNotice], Awaitable[bool]],
         hand_over: Callable[[str, str], Awaitable[int]] | None = None,
         events: EventBus | None = None,
     ) -> None:
@@ -250,7 +251,7 @@ class Forks:
             "tags": [],
             "addressed": False,
         }
-        told = await self._notify_agent(binding.fork, "wake", params)
+        told = await self._notify_agent(binding.fork, WakeNotice(params))
         self._trace("fork.released", binding, reason=reason, told=bool(told))
 
     def _trace(self, event: str, binding: Binding, *, level: str = "info", **fields: Any) -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import trio
 
+from mcpl_router.host_notices import HostNotice, wire_of
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.wakes import Wake
 
@@ -144,7 +145,7 @@ class HostOutbox:
         self._cursors: dict[str, _Cursor] = {}
         self._in_flight: set[tuple[int, str]] = set()
         self._fresh: deque[Wake] = deque()
-        self._notices: deque[tuple[str, Any]] = deque()
+        self._notices: deque[HostNotice] = deque()
         # A gate's batched wakes: (agent, seqs, params), sent in order as the window allows.
         self._batches: deque[tuple[str, tuple[int, ...], dict[str, Any]]] = deque()
         self._changed = trio.Event()
@@ -253,13 +254,13 @@ class HostOutbox:
                 cursor.offered = None
                 self._counts["offered_spills"] += 1
 
-    def notify(self, method: str, params: Any) -> bool:
+    def notify(self, notice: HostNotice) -> bool:
         """Queue a notification; False when the queue is full (the caller disconnects)."""
         if self.closed:
             return False
         if len(self._notices) >= NOTICE_LIMIT:
             return False
-        self._notices.append((method, params))
+        self._notices.append(notice)
         self._poke()
         return True
 
@@ -359,7 +360,7 @@ class HostOutbox:
     async def _send_pass(self) -> bool:
         progressed = False
         while self._notices:
-            method, params = self._notices.popleft()
+            method, params = wire_of(self._notices.popleft())
             if not await self._send(method, params):
                 return False
             progressed = True

@@ -28,6 +28,7 @@ import msgspec
 import trio
 
 from mcpl_router import __version__
+from mcpl_router.host_notices import ChannelsChangedNotice, HostNotice, ServerStateNotice
 from mcpl_router.config import AgentConfig
 from mcpl_router.routing.agents import AgentSpec, agent_may_call
 from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams, params_of, spec_from_params
@@ -63,15 +64,6 @@ class WakeCounts(Protocol):
     def wake_sent(self, agent: str) -> None: ...
 
     def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None: ...
-
-
-def channels_changed_params(event: ChannelsChanged) -> dict[str, Any]:
-    """The ``channels/changed`` notification's params (hosts and the demo's printer read them)."""
-    return {
-        "serverId": event.server_id,
-        "added": [ref.to_wire() for ref in event.added],
-        "removed": [ref.to_wire() for ref in event.removed],
-    }
 
 
 @attrs.define(eq=False)
@@ -193,9 +185,9 @@ class SessionManager:
             raise self._not_yours(name)
         return spec
 
-    async def notify_agent(self, name: str, method: str, params: Any) -> bool:
+    async def notify_agent(self, name: str, notice: HostNotice) -> bool:
         """Queue a notification to the connection owning ``name``; False when none does."""
-        return await self.directory.notify_agent(name, method, params)
+        return await self.directory.notify_agent(name, notice)
 
     async def hand_over_wakes(self, from_agent: str, to_agent: str) -> int:
         """:meth:`AgentDirectory.hand_over_wakes`."""
@@ -222,10 +214,10 @@ class SessionManager:
         """Each connection's wake window and queues (for ``status``)."""
         return [{"connection": connection.id, **outbox.statistics().to_wire()} for connection, outbox in self._outboxes.items()]
 
-    async def broadcast(self, method: str, params: Any) -> None:
+    async def broadcast(self, notice: HostNotice) -> None:
         """Queue a notification to every connection that said hello."""
         await trio.lowlevel.checkpoint()
-        self._broadcast_nowait(method, params)
+        self._broadcast_nowait(notice)
 
     # -- connection hooks (called by the listener) --------------------------------------------
 
@@ -300,13 +292,13 @@ class SessionManager:
             del self._holds[name]
             self._log.info("agent.released", agent=name, host=hold.host)
 
-    def _enqueue(self, connection: HostConnection, method: str, params: Any) -> bool:
-        return self.directory.enqueue(connection, method, params)
+    def _enqueue(self, connection: HostConnection, notice: HostNotice) -> bool:
+        return self.directory.enqueue(connection, notice)
 
-    def _broadcast_nowait(self, method: str, params: Any) -> None:
+    def _broadcast_nowait(self, notice: HostNotice) -> None:
         for connection in list(self._outboxes):
             if connection.session is not None:
-                self._enqueue(connection, method, params)
+                self._enqueue(connection, notice)
 
     # -- daemon events -------------------------------------------------------------------------
 
@@ -318,10 +310,10 @@ class SessionManager:
         self.closed(cast("HostConnection", event.connection))
 
     def _server_state_changed(self, event: ServerStateChanged) -> None:
-        self._broadcast_nowait("server/state", {"serverId": event.server_id, "old": event.old, "state": event.new})
+        self._broadcast_nowait(ServerStateNotice(event.server_id, event.old, event.new))
 
     def _channels_changed(self, event: ChannelsChanged) -> None:
-        self._broadcast_nowait("channels/changed", channels_changed_params(event))
+        self._broadcast_nowait(ChannelsChangedNotice.of(event.server_id, event.added, event.removed))
 
     def _inbound_accepted(self, event: InboundAccepted) -> None:
         for wake in self.accepted(event.seq, event.event, event.deliveries):

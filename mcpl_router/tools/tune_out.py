@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 
+from mcpl_router.host_notices import HostNotice, WakeNotice
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.names import Refusal, Resolved
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
 
 #: Queue a notification to the connection owning an agent: ``(agent, method, params)``; False
 #: when no connection owns it (``SessionManager.notify_agent``).
-NotifyAgent = Callable[[str, str, Any], Awaitable[bool]]
+NotifyAgent = Callable[[str, HostNotice], Awaitable[bool]]
 
 __all__ = ["SUBCONSCIOUS_TOOLS", "TUNE_OUT_TOOLS", "TuneOutJournal", "TuneOuts", "tune_out_owner"]
 
@@ -293,7 +294,7 @@ class TuneOuts:
             "final": summary.final,
             "text": texts.tuneout_summary_text(shown, len(summary.held), summary.dropped, summary.summary),
         }
-        sent = await self._notify_agent(summary.agent, "wake", params)
+        sent = await self._notify_agent(summary.agent, WakeNotice(params))
         self._log.info(
             "tuneout.summary", agent=summary.agent, server=summary.ref.server_id, channel=summary.ref.channel_id,
             held=len(summary.held), dropped=summary.dropped, final=summary.final, sent=sent,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from mcpl_router.host_notices import HostNotice, InferenceStartedNotice
 from mcpl_router.mcpl.session import ACKNOWLEDGE
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle, wait_lifecycle
@@ -32,7 +33,7 @@ REFUSAL_REACTION: Final = "🚫"
 REFUSAL_REACTION_TIMEOUT: Final = 5.0
 
 #: ``(agent, event, fields)`` → a trace notification to the agent's host.
-NotifyAgent = Callable[[str, str, dict[str, Any]], Awaitable[bool]]
+NotifyAgent = Callable[[str, HostNotice], Awaitable[bool]]
 
 
 class InferenceLifecycle:
@@ -68,15 +69,10 @@ class InferenceLifecycle:
         finally:
             run.started_done.set()
         where = turn.routing.locus or turn.routing.trigger
-        trace = {
-            "agent": turn.agent,
-            "turnId": turn.turn_id,
-            "inferenceId": turn.inference_id,
-            "serverId": where.server_id if where else None,
-            "channelId": where.channel_id if where else None,
-        }
+        trace = InferenceStartedNotice(turn.agent, turn.turn_id, turn.inference_id, where.server_id if where else None,
+                                       where.channel_id if where else None)
         try:
-            await self._notify_agent(turn.agent, "inference:started", trace)
+            await self._notify_agent(turn.agent, trace)
         except Exception:
             self._log.exception("turn.trace.failed", agent=turn.agent, turn=turn.turn_id)
 

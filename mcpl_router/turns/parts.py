@@ -7,11 +7,12 @@ parts come first, and the manager is given them (docs/architecture.md, "Building
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
+from mcpl_router.host_notices import HostNotice
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.turns.drafts import DraftBook
 from mcpl_router.turns.lifecycle import InferenceLifecycle
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TurnParts"]
 
-NotifyAgent = Callable[[str, str, Any], Any]
+NotifyAgent = Callable[[str, HostNotice], Awaitable[bool]]
 
 
 @attrs.frozen(eq=False)

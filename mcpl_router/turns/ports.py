@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from mcpl_router.host_notices import HostNotice
     from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.routing.wakes import Wake
     from mcpl_router.turns.run import TurnRun
@@ -27,7 +28,7 @@ class Owners(Protocol):
 
     def wake(self, seq: int, agent: str) -> Awaitable[Wake | None]: ...
 
-    def notify_agent(self, name: str, method: str, params: Any) -> Awaitable[bool]: ...
+    def notify_agent(self, name: str, notice: HostNotice) -> Awaitable[bool]: ...
 
 
 class ToolListing(Protocol):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 
+from mcpl_router import host_notices
 from mcpl_router.client import RouterClient, WakeNotice
 from mcpl_router.config import parse_config
 from mcpl_router.daemon import Daemon
@@ -223,15 +224,16 @@ async def test_notify_agent_and_broadcast_reach_the_right_connections(short_tmp:
             async with RouterClient.connect_unix(socket) as one, RouterClient.connect_unix(socket) as two:
                 await one.hello("one", ["kai"])
                 await two.hello("two", ["ora"])
-                assert await sessions.notify_agent("kai", "notice", {"agent": "kai", "text": "for kai"})
-                assert not await sessions.notify_agent("nobody", "notice", {})
-                await sessions.broadcast("custom/all", {"n": 1})
-                assert (await one.next_notification("notice")).params["text"] == "for kai"
-                assert (await one.next_notification("custom/all")).params == {"n": 1}
-                assert (await two.next_notification("custom/all")).params == {"n": 1}
-                # "two" got no notice: the next thing it is told is a later broadcast.
-                await sessions.broadcast("custom/all", {"n": 2})
-                assert (await two.next_notification()).params == {"n": 2}
+                assert await sessions.notify_agent("kai", host_notices.WakeNotice({"agent": "kai", "text": "for kai"}))
+                assert not await sessions.notify_agent("nobody", host_notices.WakeNotice({}))
+                await sessions.broadcast(host_notices.ServerStateNotice("x", "connecting", "ready"))
+                assert (await one.next_notification("wake")).params["text"] == "for kai"
+                first = {"serverId": "x", "old": "connecting", "state": "ready"}
+                assert (await one.next_notification("server/state")).params == first
+                assert (await two.next_notification("server/state")).params == first
+                # "two" got no wake: the next thing it is told is a later broadcast.
+                await sessions.broadcast(host_notices.ServerStateNotice("x", "ready", "retrying"))
+                assert (await two.next_notification()).params == {"serverId": "x", "old": "ready", "state": "retrying"}
 
 
 async def _close(client: RouterClient) -> None:

@@ -5,7 +5,7 @@ The package is built in floors, each importing only floors below it (docs/archit
     foundation   logs, errors, exit_codes  <  jsonrpc
     the core     routing (pure; the package face re-exports its refs)
     reading      config  <  store, client
-    events       the domain events and their one dispatcher
+    events       the domain events and their one dispatcher; what a host is told (host_notices)
     links        mcpl, testing (the fixture servers)
     the shell    inference, turns  <  tools  <  hosts
     application  health, reload_plan, query  <  metrics  <  servers_view  <  read_model  <  daemon  <  supervision  <  demo  <  cli  <  __main__
@@ -35,7 +35,7 @@ ORDER: tuple[str, ...] = (
     "routing", "__init__",
     "config",
     "store", "client",
-    "events",
+    "events", "host_notices",
     "mcpl", "testing",
     "inference", "turns",
     "tools",

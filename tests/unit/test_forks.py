@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mcpl_router.host_notices import HostNotice, wire_of
 from mcpl_router.config import ConfigError, parse_config
 from mcpl_router.routing.agents import AgentSpec
 from mcpl_router.hosts.agents import AgentSpecParams, spec_from_params
@@ -346,7 +347,8 @@ async def test_a_trunk_that_no_longer_forks_lets_its_bound_forks_go_at_once(auto
     specs = {"kai": AgentSpec(name="kai", conversations=ConversationsSpec(template="kai", fork_prefix="kai-", idle_ttl=3600))}
     told: list[tuple[str, str, Any]] = []
 
-    async def notify(agent: str, method: str, params: Any) -> bool:
+    async def notify(agent: str, notice: HostNotice) -> bool:
+        method, params = wire_of(notice)
         told.append((agent, method, params))
         return True
 

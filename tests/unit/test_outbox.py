@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import trio
 
+from mcpl_router.host_notices import ServerStateNotice
 from mcpl_router.hosts.outbox import HostOutbox
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.wakes import Wake
@@ -211,7 +212,7 @@ async def test_a_wake_with_nothing_ahead_is_queued_at_once_and_one_behind_a_noti
         journal.commit(1)
         outbox.offer(_wake(1))
         assert connection.order == ["wake"] and sent == [1]  # from the offer itself
-        outbox.notify("server/state", {})
+        outbox.notify(ServerStateNotice("a", "connecting", "ready"))
         journal.commit(2)
         outbox.offer(_wake(2))
         assert connection.order == ["wake"]  # behind the notice, for the sender task

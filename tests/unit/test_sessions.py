@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from mcpl_router.host_notices import InferenceStartedNotice, ServerStateNotice
 from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.sessions import SessionManager
@@ -40,7 +41,7 @@ async def test_a_trace_to_an_agent_lets_no_other_task_run_first(tmp_path: Path) 
         async with scheduler_passes() as passes:
             before = passes.count
             for _ in range(20):
-                assert await sessions.notify_agent("nobody", "inference:started", {}) is False  # no owner
+                assert await sessions.notify_agent("nobody", InferenceStartedNotice("nobody", "t1", "i1", None, None)) is False  # no owner
             assert passes.count == before  # not a scheduling point: nothing else ran meanwhile
     finally:
         journal.close()
@@ -52,7 +53,7 @@ async def test_a_trace_is_still_a_cancellation_point(tmp_path: Path) -> None:
         with trio.CancelScope() as scope:
             scope.cancel()
             with pytest.raises(trio.Cancelled):
-                await sessions.notify_agent("nobody", "inference:started", {})
+                await sessions.notify_agent("nobody", InferenceStartedNotice("nobody", "t1", "i1", None, None))
     finally:
         journal.close()
 
@@ -136,7 +137,7 @@ async def test_a_resume_point_past_the_journals_last_seq_holds_back_no_later_wak
                 while outbox.statistics().replaying:  # the hello's replay reads in a thread: nothing
                     await trio.sleep(0.01)
             if route == "behind a notice":
-                assert outbox.notify("server/state", {})
+                assert outbox.notify(ServerStateNotice("a", "connecting", "ready"))
             event = InboundEvent("a", "general", "message", "m-3", {"channelId": "general", "messageId": "m-3"})
             sessions.accepted(3, event, [Delivery("kai", "message", (), True)])
             with trio.fail_after(10):
