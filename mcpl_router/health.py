@@ -22,7 +22,7 @@ import json
 import urllib.parse
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 import h11
@@ -49,7 +49,7 @@ _MAX_REQUEST_BYTES = 16 * 1024
 class StatusModel(Protocol):
     """The daemon's status model (``Daemon.status``): the page and /status.json read it."""
 
-    def __call__(self, *, channels_page: int | None = ..., channels_filter: str = ...) -> dict[str, Any]: ...
+    def __call__(self, *, channels_page: int | None = ..., channels_filter: str = ...) -> dict[str, object]: ...
 
 
 class MetricsPage(Protocol):

@@ -24,7 +24,7 @@ _SECRET_FIELD_WORDS = ("token", "secret", "password", "authorization", "apikey",
 _json_encoder = msgspec.json.Encoder()
 
 
-def _redact_secrets(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+def _redact_secrets(_logger: Any, _method: str, event: dict[str, object]) -> dict[str, object]:
     for key in event:
         lowered = key.lower()
         if any(word in lowered for word in _SECRET_FIELD_WORDS):
@@ -32,7 +32,7 @@ def _redact_secrets(_logger: Any, _method: str, event: dict[str, Any]) -> dict[s
     return event
 
 
-def _render_json(_logger: Any, _method: str, event: dict[str, Any]) -> str:
+def _render_json(_logger: Any, _method: str, event: dict[str, object]) -> str:
     return _json_encoder.encode(event).decode()
 
 

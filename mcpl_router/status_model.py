@@ -82,9 +82,9 @@ def channel_page(names: ChannelNames, page: int = 0, filter_text: str = "") -> d
     rows.sort(key=lambda row: str(row["channelId"]))
     counts: dict[str, int] = {}
     for row in rows:
-        counts[row["channelId"]] = counts.get(row["channelId"], 0) + 1
+        counts[str(row["channelId"])] = counts.get(str(row["channelId"]), 0) + 1
     for row in rows:
-        row["sharedId"] = counts[row["channelId"]] > 1
+        row["sharedId"] = counts[str(row["channelId"])] > 1
     total = len(rows)
     page = max(0, page)
     start = page * CHANNELS_PER_PAGE

@@ -253,7 +253,7 @@ class RouterClient:
         forwards their servers' requests here (docs/host-api.md).
         """
         specs = [{"name": agent} if isinstance(agent, str) else dict(agent) for agent in agents]
-        params: dict[str, Any] = {"host": host, "agents": specs}
+        params: dict[str, object] = {"host": host, "agents": specs}
         if resume_from is not None:
             params["resumeFrom"] = resume_from
         serves = self._requests.serves_for([str(spec["name"]) for spec in specs])
@@ -263,7 +263,7 @@ class RouterClient:
 
     async def ack(self, seqs: Sequence[int], *, agent: str | None = None) -> int:
         """``wake/ack``; returns how many deliveries were newly acked (``AckResult.acked``)."""
-        params: dict[str, Any] = {"seqs": list(seqs)}
+        params: dict[str, object] = {"seqs": list(seqs)}
         if agent is not None:
             params["agent"] = agent
         result = await self.request("wake/ack", params, AckResult)
@@ -300,7 +300,7 @@ class RouterClient:
 
     async def channels_list(self, *, cursor: str | None = None, limit: int | None = None) -> ChannelsPage:
         """One page of ``channels/list``; see :meth:`all_channels` for every page."""
-        params: dict[str, Any] = {}
+        params: dict[str, object] = {}
         if cursor is not None:
             params["cursor"] = cursor
         if limit is not None:
@@ -321,7 +321,7 @@ class RouterClient:
         return await self.request("daemon/reload", {}, ReloadResult)
 
     async def explain(self, name: str, server_id: str | None = None) -> Explanation:
-        params: dict[str, Any] = {"name": name}
+        params: dict[str, object] = {"name": name}
         if server_id is not None:
             params["serverId"] = server_id
         return await self.request("explain", params, Explanation)
@@ -332,7 +332,7 @@ class RouterClient:
         self, agent: str, channel: ChannelArg, content: str | Sequence[Mapping[str, Any]], *, thread_id: str | None = None
     ) -> PublishResult:
         """``channels/publish`` for one of this connection's agents."""
-        params: dict[str, Any] = {
+        params: dict[str, object] = {
             "agent": agent,
             "channel": _channel_param(channel),
             "content": content if isinstance(content, str) else [dict(block) for block in content],
@@ -351,7 +351,7 @@ class RouterClient:
         self, agent: str, *, wakes: Sequence[int] = (), channel: ChannelArg | None = None, subagent: bool = False
     ) -> TurnOpened:
         """``turn/open`` alone; :meth:`turn` is the usual way (it closes the turn too)."""
-        params: dict[str, Any] = {"agent": agent}
+        params: dict[str, object] = {"agent": agent}
         if wakes:
             params["wakes"] = list(wakes)
         if channel is not None:

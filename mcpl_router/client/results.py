@@ -53,7 +53,7 @@ __all__ = [
 class _Result(msgspec.Struct, rename="camel", kw_only=True):
     """Every result type: camelCase on the wire, unknown fields ignored."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The value as the daemon wrote it (camelCase keys, plain JSON values)."""
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
@@ -62,7 +62,7 @@ class _FrozenResult(msgspec.Struct, rename="camel", kw_only=True, frozen=True):
     """A result that is a value (hashable, a dict key): frozen from its base up, as a frozen
     struct may not inherit from a mutable one."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The value as the daemon wrote it (camelCase keys, plain JSON values)."""
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
@@ -141,7 +141,7 @@ class Grant(_Result):
     granted: list[str] = []
     denied_count: int = 0
     feature_sets_enabled: list[str] = []
-    feature_sets_disabled: dict[str, Any] = {}
+    feature_sets_disabled: dict[str, object] = {}
     legacy: bool = False
 
 
@@ -169,7 +169,7 @@ class ServerStatus(_Result):
     serving: bool = False
     problem: str | None = None
     #: Whether the server answers ping (``state``: answering, unresponsive, unknown, not-checked).
-    liveness: dict[str, Any] = {}
+    liveness: dict[str, object] = {}
 
 
 class ServersList(_Result):
@@ -201,8 +201,8 @@ class Status(_Result):
     last_seq: int = 0
     agents: list[AgentRow] = []
     open_turns: int = 0
-    hosts: dict[str, Any] = {}
-    journal: dict[str, Any] = {}
+    hosts: dict[str, object] = {}
+    journal: dict[str, object] = {}
     readiness: Readiness | None = None
     last_reload: Any = None
 
@@ -216,12 +216,12 @@ class HelloAgent(_Result):
     name: str
     prose_routing: str = "locus"
     allowed_tools: list[str] | None = None
-    wake: dict[str, Any] = {}
+    wake: dict[str, object] = {}
     home_channel: ChannelRef | None = None
     configured: bool = False
     subconscious_for: str | None = None
-    wake_gate: dict[str, Any] | None = None
-    conversations: dict[str, Any] | None = None
+    wake_gate: dict[str, object] | None = None
+    conversations: dict[str, object] | None = None
 
 
 class Serves(_Result):
@@ -251,7 +251,7 @@ class ToolSpec(_Result):
 
     name: str
     description: str = ""
-    input_schema: dict[str, Any] = {}
+    input_schema: dict[str, object] = {}
 
 
 class TurnShown(_Result):
@@ -332,7 +332,7 @@ class ToolResult(_Result):
     is_error: bool = False
     structured_content: Any = None
     reason: str | None = None
-    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+    meta: dict[str, object] | None = msgspec.field(default=None, name="_meta")
 
     @property
     def text(self) -> str:

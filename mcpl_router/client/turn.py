@@ -135,7 +135,7 @@ class Turn:
     async def context(self, *, user_message: Any = None, model: str | None = None) -> ContextResult:
         """``turn/context``: the servers' injections for the model's request (starts inference)."""
         self._check_open()
-        params: dict[str, Any] = {"turnId": self.turn_id}
+        params: dict[str, object] = {"turnId": self.turn_id}
         if user_message is not None:
             params["userMessage"] = user_message
         if model is not None:
@@ -165,7 +165,7 @@ class Turn:
     ) -> ToolResult:
         """``turn/tool``: run one tool call of the model's. ``call_id`` defaults to a fresh one."""
         self._check_open()
-        params: dict[str, Any] = {
+        params: dict[str, object] = {
             "turnId": self.turn_id,
             "callId": call_id if call_id is not None else f"{self.turn_id}-call-{next(self._call_ids)}",
             "name": name,
@@ -178,7 +178,7 @@ class Turn:
     async def close(self, outcome: Outcome = "completed", *, usage: Any = None) -> TurnClosed:
         """``turn/close``: end the turn with ``outcome``; returns (and keeps) the answer."""
         self._check_open()
-        params: dict[str, Any] = {"turnId": self.turn_id, "outcome": outcome}
+        params: dict[str, object] = {"turnId": self.turn_id, "outcome": outcome}
         if usage is not None:
             params["usage"] = usage
         self.closed = await self._client.request("turn/close", params, TurnClosed)

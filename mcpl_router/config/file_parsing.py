@@ -61,7 +61,7 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str, Path]:
     return data, source, file.absolute().parent
 
 
-class JsonObject(dict[str, Any]):
+class JsonObject(dict[str, object]):
     """A JSON object that remembers which keys it saw twice (JSON keeps the last one silently)."""
 
     duplicates: tuple[str, ...] = ()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
@@ -52,7 +52,7 @@ def locate_daemon(
     data, source, base_dir = read_config_file(path)
     if not isinstance(data, Mapping):
         raise ConfigError(source, "", f"holds {show_value(data)}, not a table of settings.")
-    wanted: dict[str, Any] = {name: data[name] for name in _LOCATOR_SECTIONS if name in data}
+    wanted: dict[str, object] = {name: data[name] for name in _LOCATOR_SECTIONS if name in data}
     host = wanted.get("host")
     if isinstance(host, Mapping) and "token" in host:
         wanted["host"] = {**host, "token": "not-read-by-the-cli"}

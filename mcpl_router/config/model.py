@@ -13,7 +13,7 @@ import fnmatch
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
@@ -217,7 +217,7 @@ class ReconnectPolicy:
     jitter: float = 0.2
     max_attempts: int = 0
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """The policy with its on-disk (camelCase) names, for status output."""
         return {
             "initialDelay": self.initial_delay,
@@ -239,7 +239,7 @@ class PingPolicy:
     interval: float = 30.0
     timeout: float = 10.0
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"enabled": self.enabled, "interval": self.interval, "timeout": self.timeout}
 
 
@@ -257,7 +257,7 @@ class InferencePolicy:
     per_minute: int = 60
     timeout: float = 120.0
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """The policy with its on-disk (camelCase) names, for status output."""
         return {
             "agent": self.agent,
@@ -360,13 +360,13 @@ class ServerConfig:
             return False
         return not any(fnmatch.fnmatchcase(tool_name, pattern) for pattern in self.disabled_tools)
 
-    def redacted(self) -> dict[str, Any]:
+    def redacted(self) -> dict[str, object]:
         """The config as status output may show it: camelCase keys, no secret values.
 
         ``token`` appears as ``"set"`` when one is configured and is absent otherwise; ``env``
         values are shown as ``"set"``, since that is where stdio servers take their secrets.
         """
-        out: dict[str, Any] = {"id": self.id, "transport": self.transport}
+        out: dict[str, object] = {"id": self.id, "transport": self.transport}
         if self.transport == "stdio":
             out["command"] = self.command
             out["args"] = list(self.args)
@@ -447,9 +447,9 @@ class HostConfig:
     #: Seconds a connection that has not said ``session/hello`` may stay silent.
     hello_timeout: float = 30.0
 
-    def redacted(self) -> dict[str, Any]:
+    def redacted(self) -> dict[str, object]:
         """The host section as status output may show it: ``token`` is ``"set"`` or absent."""
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "websocket": None
             if self.websocket is None
             else {

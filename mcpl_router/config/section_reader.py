@@ -28,7 +28,7 @@ class Section:
 
     problems: Problems
     key: str
-    data: dict[str, Any]
+    data: dict[str, object]
 
     @classmethod
     def of(

@@ -35,15 +35,15 @@ UNRESOLVED: Final = Unresolved.VALUE
 
 def substitute_config(
     data: Mapping[str, Any], env: Mapping[str, str], problems: Problems
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """``data`` with every string substituted, each key recorded in ``problems`` in file order."""
     _check_duplicates(data, "", problems)
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name, value in data.items():
         problems.saw(name)
         if name == "mcplServers" and isinstance(value, Mapping):
             _check_duplicates(value, name, problems)
-            servers: dict[str, Any] = {}
+            servers: dict[str, object] = {}
             for server_id, entry in value.items():
                 problems.saw(dotted_key(name, server_id))
                 # A disabled server's secrets may well be absent from this environment: a

@@ -126,7 +126,7 @@ class HostAdmission:
         """An accept worked: a lack of descriptors, if there was one, is over."""
         self._streak = 0
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> dict[str, object]:
         return {
             "open": dict(self._open),
             "bufferedBytes": self.buffered,

@@ -7,7 +7,7 @@ they survive a restart.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -61,9 +61,9 @@ class AgentSpecParams(msgspec.Struct, rename="camel"):
     #: Makes this agent the subconscious of the named (primary) agent (see mcpl_router.tools.tune_out).
     subconscious_for: str | None = None
     #: The wake gate, as in the config's ``agents.<name>.wakeGate`` (docs/wake-policy.md).
-    wake_gate: dict[str, Any] | None = None
+    wake_gate: dict[str, object] | None = None
     #: Conversation forks, as in the config's ``agents.<name>.conversations`` (docs/forks.md).
-    conversations: dict[str, Any] | None = None
+    conversations: dict[str, object] | None = None
 
     def __post_init__(self) -> None:
         # Read now, so a bad gate is refused (-32602) with the config's words, key and fix.

@@ -51,7 +51,7 @@ class ChannelsListParams(msgspec.Struct):
     limit: int | None = None
 
 
-def channels_page(router: Router, params: ChannelsListParams) -> dict[str, Any]:
+def channels_page(router: Router, params: ChannelsListParams) -> dict[str, object]:
     """One page of ``channels/list``, in registration order, and the cursor of the next.
 
     The cursor holds the next position and the last row's ref: if channels came or went
@@ -72,7 +72,7 @@ def channels_page(router: Router, params: ChannelsListParams) -> dict[str, Any]:
         if found is not None:
             start = found + 1
     rows = router.names.channel_page(start, limit)
-    answer: dict[str, Any] = {"channels": [row.to_dict() for row in rows]}
+    answer: dict[str, object] = {"channels": [row.to_dict() for row in rows]}
     if rows and start + len(rows) < len(router.registry):
         last_row = rows[-1]
         token = msgspec.json.encode([start + len(rows), last_row.server_id, last_row.channel_id])

@@ -11,7 +11,7 @@ sessions in turn are given the tune-outs and gates they ask of every wake).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -143,7 +143,7 @@ class AgentDirectory:
         owner = self.owners.get(name)
         return owner is not None and self.enqueue(owner, notice)
 
-    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
+    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, object]) -> bool:
         """A wake gate's batched wake (hosts/gate.py), paced by the owner's outbox; False if unowned."""
         outbox = self.outbox_of_agent(agent)
         return outbox is not None and outbox.offer_batch(agent, seqs, params)

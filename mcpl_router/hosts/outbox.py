@@ -127,7 +127,7 @@ class HostOutbox:
         connection: HostConnection,
         journal: Journal,
         *,
-        render: Callable[[Wake], dict[str, Any]],
+        render: Callable[[Wake], dict[str, object]],
         wake_of: Callable[[StoredDelivery], Wake],
         held: Callable[[Wake], bool],
         on_sent: Callable[[Wake], None] | None = None,
@@ -147,7 +147,7 @@ class HostOutbox:
         self._fresh: deque[Wake] = deque()
         self._notices: deque[HostNotice] = deque()
         # A gate's batched wakes: (agent, seqs, params), sent in order as the window allows.
-        self._batches: deque[tuple[str, tuple[int, ...], dict[str, Any]]] = deque()
+        self._batches: deque[tuple[str, tuple[int, ...], dict[str, object]]] = deque()
         self._changed = trio.Event()
         self.closed = False
         self._disconnect: str | None = None
@@ -189,7 +189,7 @@ class HostOutbox:
         self._fresh = deque(wake for wake in self._fresh if wake.agent != agent)
         self._batches = deque(batch for batch in self._batches if batch[0] != agent)
 
-    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
+    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, object]) -> bool:
         """A gate's batched wake of ``agent`` carrying ``seqs`` (one ``wake`` notification, each
         seq outstanding until acked); False if this connection doesn't own the agent."""
         cursor = self._cursors.get(agent)

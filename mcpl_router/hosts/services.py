@@ -9,7 +9,7 @@ explain, reload) as plain callables.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -62,10 +62,10 @@ class HostServices:
     typing: TypingIndicators
     tools: ToolTable
     hooks: ConnectionHooks
-    status: Callable[[], dict[str, Any]]
-    servers_list: Callable[[], list[dict[str, Any]]]
-    explain: Callable[[str, str | None], dict[str, Any]]
-    reload: Callable[[], Awaitable[dict[str, Any]]]
+    status: Callable[[], dict[str, object]]
+    servers_list: Callable[[], list[dict[str, object]]]
+    explain: Callable[[str, str | None], dict[str, object]]
+    reload: Callable[[], Awaitable[dict[str, object]]]
     stall_timeout: float
     inference: InferenceBroker
     admission: HostAdmission

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["add_turn_methods"]
 
 # A channel as a host names it: a name (an id, a qualified name, a DM label) or a ref object.
-ChannelParam = str | dict[str, Any]
+ChannelParam = str | dict[str, object]
 
 
 class TurnOpenParams(msgspec.Struct, rename="camel"):
@@ -53,7 +53,7 @@ class TurnTextParams(msgspec.Struct, rename="camel"):
 
 class RoundToolCall(msgspec.Struct):
     name: str
-    arguments: dict[str, Any] = {}
+    arguments: dict[str, object] = {}
 
 
 class TurnRoundParams(msgspec.Struct, rename="camel"):

@@ -67,7 +67,7 @@ class ChunkParams(msgspec.Struct, rename="camel"):
     """``inference/chunk`` from a host: which forwarded request, and the MCPL chunk's fields."""
 
     request_id: str
-    chunk: dict[str, Any]
+    chunk: dict[str, object]
 
 
 class _StreamOf(msgspec.Struct):
@@ -195,7 +195,7 @@ class InferenceBroker:
         self._pending[request_id] = pending
         log = self._log.bind(server=server_id, agent=policy.agent, request=request_id, method=method, connection=connection.id)
         log.info("inference.request.forwarded", stream=stream, bytes=len(params))
-        host_params: dict[str, Any] = {"requestId": request_id, "agent": policy.agent, "serverId": server_id}
+        host_params: dict[str, object] = {"requestId": request_id, "agent": policy.agent, "serverId": server_id}
         if method == "inference/request":
             host_params.update({"stream": stream, "request": params})
         peer = connection.peer

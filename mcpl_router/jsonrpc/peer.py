@@ -112,7 +112,7 @@ class Peer(PeerLanes, PeerOutbox):
         concurrent_methods: Collection[str] = (),
         lane_of: LaneOf | None = None,
         limits: PeerLimits | None = None,
-        log_fields: dict[str, Any] | None = None,
+        log_fields: dict[str, object] | None = None,
         stamp: Callable[[], Any] | None = None,
     ) -> None:
         self._stream = stream

@@ -10,7 +10,7 @@ the grant current when the answer arrived; an unauthorized one is dropped with a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
@@ -118,7 +118,7 @@ async def before_inference(
     registry: ChannelRegistry,
     *,
     timeout: float = BEFORE_INFERENCE_TIMEOUT,
-    log_fields: dict[str, Any] | None = None,
+    log_fields: Mapping[str, object] | None = None,
 ) -> ContextResult:
     """Ask every hooked server for context, in parallel; never fails as a whole.
 
@@ -211,7 +211,7 @@ async def send_lifecycle(
     *,
     only: dict[str, int] | None = None,
     told: dict[str, int] | None = None,
-    log_fields: dict[str, Any] | None = None,
+    log_fields: Mapping[str, object] | None = None,
     per_link_timeout: float = LIFECYCLE_SEND_TIMEOUT,
 ) -> dict[str, int]:
     """Send ``inference/lifecycle`` to every ready server granted ``inferenceLifecycle``.
@@ -243,7 +243,7 @@ async def wait_lifecycle(
     params: dict[str, Any],
     *,
     told: dict[str, int],
-    log_fields: dict[str, Any] | None = None,
+    log_fields: Mapping[str, object] | None = None,
     per_link_timeout: float = LIFECYCLE_SEND_TIMEOUT,
 ) -> None:
     """The part of :func:`send_lifecycle` that waits: ``links`` are those
@@ -269,7 +269,7 @@ def queue_lifecycle(
     *,
     told: dict[str, int],
     only: dict[str, int] | None = None,
-    log_fields: dict[str, Any] | None = None,
+    log_fields: Mapping[str, object] | None = None,
 ) -> list[ServerLink]:
     """The part of :func:`send_lifecycle` that never waits: ``inference/lifecycle`` queued to
     every eligible server whose outbox has room now (each recorded in ``told`` first); the
@@ -295,7 +295,7 @@ def _never_left(told: dict[str, int], link: ServerLink, params: dict[str, Any], 
     log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
 
 
-def _lazy_logger(fields: dict[str, Any] | None) -> Callable[[], Any]:
+def _lazy_logger(fields: Mapping[str, object] | None) -> Callable[[], Any]:
     """The logger with ``fields`` bound, bound only when something is logged (most turns log
     nothing here, and binding was a tenth of what a context request costs)."""
     bound: list[Any] = []

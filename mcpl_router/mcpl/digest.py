@@ -104,10 +104,10 @@ def manifest_canonical_json(manifest: object) -> str:
     return canonical_json(body)
 
 
-def _check_capability_names(body: dict[str, Any]) -> None:
+def _check_capability_names(body: dict[str, object]) -> None:
     # Member names in the capability domain are path segments at any depth (§5.4's generic
     # walk); checking only the root would miss exactly where the vocabulary grows.
-    def walk(node: dict[str, Any], trail: str) -> None:
+    def walk(node: dict[str, object], trail: str) -> None:
         for key, value in node.items():
             path = f"{trail}.{key}" if trail else key
             if not trail and key in _NON_CAPABILITY_MEMBERS:
@@ -119,7 +119,7 @@ def _check_capability_names(body: dict[str, Any]) -> None:
     walk(body, "")
 
 
-def _check_identifiers(feature_sets: dict[str, Any]) -> None:
+def _check_identifiers(feature_sets: dict[str, object]) -> None:
     for position in _IDENTIFIER_POSITIONS:
         set_valued = position[:-1] in _SET_ARRAYS
         for trail, value in _select(feature_sets, position, "featureSets", set_valued):
@@ -165,7 +165,7 @@ def _require_identifier(value: str, where: str) -> None:
         raise DigestError(IDENTIFIER_CHARSET, f"{where} = {value!r}")
 
 
-def _normalized_feature_sets(feature_sets: dict[str, Any]) -> dict[str, Any]:
+def _normalized_feature_sets(feature_sets: dict[str, object]) -> dict[str, object]:
     # Copy-on-write down each set path, so the caller's manifest is never modified.
     result = dict(feature_sets)
     for position in _SET_ARRAYS:

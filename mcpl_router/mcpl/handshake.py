@@ -35,7 +35,7 @@ __all__ = ["HOST_MCPL_CAPABILITIES", "MCP_PROTOCOL_VERSION", "LinkHandshake"]
 MCP_PROTOCOL_VERSION = "2024-11-05"
 
 #: What the daemon, as a host, supports; sent in ``initialize``.
-HOST_MCPL_CAPABILITIES: dict[str, Any] = {
+HOST_MCPL_CAPABILITIES: dict[str, object] = {
     "version": "0.5",
     "pushEvents": True,
     "contextHooks": {"beforeInference": {"observe": True, "inject": {"system": True, "beforeUser": True, "afterUser": True}}},

@@ -122,7 +122,7 @@ class ServerInbound:
         self._events = events
         self._deliveries_for = deliveries_for or (lambda event: [])
         self._on_tools_changed = on_tools_changed or (lambda link: None)
-        self._logs: dict[str, Any] = {}
+        self._logs: dict[str, object] = {}
         self._handlers = {
             "channels/register": self._register,
             "channels/changed": self._changed,
@@ -212,7 +212,7 @@ class ServerInbound:
         form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         policy = registration_policy(link, inbound)
         log = self._log_of(link.server_id)
-        results: list[dict[str, Any] | None] = []
+        results: list[dict[str, object] | None] = []
         pending: list[tuple[int, str, InboundEvent]] = []
         for index, raw in enumerate(params.messages):
             try:

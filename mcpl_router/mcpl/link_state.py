@@ -67,14 +67,14 @@ class LinkStatus:
     #: 0.4 name → the 0.5 leaf it was read as, for a legacy server that used one.
     legacy_mapping: dict[str, str]
     manifest_version: str | None
-    grant: dict[str, Any]
+    grant: dict[str, object]
     receipt: Any
     last_error: str | None
     since: float
     exit_code: int | None = None
     stderr_tail: tuple[str, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {
             "serverId": self.server_id,
             "state": self.state,

@@ -57,7 +57,7 @@ class LinkLiveness:
     #: The deadline the latest missed ping had, in seconds.
     missed_deadline: float | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {
             "state": self.state,
             "answered": self.answered,

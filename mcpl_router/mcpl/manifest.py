@@ -275,7 +275,7 @@ def _named_entries(items: list[object], problems: list[str]) -> Iterable[tuple[s
         yield name, {key: value for key, value in item.items() if key != "name"}
 
 
-def _feature_set(name: str, body: dict[str, Any]) -> FeatureSet:
+def _feature_set(name: str, body: dict[str, object]) -> FeatureSet:
     uses_raw = body.get("uses")
     uses: tuple[str, ...] | None = None
     if isinstance(uses_raw, list) and all(isinstance(u, str) for u in uses_raw):

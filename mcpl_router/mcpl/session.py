@@ -172,7 +172,7 @@ class PublishOutcome:
 
 @attrs.frozen
 class ToolAnswered:
-    result: dict[str, Any]
+    result: dict[str, object]
 
 
 @attrs.frozen

@@ -10,7 +10,6 @@ Pure.
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
 
 import attrs
 
@@ -51,8 +50,8 @@ class AgentSpec:
         """The agent's prose-routing mode (config and hello validate the name)."""
         return mode_named(self.prose_routing)
 
-    def to_wire(self) -> dict[str, Any]:
-        wake: dict[str, Any] = {"channels": list(self.wake_channels), "servers": list(self.wake_servers)}
+    def to_wire(self) -> dict[str, object]:
+        wake: dict[str, object] = {"channels": list(self.wake_channels), "servers": list(self.wake_servers)}
         if self.wake_tags is not None:
             wake["tags"] = list(self.wake_tags)
         return {

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Iterable
-from typing import Any
 
 import attrs
 
@@ -47,7 +46,7 @@ class Decision:
     #: The first ``preview`` characters of the words, when ``[health] preview`` asks for them.
     preview: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """As ``status`` shows it: refs as ``{serverId, channelId}``, never one joined string."""
         return {
             "at": self.at,
@@ -102,7 +101,7 @@ class Decisions:
         """The kept decisions, newest first."""
         return list(reversed(self._ring))
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """As ``status`` shows it: newest first, with how many were recorded and are kept."""
         return {
             "recorded": self.recorded,

@@ -142,9 +142,9 @@ class ChannelDescriptor:
             initially_open=initially_open,
         )
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """The descriptor in its wire form, metadata thawed back to plain JSON values."""
-        wire: dict[str, Any] = {
+        wire: dict[str, object] = {
             "id": self.id,
             "type": self.type,
             "label": self.label,

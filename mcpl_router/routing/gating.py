@@ -103,8 +103,8 @@ class GateRule:
     channels: tuple[ChannelMatch, ...] = ()
     kinds: tuple[str, ...] = ()
 
-    def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {}
+    def to_wire(self) -> dict[str, object]:
+        wire: dict[str, object] = {}
         for key, value in (("tagsAny", self.tags_any), ("tagsAll", self.tags_all), ("tagsNone", self.tags_none),
                            ("servers", self.servers), ("kinds", self.kinds)):
             if value:
@@ -128,7 +128,7 @@ class WakeGateSpec:
         """Whether anything may be held (else every wake goes out as it comes, as ungated)."""
         return self.default.holds or any(rule.behaviour.holds for rule in self.rules)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         return {"rules": [rule.to_wire() for rule in self.rules], "default": self.default.to_wire(), "maxHeld": self.max_held}
 
 

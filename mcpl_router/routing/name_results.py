@@ -6,7 +6,6 @@ too), so the resolver's module holds how names are read and this one what a read
 
 from __future__ import annotations
 
-from typing import Any
 
 import attrs
 
@@ -39,7 +38,7 @@ class Refusal:
     name: str = ""
     server_id: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The refusal as JSON: kind, text, candidates as refs."""
         return {
             "kind": self.kind,
@@ -73,9 +72,9 @@ class ChannelRow:
         """The row's channel."""
         return ChannelRef(self.server_id, self.channel_id)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The row as JSON, ``name`` only where it is present."""
-        row: dict[str, Any] = {
+        row: dict[str, object] = {
             "serverId": self.server_id,
             "channelId": self.channel_id,
             "label": self.label,
@@ -99,7 +98,7 @@ class Candidate:
     shown: str
     picks_alone: str | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The candidate as JSON."""
         return {
             **self.ref.to_wire(),
@@ -121,7 +120,7 @@ class Explanation:
     refusal: Refusal | None
     candidates: tuple[Candidate, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The explanation as JSON (for the CLI's ``explain`` and the host API's)."""
         return {
             "name": self.name,

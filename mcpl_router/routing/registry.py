@@ -99,9 +99,9 @@ class DescriptorResult:
     #: The reason as a stable value (the metrics' label), beside its sentence.
     refusal: texts.RegistrationRefusal | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """The result as ``channels/register`` answers it."""
-        wire: dict[str, Any] = {"id": self.id, "accepted": self.accepted}
+        wire: dict[str, object] = {"id": self.id, "accepted": self.accepted}
         if self.reason is not None:
             wire["reason"] = self.reason
         return wire

@@ -74,9 +74,9 @@ class Delivery:
     message_id: str | None = None
     reason: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """The delivery as the host API writes it."""
-        wire: dict[str, Any] = {**self.ref.to_wire(), "shown": self.shown, "outcome": self.outcome, "round": self.round}
+        wire: dict[str, object] = {**self.ref.to_wire(), "shown": self.shown, "outcome": self.outcome, "round": self.round}
         if self.message_id is not None:
             wire["messageId"] = self.message_id
         if self.reason is not None:

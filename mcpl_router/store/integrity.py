@@ -26,7 +26,7 @@ import json
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
@@ -45,7 +45,7 @@ def marker_path(path: Path) -> Path:
     return Path(f"{path}.state")
 
 
-def _read_marker(path: Path) -> dict[str, Any] | None:
+def _read_marker(path: Path) -> dict[str, object] | None:
     try:
         data = json.loads(marker_path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

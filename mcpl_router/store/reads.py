@@ -76,7 +76,7 @@ class JournalReads:
         """:meth:`delivery` on the calling thread (tests)."""
         return _read_delivery(self._reader, seq, agent)
 
-    def saved_agents(self) -> dict[str, Any]:
+    def saved_agents(self) -> dict[str, object]:
         """Every remembered host-declared agent's spec, by name (read at start)."""
         rows = self._reader.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
         return {name: msgspec.json.decode(spec) for name, spec in rows}

@@ -160,7 +160,7 @@ class JournalStatistics:
     #: The last commit's error while it keeps failing; None when healthy.
     failing: str | None
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         """As ``status`` shows it (``journal``)."""
         return {
             "lastSeq": self.last_seq,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -80,7 +80,7 @@ class ChannelLifecycle:
         #: Reconciles by (server, action, outcome), since start.
         self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
         #: The last reconcile's outcome per channel (for ``status``).
-        self._last: dict[ChannelRef, dict[str, Any]] = {}
+        self._last: dict[ChannelRef, dict[str, object]] = {}
         # (agent, channel) told that its open could not be restored: told once, until the
         # agent decides again or a reconcile succeeds.
         self._told: set[tuple[str, ChannelRef]] = set()
@@ -220,7 +220,7 @@ class ChannelLifecycle:
 
     # ------------------------------------------------------------------ status
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """``status``'s ``channelDecisions``: the reconciles so far, and each channel whose
         server state differs from what its agents decided (a reconcile pending or refused)."""
         registry = self._router.registry

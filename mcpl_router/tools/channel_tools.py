@@ -69,22 +69,22 @@ REASON_TUNED_OUT: Final = "tuned-out"
 _STRING: Final = {"type": "string"}
 
 
-def _schema(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
+def _schema(properties: dict[str, object], required: tuple[str, ...] = ()) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "object", "properties": properties}
     if required:
         schema["required"] = list(required)
     return schema
 
 
-def _channel_id(description: str = texts.CHANNEL_ID_DESCRIPTION) -> dict[str, Any]:
+def _channel_id(description: str = texts.CHANNEL_ID_DESCRIPTION) -> dict[str, object]:
     return {**_STRING, "description": description}
 
 
 _SERVER_ID: Final = {**_STRING, "description": texts.SERVER_ID_DESCRIPTION}
 
 
-def _refused(refusal: Refusal) -> dict[str, Any]:
-    data: dict[str, Any] = {"candidates": [ref.to_wire() for ref in refusal.candidates]}
+def _refused(refusal: Refusal) -> dict[str, object]:
+    data: dict[str, object] = {"candidates": [ref.to_wire() for ref in refusal.candidates]}
     if refusal.server_id is not None:
         data["serverId"] = refusal.server_id
     return tool_result(refusal.text, error=True, reason=refusal.kind, data=data)
@@ -184,7 +184,7 @@ class ChannelTools:
             specs = self._specs[named] = _channel_tool_specs(named)
         return specs
 
-    async def call(self, call: ToolCall) -> dict[str, Any]:
+    async def call(self, call: ToolCall) -> dict[str, object]:
         handler = {
             "channel_list": self._list,
             "channel_open": self._open,
@@ -213,14 +213,14 @@ class ChannelTools:
     def _shown(self, ref: ChannelRef) -> str:
         return self._router.names.name_shown(ref)
 
-    def _data(self, ref: ChannelRef, **extra: Any) -> dict[str, Any]:
+    def _data(self, ref: ChannelRef, **extra: Any) -> dict[str, object]:
         return {**ref.to_wire(), "shown": self._shown(ref), **extra}
 
     def _link(self, ref: ChannelRef) -> ServerLink | None:
         link = self._links.get(ref.server_id)
         return link if link is not None and link.session.ready else None
 
-    def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, Any] | None:
+    def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, object] | None:
         """The refusal for a channel the calling agent tuned out, saying how the tune-out ends."""
         # A subconscious agent's tools act on its primary's tune-outs.
         ends = self._tune_outs.end_text(tune_out_owner(call.agent), ref)
@@ -242,7 +242,7 @@ class ChannelTools:
         )
 
     def _fork_target(self, call: ToolCall, verb: str, name: str | None, server_id: str | None,
-                     not_done: str) -> ChannelRef | dict[str, Any] | None:
+                     not_done: str) -> ChannelRef | dict[str, object] | None:
         """A fork's call: its home, or the fence's refusal; None for an agent that is no fork."""
         home = self._fork_home(call.agent.name)
         if home is None:
@@ -258,7 +258,7 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ channel_list
 
-    async def _list(self, call: ToolCall) -> dict[str, Any]:
+    async def _list(self, call: ToolCall) -> dict[str, object]:
         rows = []
         lines = []
         agent = call.run.turn.agent
@@ -270,7 +270,7 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ channel_open
 
-    def _lifecycle_target(self, call: ToolCall, named: ChannelArgs, verb: str, not_done: str) -> ChannelRef | dict[str, Any]:
+    def _lifecycle_target(self, call: ToolCall, named: ChannelArgs, verb: str, not_done: str) -> ChannelRef | dict[str, object]:
         """The channel an open/close/decline names, or the refusal to return (a name that
         picks no channel alone, or a tuned-out channel)."""
         fork = self._fork_target(call, verb, named.channel_id, named.server_id, not_done)
@@ -283,7 +283,7 @@ class ChannelTools:
         tuned_out = self._tuned_out(call, resolved.ref, verb, not_done)
         return tuned_out if tuned_out is not None else resolved.ref
 
-    async def _open(self, call: ToolCall) -> dict[str, Any]:
+    async def _open(self, call: ToolCall) -> dict[str, object]:
         args = OpenArgs.read(call.arguments)
         not_done = texts.OPEN_NOT_DONE
         ref = self._lifecycle_target(call, args.channel, "open", not_done)
@@ -334,7 +334,7 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ channel_close
 
-    async def _close(self, call: ToolCall) -> dict[str, Any]:
+    async def _close(self, call: ToolCall) -> dict[str, object]:
         not_done = texts.CLOSE_NOT_DONE
         ref = self._lifecycle_target(call, ChannelArgs.read(call.arguments), "close", not_done)
         if not isinstance(ref, ChannelRef):
@@ -362,7 +362,7 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ channel_decline
 
-    async def _decline(self, call: ToolCall) -> dict[str, Any]:
+    async def _decline(self, call: ToolCall) -> dict[str, object]:
         args = DeclineArgs.read(call.arguments)
         not_done = texts.DECLINE_NOT_DONE
         ref = self._lifecycle_target(call, args.channel, "decline", not_done)
@@ -399,7 +399,7 @@ class ChannelTools:
 
     # ------------------------------------------------------------------ channel_publish
 
-    async def _publish(self, call: ToolCall) -> dict[str, Any]:
+    async def _publish(self, call: ToolCall) -> dict[str, object]:
         args = PublishArgs.read(call.arguments)
         not_done = texts.PUBLISH_NOT_SENT
         content = args.content

@@ -38,7 +38,7 @@ async def dispatch_tool_call(
     name: str,
     arguments: Any,
     caller_turn_id: str | None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Run ``name`` for ``agent`` in ``run`` (the turn the host named, ``turn_id``); the tool's
     result, or a refusal with its reason (``unknown-tool``, ``not-permitted``)."""
     scope = call_scope(turns, run.turn.agent, caller_turn_id or turn_id)

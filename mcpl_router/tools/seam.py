@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from mcpl_router.turns import TurnRun
 
 #: A tool as ``turn/open`` offers it: ``{name, description, inputSchema}``.
-ToolSpec = dict[str, Any]
+ToolSpec = dict[str, object]
 
 
 @attrs.frozen
@@ -71,7 +71,7 @@ class ToolCall:
     agent: AgentSpec
     call_id: str
     tool: ToolName
-    arguments: dict[str, Any]
+    arguments: dict[str, object]
 
     @property
     def name(self) -> str:
@@ -79,13 +79,13 @@ class ToolCall:
         return self.tool.name
 
 
-def tool_result(text: str, *, error: bool = False, reason: str | None = None, data: dict[str, Any] | None = None) -> dict[str, Any]:
+def tool_result(text: str, *, error: bool = False, reason: str | None = None, data: Mapping[str, object] | None = None) -> dict[str, object]:
     """A tool result as the model sees it: text content, ``isError``, and machine-readable extras.
 
     ``reason`` is a stable string for refusals; ``data`` lands in ``structuredContent`` (e.g.
     ``serverId`` of the channel a call acted on).
     """
-    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": error}
+    result: dict[str, object] = {"content": [{"type": "text", "text": text}], "isError": error}
     if reason is not None:
         result["reason"] = reason
     if data is not None:
@@ -116,7 +116,7 @@ class ToolProvider(Protocol):
         """Whether this call posts somewhere: its round's plain text is then held."""
         ...
 
-    async def call(self, call: ToolCall) -> dict[str, Any]:
+    async def call(self, call: ToolCall) -> dict[str, object]:
         """Execute; return :func:`tool_result`. Refusals are results, not exceptions."""
         ...
 

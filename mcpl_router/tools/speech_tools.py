@@ -38,16 +38,16 @@ REASON_SENDING: Final = "draft-sending"
 REASON_BAD_ACTION: Final = "bad-action"
 
 
-def _schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+def _schema(properties: dict[str, object], required: list[str] | None = None) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
         schema["required"] = required
     return schema
 
 
-def tool_specs(mode: ProseMode) -> list[dict[str, Any]]:
+def tool_specs(mode: ProseMode) -> list[dict[str, object]]:
     """The speech tools as an agent in ``mode`` is offered them (descriptions agree with the mode)."""
-    sleep_properties: dict[str, Any] = {}
+    sleep_properties: dict[str, object] = {}
     if mode.speaks:
         sleep_properties["announce"] = {"type": "string", "description": "Words to post before resting."}
     return [
@@ -107,7 +107,7 @@ class SpeechTools:
         """A drafts ``resend`` posts: its round's plain text is held (send-silencing)."""
         return tool.name == "drafts" and DraftsArgs.read(arguments).action == "resend"
 
-    async def call(self, call: ToolCall) -> dict[str, Any]:
+    async def call(self, call: ToolCall) -> dict[str, object]:
         handler = {
             "drafts": self._drafts,
             "prose_help": self._prose_help,
@@ -119,19 +119,19 @@ class SpeechTools:
 
     # ------------------------------------------------------------------ small tools
 
-    async def _prose_help(self, call: ToolCall) -> dict[str, Any]:
+    async def _prose_help(self, call: ToolCall) -> dict[str, object]:
         mode = call.run.mode
         return tool_result(mode.help_text, data={"proseRouting": mode.name})
 
-    async def _skip_reply(self, call: ToolCall) -> dict[str, Any]:
+    async def _skip_reply(self, call: ToolCall) -> dict[str, object]:
         if call.scope.turn is not None:
             call.run.prose.all_private = True
         return tool_result(texts.SKIP_REPLY_DONE, data={"endTurn": True})
 
-    async def _think(self, call: ToolCall) -> dict[str, Any]:
+    async def _think(self, call: ToolCall) -> dict[str, object]:
         return tool_result(texts.THINK_DONE)
 
-    async def _sleep(self, call: ToolCall) -> dict[str, Any]:
+    async def _sleep(self, call: ToolCall) -> dict[str, object]:
         run = call.run
         announce = SleepArgs.read(call.arguments).announce
         turn = call.scope.turn
@@ -155,7 +155,7 @@ class SpeechTools:
 
     # ------------------------------------------------------------------ drafts
 
-    async def _drafts(self, call: ToolCall) -> dict[str, Any]:
+    async def _drafts(self, call: ToolCall) -> dict[str, object]:
         args = DraftsArgs.read(call.arguments)
         action = args.action
         if action == "list":
@@ -172,7 +172,7 @@ class SpeechTools:
             reason=REASON_BAD_ACTION,
         )
 
-    def _list(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
+    def _list(self, call: ToolCall, args: DraftsArgs) -> dict[str, object]:
         drafts = page(self._draft_book.drafts_of(call.run.turn.agent), args.page)
         now = time.time()
         rows = [draft.to_wire(now) for draft in drafts]
@@ -181,7 +181,7 @@ class SpeechTools:
         lines = [f"{r['id']} {r['state']} {r['ageSeconds']}s {r['reason']} {r['size']} chars: {r['preview']}" for r in rows]
         return tool_result("\n".join(lines), data={"drafts": rows})
 
-    def _read(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
+    def _read(self, call: ToolCall, args: DraftsArgs) -> dict[str, object]:
         [draft_id, *_] = args.ids or ("",)
         draft = self._draft_book.draft(call.run.turn.agent, draft_id)
         if draft is None:
@@ -190,7 +190,7 @@ class SpeechTools:
         text = f"{draft.draft_id} ({draft.state}, {draft.reason})\n" + ("\n".join(attempts) + "\n" if attempts else "") + draft.text
         return tool_result(text, data={**draft.to_wire(), "text": draft.text, "attempts": [a.to_wire() for a in draft.attempts]})
 
-    def _dismiss(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
+    def _dismiss(self, call: ToolCall, args: DraftsArgs) -> dict[str, object]:
         drafts: list[Draft] = []
         for draft_id in args.ids:
             draft = self._draft_book.draft(call.run.turn.agent, draft_id)
@@ -204,7 +204,7 @@ class SpeechTools:
             self._draft_book.save(draft)
         return tool_result(texts.draft_dismissed([d.draft_id for d in drafts]), data={"dismissed": [d.draft_id for d in drafts]})
 
-    async def _resend(self, call: ToolCall, args: DraftsArgs) -> dict[str, Any]:
+    async def _resend(self, call: ToolCall, args: DraftsArgs) -> dict[str, object]:
         run = call.run
         agent = run.turn.agent
         named = run.mode.sends_only_where_named
@@ -235,7 +235,7 @@ class SpeechTools:
             ref = target.ref
         confirm = args.confirm_duplicate
         rows: list[str] = []
-        sent: list[dict[str, Any]] = []
+        sent: list[dict[str, object]] = []
         for draft_id in ids:
             # Read fresh right before sending: an earlier send (this call's, a concurrent
             # resend's or an {{unsent}}'s) may have moved it. The checks below and the

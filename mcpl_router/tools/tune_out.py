@@ -90,7 +90,7 @@ REASON_SUMMARY: Final = "tuneout-summary"
 
 _CHANNEL_ID = {"type": "string", "description": "The channel: its id, or serverId:channelId where the id is on more than one server."}
 
-TUNE_OUT_SPEC: Final = {
+TUNE_OUT_SPEC: Final[ToolSpec] = {
     "name": "tune_out",
     "description": (
         "Tune a channel out: it stays open, but its messages stop waking you one by one and come"
@@ -110,12 +110,12 @@ TUNE_OUT_SPEC: Final = {
         "required": ["channelId"],
     },
 }
-CANCEL_SPEC: Final = {
+CANCEL_SPEC: Final[ToolSpec] = {
     "name": "cancel_tuneout",
     "description": "End your primary agent's tune-out of a channel: its messages wake it again.",
     "inputSchema": {"type": "object", "properties": {"channelId": _CHANNEL_ID}, "required": ["channelId"]},
 }
-SPEAK_SPEC: Final = {
+SPEAK_SPEC: Final[ToolSpec] = {
     "name": "speak_in_channel",
     "description": "Post a message in a channel.",
     "inputSchema": {
@@ -124,7 +124,7 @@ SPEAK_SPEC: Final = {
         "required": ["channelId", "text"],
     },
 }
-DELIVER_SPEC: Final = {
+DELIVER_SPEC: Final[ToolSpec] = {
     "name": "deliver_summary",
     "description": "Hand your primary agent a summary of a tuned-out channel; it comes with that channel's next summary wake.",
     "inputSchema": {

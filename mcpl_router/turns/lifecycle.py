@@ -130,10 +130,10 @@ class InferenceLifecycle:
         log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)
 
 
-def _terminal(run: TurnRun, outcome: str, usage: Any) -> dict[str, Any]:
+def _terminal(run: TurnRun, outcome: str, usage: Any) -> dict[str, object]:
     """The terminal ``inference/lifecycle`` params of ``run``'s inference."""
     turn = run.turn
-    params: dict[str, Any] = {
+    params: dict[str, object] = {
         "inferenceId": turn.inference_id,
         "conversationId": turn.conversation_id,
         "turnIndex": turn.turn_index,

@@ -191,7 +191,7 @@ class TurnManager:
         wakes: Sequence[int] = (),
         channel: str | Mapping[str, Any] | None = None,
         subagent: bool = False,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Open a turn for ``agent`` (owned by ``connection``): fix its trigger, start typing.
 
         The channel comes from one request: the newest addressed wake's ref among ``wakes``,
@@ -291,7 +291,7 @@ class TurnManager:
 
     # ------------------------------------------------------------------ turn/continue
 
-    async def continue_(self, connection: HostLink, turn_id: str, *, wakes: Sequence[int] = ()) -> dict[str, Any]:
+    async def continue_(self, connection: HostLink, turn_id: str, *, wakes: Sequence[int] = ()) -> dict[str, object]:
         """Another start of an open turn: a continuation on new wakes, or a budget restart.
 
         The turn keeps its id, drafts, pins, engagement and lifecycle (it is not superseded).
@@ -332,7 +332,7 @@ class TurnManager:
 
     async def context(
         self, connection: HostLink, turn_id: str, *, user_message: Any = None, model: str | None = None
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Fan ``context/beforeInference`` out; the injections grouped by position."""
         run = self.run_for(connection, turn_id)
         turn = run.turn
@@ -377,7 +377,7 @@ class TurnManager:
 
     async def round(
         self, connection: HostLink, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, Any]] = ()
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """A round ended: route its text now; its deliveries and the notices it raised.
 
         ``tool_calls`` are the calls the model made in this round, which the host runs after
@@ -395,7 +395,7 @@ class TurnManager:
 
     # ------------------------------------------------------------------ tools
 
-    def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[dict[str, Any]]:
+    def tools_for(self, agent: AgentSpec, run: TurnRun) -> list[dict[str, object]]:
         """Every provider's tools this agent may call, in provider order (read from the name table)."""
         return self.tools.offered(agent, run)
 
@@ -418,7 +418,7 @@ class TurnManager:
 
     # ------------------------------------------------------------------ turn/close
 
-    async def close(self, connection: HostLink, turn_id: str, outcome: str, usage: Any = None) -> dict[str, Any]:
+    async def close(self, connection: HostLink, turn_id: str, outcome: str, usage: Any = None) -> dict[str, object]:
         """End a turn: route what's left, stop typing, send the lifecycle terminal; the receipt.
 
         ``refused`` (the model provider refused) ends the turn as ``failed`` for servers and

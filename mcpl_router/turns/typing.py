@@ -181,7 +181,7 @@ class TypingIndicators:
 
     # -- hosts' own typing ------------------------------------------------------------------
 
-    async def host_typing(self, channel: str | Mapping[str, Any], op: TypingOp, connection: HostLink | None = None) -> dict[str, Any]:
+    async def host_typing(self, channel: str | Mapping[str, Any], op: TypingOp, connection: HostLink | None = None) -> dict[str, object]:
         """A host's ``channels/typing``: a bare id in each server's channel with it (the
         deliberate fan-out); a ref or qualified name there alone. A ``start`` holds for the
         host typing lease (renewed by the next start)."""
@@ -198,7 +198,7 @@ class TypingIndicators:
             else:
                 self._host_typing[ref] = (connection, trio.current_time() + self._timings.host_typing_lease)
             reason = await self.send(ref, op)
-            row: dict[str, Any] = {**ref.to_wire(), "shown": self._router.names.name_shown(ref), "sent": reason is None}
+            row: dict[str, object] = {**ref.to_wire(), "shown": self._router.names.name_shown(ref), "sent": reason is None}
             if reason is not None:
                 row["reason"] = reason
             rows.append(row)
