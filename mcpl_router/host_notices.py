@@ -9,7 +9,7 @@ summary, a fork's closure prompt: the rendered params, :class:`WakeNotice`), ``s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 import msgspec
@@ -94,7 +94,7 @@ class WakeNotice:
     """A ``wake`` not paced by the outbox's window: a tune-out's summary, a fork's closure
     prompt. ``params`` are rendered by its maker (their shapes: docs/host-api.md)."""
 
-    params: Mapping[str, Any]
+    params: Mapping[str, object]
 
     METHOD: ClassVar[str] = "wake"
 

@@ -103,7 +103,7 @@ class ReadModel:
             "lastReload": self._last_reload(),
         }
 
-    def servers_list(self) -> list[dict[str, Any]]:
+    def servers_list(self) -> list[dict[str, object]]:
         return self._servers.servers_list()
 
     def readiness(self) -> Readiness:
@@ -115,7 +115,7 @@ class ReadModel:
             server_problem=self._servers.server_problem,
         )
 
-    def channels_list(self) -> list[dict[str, Any]]:
+    def channels_list(self) -> list[dict[str, object]]:
         return [row.to_dict() for row in self._router.names.channel_list()]
 
     def explain(self, name: str, server_id: str | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mcpl_router.events import EventBus, RegistrationsAnswered, ServerStateChanged
 from mcpl_router.logs import get_logger
@@ -68,7 +68,7 @@ class ServersView:
         describe it (also when it is removed)."""
         self.registration_refusals.pop(server_id, None)
 
-    def servers_list(self) -> list[dict[str, Any]]:
+    def servers_list(self) -> list[dict[str, object]]:
         rows = []
         for link in self._links.values():
             row = link.status().to_wire()

@@ -24,7 +24,7 @@ __all__ = ["CHANNELS_PER_PAGE", "agent_rows", "channel_page", "connection_rows",
 CHANNELS_PER_PAGE: Final = 200
 
 
-def agent_rows(sessions: SessionManager, tune_outs: TuneOuts, names: ChannelNames) -> list[dict[str, Any]]:
+def agent_rows(sessions: SessionManager, tune_outs: TuneOuts, names: ChannelNames) -> list[dict[str, object]]:
     """Each agent: who owns it, its wake policy in short, its unacked wakes and tune-outs."""
     rows = []
     specs = {spec.name: spec for spec in sessions.agents()}
@@ -47,7 +47,7 @@ def agent_rows(sessions: SessionManager, tune_outs: TuneOuts, names: ChannelName
     return rows
 
 
-def connection_rows(connections: Collection[HostConnection]) -> list[dict[str, Any]]:
+def connection_rows(connections: Collection[HostConnection]) -> list[dict[str, object]]:
     """Each host connection: its transport, since when, who said hello on it, and whether it
     stopped reading (its outbox backed up)."""
     rows = []

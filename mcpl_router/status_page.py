@@ -33,7 +33,7 @@ input[type=search]{font:inherit;padding:3px 6px;width:16em}
 """
 
 
-def e(value: Any) -> str:
+def e(value: object) -> str:
     """``value`` as HTML text: escaped, whatever it holds (None shows as a dash)."""
     if value is None:
         return "–"
@@ -52,7 +52,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, row_classes
     return f'<div class="scroll"><table><tr>{head}</tr>{"".join(body)}</table></div>'
 
 
-def _ago(stamp: Any, now: float) -> str:
+def _ago(stamp: object, now: float) -> str:
     if not isinstance(stamp, (int, float)):
         return "–"
     seconds = max(0, int(now - stamp))

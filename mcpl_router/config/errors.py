@@ -13,7 +13,6 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import attrs
 
@@ -116,7 +115,7 @@ def dotted_key(prefix: str, name: str) -> str:
     return f"{prefix}.{segment}" if prefix else segment
 
 
-def show_value(value: Any, *, secret: bool = False) -> str:
+def show_value(value: object, *, secret: bool = False) -> str:
     """A value as an error message quotes it; a secret's type only."""
     if isinstance(value, bool):
         return "true" if value else "false"

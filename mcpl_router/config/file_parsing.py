@@ -40,7 +40,7 @@ def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str, Path]:
         ) from None
     except OSError as exc:
         raise ConfigError(source, "", f"can't be read: {exc.strerror}.", "") from None
-    data: Any
+    data: object
     if suffix == ".toml":
         try:
             data = tomllib.loads(text)

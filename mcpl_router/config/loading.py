@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from mcpl_router.config.errors import ConfigError, Problems, show_value
 from mcpl_router.config.file_parsing import read_config_file
@@ -54,7 +53,7 @@ def load_config(
 
 
 def parse_config(
-    data: Mapping[str, Any],
+    data: Mapping[str, object],
     *,
     source: str,
     base_dir: Path,
@@ -101,7 +100,7 @@ def parse_config(
     )
 
 
-def token_in_default(data: Mapping[str, Any], source: str) -> str:
+def token_in_default(data: Mapping[str, object], source: str) -> str:
     """Where a WebSocket server's token goes when its entry has no ``tokenIn``.
 
     ``query`` in connectome-host's own file shape, a ``.json`` file holding nothing but

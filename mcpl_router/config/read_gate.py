@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 from mcpl_router.config.errors import did_you_mean, show_value
 from mcpl_router.config.section_reader import Section
@@ -162,7 +162,7 @@ def _begins_with_a_server(entry: str, server_ids: Sequence[str]) -> bool:
 
 
 def _behaviour(section: Section, name: str) -> Behaviour:
-    raw: Any = section.raw(name)
+    raw: object = section.raw(name)
     if isinstance(raw, str):
         if raw in (ALWAYS, DEFER):
             return Behaviour(raw)

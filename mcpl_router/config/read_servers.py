@@ -213,7 +213,7 @@ def _parse_transport(
     return transport, endpoint
 
 
-def _scheme(url: Any) -> str | None:
+def _scheme(url: object) -> str | None:
     if not isinstance(url, str) or "://" not in url:
         return None
     return url.split("://", 1)[0].lower()

@@ -34,7 +34,7 @@ class Section:
     def of(
         cls,
         problems: Problems,
-        value: Any,
+        value: object,
         key: str,
         what: str,
         allowed: Sequence[str] | None,
@@ -243,7 +243,7 @@ class Section:
         return out
 
 
-def _as_number(value: Any) -> int | float | None:
+def _as_number(value: object) -> int | float | None:
     # Strings are accepted because ${PORT} substitution always yields one.
     if isinstance(value, bool):
         return None

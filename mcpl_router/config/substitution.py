@@ -34,7 +34,7 @@ UNRESOLVED: Final = Unresolved.VALUE
 
 
 def substitute_config(
-    data: Mapping[str, Any], env: Mapping[str, str], problems: Problems
+    data: Mapping[str, object], env: Mapping[str, str], problems: Problems
 ) -> dict[str, object]:
     """``data`` with every string substituted, each key recorded in ``problems`` in file order."""
     _check_duplicates(data, "", problems)
@@ -59,7 +59,7 @@ def substitute_config(
     return out
 
 
-def _check_duplicates(value: Any, key: str, problems: Problems) -> None:
+def _check_duplicates(value: object, key: str, problems: Problems) -> None:
     """Report the keys a JSON object gave twice (TOML refuses them when parsing)."""
     if not isinstance(value, JsonObject):
         return
@@ -72,12 +72,12 @@ def _check_duplicates(value: Any, key: str, problems: Problems) -> None:
 
 
 def _substitute_tree(
-    value: Any, key: str, env: Mapping[str, str], problems: Problems, *, lenient: bool
+    value: object, key: str, env: Mapping[str, str], problems: Problems, *, lenient: bool
 ) -> Any:
     problems.saw(key)
     if isinstance(value, str):
         return _substitute(value, key, env, problems, lenient=lenient)
-    out: Any = value
+    out: object = value
     if isinstance(value, Mapping):
         _check_duplicates(value, key, problems)
         out = {

@@ -22,7 +22,7 @@ import collections
 import errno
 import os
 import resource
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -104,7 +104,7 @@ class HostAdmission:
     def buffered_changed(self, delta: int) -> None:
         self.buffered += delta
 
-    def closing(self, reason: str, **fields: Any) -> None:
+    def closing(self, reason: str, **fields: object) -> None:
         """A connection closed for ``reason`` (a deadline): counted and logged."""
         self.closed[reason] += 1
         self._log.warning("host.connection.closed", reason=reason, **fields)
@@ -135,7 +135,7 @@ class HostAdmission:
             "descriptorPauses": self.descriptor_pauses,
         }
 
-    def _log_limited(self, key: str, event: str, **fields: Any) -> None:
+    def _log_limited(self, key: str, event: str, **fields: object) -> None:
         now = trio.current_time()
         if now - self._last_logged.get(key, -_LOG_EVERY) >= _LOG_EVERY:
             self._last_logged[key] = now

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
 
 import attrs
 
@@ -36,7 +35,7 @@ class HostConnection:
     #: Wall-clock time the connection was accepted.
     opened_at: float = attrs.field(factory=time.time)
 
-    async def notify(self, method: str, params: Any) -> bool:
+    async def notify(self, method: str, params: object) -> bool:
         """Send a notification; False when the connection is gone (the caller keeps it pending)."""
         if self.peer is None or self.peer.closed:
             return False
@@ -47,7 +46,7 @@ class HostConnection:
             return False
         return True
 
-    def notify_nowait(self, method: str, params: Any) -> bool | None:
+    def notify_nowait(self, method: str, params: object) -> bool | None:
         """Queue a notification without waiting: True queued, False the connection is gone,
         None no room now (the caller waits with :meth:`notify`)."""
         if self.peer is None or self.peer.closed:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
@@ -254,7 +254,7 @@ class Forks:
         told = await self._notify_agent(binding.fork, WakeNotice(params))
         self._trace("fork.released", binding, reason=reason, told=bool(told))
 
-    def _trace(self, event: str, binding: Binding, *, level: str = "info", **fields: Any) -> None:
+    def _trace(self, event: str, binding: Binding, *, level: str = "info", **fields: object) -> None:
         log = self._log.warning if level == "warning" else self._log.info
         log(event, agent=binding.agent, fork=binding.fork, server=binding.home.server_id, channel=binding.home.channel_id,
             generation=binding.generation, **fields)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
@@ -484,7 +484,7 @@ class HostOutbox:
         cursor.sent += 1
         self._counts["wakes_sent"] += 1
 
-    async def _send(self, method: str, params: Any) -> bool:
+    async def _send(self, method: str, params: object) -> bool:
         # Queued straight into the connection's outbox while it has room: a commit's worth of
         # wakes goes out in one burst (and one write), not one scheduler round trip each. A
         # checkpoint every BURST keeps a long burst from holding the other tasks up.

@@ -40,17 +40,17 @@ __all__ = ["HostPublishParams", "add_publish_methods", "publish_for_agent"]
 class HostPublishParams(msgspec.Struct, rename="camel"):
     agent: str
     channel: str | dict[str, Any]
-    content: str | list[dict[str, Any]]
+    content: str | list[dict[str, object]]
     thread_id: str | None = None
 
 
-def _text_of(content: str | list[dict[str, Any]]) -> str:
+def _text_of(content: str | list[dict[str, object]]) -> str:
     if isinstance(content, str):
         return content
-    return "".join(block["text"] for block in content if isinstance(block.get("text"), str))
+    return "".join(text for block in content if isinstance(text := block.get("text"), str))
 
 
-def _refused(reason: str, text: str, **extra: Any) -> dict[str, Any]:
+def _refused(reason: str, text: str, **extra: object) -> dict[str, Any]:
     return {"delivered": False, "reason": reason, "text": text, **extra}
 
 

@@ -42,7 +42,7 @@ class TurnContinueParams(msgspec.Struct, rename="camel"):
 class TurnContextParams(msgspec.Struct, rename="camel"):
     turn_id: str
     model: str | None = None
-    user_message: Any = None
+    user_message: object = None
 
 
 class TurnTextParams(msgspec.Struct, rename="camel"):
@@ -67,14 +67,14 @@ class TurnToolParams(msgspec.Struct, rename="camel"):
     turn_id: str
     call_id: str
     name: str
-    arguments: Any = None
+    arguments: object = None
     caller_turn_id: str | None = None
 
 
 class TurnCloseParams(msgspec.Struct, rename="camel"):
     turn_id: str
     outcome: Literal["completed", "aborted", "failed", "refused"]
-    usage: Any = None
+    usage: object = None
 
 
 class TypingParams(msgspec.Struct, rename="camel"):

@@ -7,7 +7,7 @@ gets here: the link refuses it -32002 at admission (``mcpl_router.mcpl.link``).
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from mcpl_router.jsonrpc import RpcError
 
@@ -56,7 +56,7 @@ _CODES: Final = {
 }
 
 
-def refusal(reason: str, method: str, **facts: Any) -> RpcError:
+def refusal(reason: str, method: str, **facts: object) -> RpcError:
     """The error for refusing ``method`` for ``reason``, worded with ``facts``."""
     what = "No inference was run" if method == "inference/request" else "No model information was given"
     agent = facts.get("agent")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 import msgspec
 
@@ -28,7 +27,7 @@ RequestId = int | str
 class ErrorObject(msgspec.Struct, omit_defaults=True):
     code: int
     message: str
-    data: Any = None
+    data: object = None
 
 
 class Envelope(msgspec.Struct, omit_defaults=True):
@@ -47,20 +46,20 @@ class Envelope(msgspec.Struct, omit_defaults=True):
 class RequestOut(msgspec.Struct):
     id: RequestId
     method: str
-    params: Any = msgspec.UNSET
+    params: object = msgspec.UNSET
     jsonrpc: str = "2.0"
 
 
 class NotificationOut(msgspec.Struct):
     method: str
-    params: Any = msgspec.UNSET
+    params: object = msgspec.UNSET
     jsonrpc: str = "2.0"
 
 
 class ResultOut(msgspec.Struct):
     #: The request's id echoed back: ``null`` when the request's own id was ``null``.
     id: RequestId | None
-    result: Any
+    result: object
     jsonrpc: str = "2.0"
 
 
@@ -74,7 +73,7 @@ class ErrorOut(msgspec.Struct):
 class RpcError(Exception):
     """A JSON-RPC error: raised by a handler to answer with it, or by ``Peer.request`` on one."""
 
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
+    def __init__(self, code: int, message: str, data: object = None) -> None:
         super().__init__(code, message, data)
         self.code = code
         self.message = message
@@ -120,7 +119,7 @@ def _invalid_utf8_path(data: bytes) -> str | None:
     def bad(text: str) -> bool:
         return any("\udc80" <= char <= "\udcff" for char in text)
 
-    def walk(node: Any, path: str) -> str | None:
+    def walk(node: object, path: str) -> str | None:
         if isinstance(node, str):
             return path if bad(node) else None
         if isinstance(node, list):

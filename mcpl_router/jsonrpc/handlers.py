@@ -36,7 +36,7 @@ class Inbound:
     is_notification: bool
     #: What the peer's ``stamp`` hook returned as the message arrived (in the read loop, in
     #: byte order with the answers): e.g. the grant in force *at receipt*, for admission.
-    stamp: Any = None
+    stamp: object = None
 
     def decode_params(self, params_type: type[T]) -> T:
         """Decode the params into ``params_type``, or raise -32602 naming the bad field's path."""
@@ -69,10 +69,10 @@ class Later:
     def __init__(self) -> None:
         self._deliver: Deliver | None = None
         self._settled = False
-        self._result: Any = None
+        self._result: object = None
         self._error: Exception | None = None
 
-    def settle(self, result: Any, error: Exception | None = None) -> None:
+    def settle(self, result: object, error: Exception | None = None) -> None:
         if self._settled:
             return
         self._settled = True
@@ -113,7 +113,7 @@ class Deferred:
         if subscribe is not None:
 
             def mapped(deliver: Deliver) -> None:
-                def through(result: Any, error: Exception | None) -> None:
+                def through(result: object, error: Exception | None) -> None:
                     if error is None:
                         try:
                             result = fn(result)
@@ -139,7 +139,7 @@ class Deferred:
         done = trio.Event()
         box: list[Any] = []
 
-        def answered(result: Any, error: Exception | None) -> None:
+        def answered(result: object, error: Exception | None) -> None:
             box.extend((result, error))
             done.set()
 

@@ -62,7 +62,7 @@ class HookFacts:
     conversation_id: str
     turn_index: int
     model: str | None
-    user_message: Any = None
+    user_message: object = None
     incoming: ChannelRef | None = None
     incoming_message_id: str | None = None
     incoming_thread_id: str | None = None
@@ -321,7 +321,7 @@ async def _each_at_once(links: list[ServerLink], send: Callable[[ServerLink], Aw
             nursery.start_soon(send, link)
 
 
-def _another_channels(namespace: Any, server_id: str, home: ChannelRef | None, registry: ChannelRegistry) -> bool:
+def _another_channels(namespace: object, server_id: str, home: ChannelRef | None, registry: ChannelRegistry) -> bool:
     """Whether a fork's injection is namespaced to a channel other than its home: the namespace
     is the id of a channel its own server registers (ids mean channels only on their server,
     and only registered ones: a namespace like ``project:state`` names no channel and stays)."""

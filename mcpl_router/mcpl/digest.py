@@ -127,7 +127,7 @@ def _check_identifiers(feature_sets: dict[str, object]) -> None:
 
 
 def _select(
-    node: Any, position: tuple[str, ...], trail: str, set_valued: bool
+    node: object, position: tuple[str, ...], trail: str, set_valued: bool
 ) -> Iterator[tuple[str, Any]]:
     # Yields (where, value) for the strings at `position`. Values of the wrong type are skipped:
     # the digest is total and hashes them verbatim; validation elsewhere rejects them.
@@ -173,7 +173,7 @@ def _normalized_feature_sets(feature_sets: dict[str, object]) -> dict[str, objec
     return result
 
 
-def _sort_at(node: Any, position: tuple[str, ...]) -> Any:
+def _sort_at(node: object, position: tuple[str, ...]) -> Any:
     if not position:
         # Set semantics apply only to an array of strings; anything else is hashed verbatim.
         if isinstance(node, list) and _all_strings(node):

@@ -11,7 +11,7 @@ needs the link's transport, handshake or reconnect loop.
 from __future__ import annotations
 
 import enum
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
@@ -68,7 +68,7 @@ class LinkStatus:
     legacy_mapping: dict[str, str]
     manifest_version: str | None
     grant: dict[str, object]
-    receipt: Any
+    receipt: object
     last_error: str | None
     since: float
     exit_code: int | None = None

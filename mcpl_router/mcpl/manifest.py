@@ -9,7 +9,6 @@ members are ignored and noted in :attr:`Manifest.problems` for the link to log.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import attrs
 
@@ -66,7 +65,7 @@ class FeatureSet:
     name: str
     uses: tuple[str, ...] | None
     description: str | None = None
-    raw: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False, repr=False)
+    raw: Mapping[str, object] = attrs.field(factory=dict, eq=False, hash=False, repr=False)
 
 
 @attrs.frozen
@@ -90,7 +89,7 @@ class Manifest:
     revision: str | None = None
     is_mcpl: bool = True
     problems: tuple[str, ...] = ()
-    raw: Mapping[str, Any] = attrs.field(factory=dict, eq=False, hash=False, repr=False)
+    raw: Mapping[str, object] = attrs.field(factory=dict, eq=False, hash=False, repr=False)
 
     @classmethod
     def empty(cls, *, mcp_tools: bool = False) -> Manifest:

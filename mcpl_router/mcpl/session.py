@@ -67,12 +67,12 @@ class ServerPort(Protocol):
     @property
     def request_timeout(self) -> float: ...
 
-    async def call(self, method: str, params: Any = None, *, capability: str | None, timeout: float | None = None,
+    async def call(self, method: str, params: object = None, *, capability: str | None, timeout: float | None = None,
                    result_type: type | None = None) -> Any: ...
 
-    async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None: ...
+    async def send_notification(self, method: str, params: object = None, *, capability: str | None) -> None: ...
 
-    def send_notification_nowait(self, method: str, params: Any = None, *, capability: str | None) -> bool: ...
+    def send_notification_nowait(self, method: str, params: object = None, *, capability: str | None) -> bool: ...
 
 
 # -- params ------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class CompleteParams(_Params):
 
 class ToolCallParams(_Params):
     name: str
-    arguments: Mapping[str, Any]
+    arguments: Mapping[str, object]
 
 
 class ToolsListParams(_Params):
@@ -352,7 +352,7 @@ class ServerSession:
             return ToolRefused(error.code, error.message)
         return ToolAnswered(dict(answer) if isinstance(answer, Mapping) else {"content": [], "isError": False})
 
-    async def inference_chunk(self, chunk: Mapping[str, Any]) -> str | None:
+    async def inference_chunk(self, chunk: Mapping[str, object]) -> str | None:
         """A host's ``inference/chunk``, forwarded as the server sent the request's id; None
         when sent, ``not-granted`` without streaming, ``gone`` when the connection is."""
         try:

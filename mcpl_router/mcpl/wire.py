@@ -34,7 +34,7 @@ class IncomingMessage(msgspec.Struct, rename="camel"):
     author: Author | None = None
     timestamp: str | None = None
     content: list[Any] = []
-    metadata: Any = None
+    metadata: object = None
     tags: list[str] = []
 
 
@@ -55,7 +55,7 @@ class PushParams(msgspec.Struct, rename="camel"):
     feature_set: str | None = None
     timestamp: str | None = None
     origin: PushOrigin | None = None
-    payload: Any = None
+    payload: object = None
     tags: list[str] = []
 
 

@@ -33,7 +33,7 @@ DM_TYPE: Final = "dm"
 NATIVE_CHANNEL_KEY: Final = "channelId"
 
 
-def _freeze(value: Any) -> Any:
+def _freeze(value: object) -> Any:
     """A deep, read-only copy of a JSON value: objects become mapping proxies, arrays tuples."""
     if isinstance(value, Mapping):
         # The proxy wraps a dict nobody else holds, so the copy can't change under it.
@@ -43,7 +43,7 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def _thaw(value: Any) -> Any:
+def _thaw(value: object) -> Any:
     """The plain JSON value :func:`_freeze` froze (dicts and lists again), for encoding."""
     if isinstance(value, Mapping):
         return {k: _thaw(v) for k, v in value.items()}
@@ -52,7 +52,7 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-def _address(value: Any) -> tuple[tuple[str, str], ...]:
+def _address(value: object) -> tuple[tuple[str, str], ...]:
     if value is None:
         return ()
     if isinstance(value, Mapping):
@@ -90,11 +90,11 @@ class ChannelDescriptor:
     label: str = attrs.field(default=attrs.Factory(lambda self: self.id, takes_self=True))
     direction: Direction = attrs.field(default="bidirectional", validator=attrs.validators.in_(DIRECTIONS))
     address: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_address)
-    metadata: Any = attrs.field(default=None, converter=_freeze, hash=False)
+    metadata: object = attrs.field(default=None, converter=_freeze, hash=False)
     initially_open: bool = False
 
     @classmethod
-    def from_wire(cls, obj: Any) -> ChannelDescriptor:
+    def from_wire(cls, obj: object) -> ChannelDescriptor:
         """Read a descriptor from its wire form (``id``, ``type``, ``label``, ``direction``, …).
 
         Raises:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import attrs
 
@@ -192,7 +192,7 @@ class ChannelRegistry(ChannelNameIndex):
     def register(
         self,
         server_id: str,
-        descriptors: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        descriptors: Iterable[ChannelDescriptor | Mapping[str, object]],
         policy: RegistrationPolicy,
         *,
         form: Form = "request",
@@ -214,9 +214,9 @@ class ChannelRegistry(ChannelNameIndex):
     def change(
         self,
         server_id: str,
-        added: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        added: Iterable[ChannelDescriptor | Mapping[str, object]],
         removed: Iterable[str],
-        updated: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        updated: Iterable[ChannelDescriptor | Mapping[str, object]],
         policy: RegistrationPolicy,
         *,
         form: Form = "notification",
@@ -239,7 +239,7 @@ class ChannelRegistry(ChannelNameIndex):
     def _add_batch(
         self,
         server_id: str,
-        descriptors: Iterable[ChannelDescriptor | Mapping[str, Any]],
+        descriptors: Iterable[ChannelDescriptor | Mapping[str, object]],
         policy: RegistrationPolicy,
         *,
         form: Form,
@@ -517,7 +517,7 @@ class ChannelRegistry(ChannelNameIndex):
         reason: str,
         form: Form,
         method: str,
-        **extra: Any,
+        **extra: object,
     ) -> None:
         # The logger is fetched per refusal, not held, so a logging configuration made after
         # the registry was built (or structlog's capture in a test) still applies. Refusals

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
@@ -52,7 +52,7 @@ class TuneOutSettings:
     duration: float | None = None
 
     @classmethod
-    def from_arguments(cls, arguments: Mapping[str, Any]) -> TuneOutSettings | tuple[str, str]:
+    def from_arguments(cls, arguments: Mapping[str, object]) -> TuneOutSettings | tuple[str, str]:
         """Settings from tool arguments, or ``(field, problem)`` for the first bad one."""
 
         def number(field: str, *, integer: bool, least: float) -> float | int | None | tuple[str, str]:

@@ -21,7 +21,7 @@ The rules (seed ``000_…``, DESIGN §2):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import attrs
 
@@ -238,7 +238,7 @@ class MalformedChannel(ValueError):
     """A channel given to the host API that is neither a name nor a whole ref."""
 
 
-def requested_channel(names: ChannelNames, channel: str | Mapping[str, Any]) -> ChannelRef | None:
+def requested_channel(names: ChannelNames, channel: str | Mapping[str, object]) -> ChannelRef | None:
     """The channel a host named for a turn, or None: no fallback is ever taken.
 
     A string goes through the one resolver: exactly one channel → it; none or several → None
@@ -255,7 +255,7 @@ def requested_channel(names: ChannelNames, channel: str | Mapping[str, Any]) -> 
     return ref_from_wire(channel)
 
 
-def ref_from_wire(channel: Mapping[str, Any]) -> ChannelRef:
+def ref_from_wire(channel: Mapping[str, object]) -> ChannelRef:
     """A ``{serverId, channelId}`` object as a ref.
 
     Raises:

@@ -9,7 +9,6 @@ gives a ref or the qualified ``serverId:channelId`` name, and typing shows there
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from mcpl_router.routing.names import ChannelNames, Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
@@ -20,7 +19,7 @@ __all__ = ["TYPING_NOT_DONE", "host_typing_targets"]
 TYPING_NOT_DONE = "No typing was shown."
 
 
-def host_typing_targets(names: ChannelNames, channel: str | Mapping[str, Any]) -> tuple[ChannelRef, ...] | Refusal:
+def host_typing_targets(names: ChannelNames, channel: str | Mapping[str, object]) -> tuple[ChannelRef, ...] | Refusal:
     """The channels a host's typing call names, or the refusal saying why none.
 
     - a ref ``{serverId, channelId}``: that exact pair (registered or not: the caller checks);

@@ -413,7 +413,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             )
         )
 
-    def drafts_of(self, agent: str) -> list[dict[str, Any]]:
+    def drafts_of(self, agent: str) -> list[dict[str, object]]:
         """Every kept draft row of ``agent``, oldest first."""
         ids = self._agent_drafts.get(agent, {})
         return sorted((self._drafts[draft_id] for draft_id in ids), key=lambda row: (float(row["createdAt"]), row["id"]))

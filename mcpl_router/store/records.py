@@ -12,7 +12,7 @@ import bisect
 import enum
 import hashlib
 import itertools
-from typing import Any, Final
+from typing import Final
 
 import attrs
 import msgspec
@@ -53,7 +53,7 @@ class InboundEvent:
     channel_id: str | None
     kind: EventKind = attrs.field(converter=EventKind)
     dedup_key: str
-    payload: Any
+    payload: object
     #: What the message said (see :func:`content_digest`); a re-send under the same key with
     #: the same digest is a duplicate, a different one a new message. None: the whole payload's.
     digest: bytes | None = None
@@ -83,7 +83,7 @@ class StoredEvent:
     server_id: str
     channel_id: str | None
     kind: EventKind = attrs.field(converter=EventKind)
-    payload: Any = None
+    payload: object = None
     received_at: float = 0.0
 
 
@@ -175,6 +175,6 @@ class JournalStatistics:
         }
 
 
-def content_digest(payload: Any) -> bytes:
+def content_digest(payload: object) -> bytes:
     """What a message or event said, for telling a re-send from a new message under an old id."""
     return hashlib.blake2b(msgspec.json.encode(payload, order="sorted"), digest_size=16).digest()

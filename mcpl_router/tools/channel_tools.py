@@ -28,7 +28,7 @@ channel (the closed-channel invitation asks, per agent: ``turns/invitations.py``
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from mcpl_router.events import EventBus, ServerWithdrawn, WakeDelivered
 from mcpl_router.logs import get_logger
@@ -173,7 +173,7 @@ class ChannelTools:
     def tool_names(self) -> Iterable[ToolName]:
         return _NAMES
 
-    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, object]) -> bool:
         """``channel_publish`` posts: its round's plain text is held (send-silencing)."""
         return tool.name == "channel_publish"
 
@@ -213,7 +213,7 @@ class ChannelTools:
     def _shown(self, ref: ChannelRef) -> str:
         return self._router.names.name_shown(ref)
 
-    def _data(self, ref: ChannelRef, **extra: Any) -> dict[str, object]:
+    def _data(self, ref: ChannelRef, **extra: object) -> dict[str, object]:
         return {**ref.to_wire(), "shown": self._shown(ref), **extra}
 
     def _link(self, ref: ChannelRef) -> ServerLink | None:
@@ -230,7 +230,7 @@ class ChannelTools:
         text = texts.channel_tuned_out(verb, self._shown(ref), ref.server_id, ends, not_done)
         return tool_result(text, error=True, reason=REASON_TUNED_OUT, data=self._data(ref))
 
-    def _log_call(self, call: ToolCall, event: str, ref: ChannelRef | None = None, **fields: Any) -> None:
+    def _log_call(self, call: ToolCall, event: str, ref: ChannelRef | None = None, **fields: object) -> None:
         self._log.info(
             event,
             agent=call.run.turn.agent,

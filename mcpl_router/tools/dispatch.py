@@ -12,7 +12,7 @@ dispatch, whatever the listing said.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
@@ -36,7 +36,7 @@ async def dispatch_tool_call(
     turn_id: str,
     call_id: str,
     name: str,
-    arguments: Any,
+    arguments: object,
     caller_turn_id: str | None,
 ) -> dict[str, object]:
     """Run ``name`` for ``agent`` in ``run`` (the turn the host named, ``turn_id``); the tool's

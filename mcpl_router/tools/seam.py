@@ -16,7 +16,7 @@ tools (:mod:`mcpl_router.tools.tune_out`), and the servers' own MCP tools
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -112,7 +112,7 @@ class ToolProvider(Protocol):
         """
         ...
 
-    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, object]) -> bool:
         """Whether this call posts somewhere: its round's plain text is then held."""
         ...
 

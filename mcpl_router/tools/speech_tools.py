@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
@@ -103,7 +103,7 @@ class SpeechTools:
             specs = self._specs[key] = tool_specs(mode)
         return specs
 
-    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, object]) -> bool:
         """A drafts ``resend`` posts: its round's plain text is held (send-silencing)."""
         return tool.name == "drafts" and DraftsArgs.read(arguments).action == "resend"
 

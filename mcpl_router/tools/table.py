@@ -23,7 +23,7 @@ appears (``tools.name_clash``, a warning naming every side with its server) and 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
@@ -119,7 +119,7 @@ OFFERED_KEPT: Final = 1024
 class _Offered:
     """One agent's offered tools, and what they were filtered from (compared by identity)."""
 
-    agent: Any
+    agent: object
     entries: dict[str, ToolEntry]
     listed: list[list[ToolSpec]]
     specs: list[ToolSpec]
@@ -209,7 +209,7 @@ class ToolTable:
         self._offered[key] = _Offered(agent, self._entries, listed, specs)
         return list(specs)
 
-    def is_send(self, name: str, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, name: str, arguments: Mapping[str, object]) -> bool:
         """Whether a call by ``name`` posts somewhere (its round's plain text is then held)."""
         entry = self._entries.get(name)
         return entry is not None and entry.provider.is_send(entry.tool, arguments)

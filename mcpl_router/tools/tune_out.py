@@ -314,7 +314,7 @@ class TuneOuts:
         # the same object (tools/table.py).
         return _SUBCONSCIOUS_SPECS if is_subconscious(agent) else _AGENT_SPECS
 
-    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, object]) -> bool:
         """``speak_in_channel`` posts: its round's plain text is held (send-silencing)."""
         return tool.name == "speak_in_channel"
 

@@ -10,7 +10,7 @@ model provider refused also marks the message it answered, on that message's own
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -76,7 +76,7 @@ class InferenceLifecycle:
         except Exception:
             self._log.exception("turn.trace.failed", agent=turn.agent, turn=turn.turn_id)
 
-    async def end(self, run: TurnRun, outcome: str, usage: Any) -> None:
+    async def end(self, run: TurnRun, outcome: str, usage: object) -> None:
         """Complete the turn's streams, then the terminal to exactly the servers told ``started``
         (those :meth:`end_nowait` has not already ended)."""
         await self._streams.complete(run)
@@ -88,7 +88,7 @@ class InferenceLifecycle:
         await send_lifecycle(list(self._links.values()), _terminal(run, outcome, usage), only=run.started,
                              log_fields={"agent": turn.agent, "turn": turn.turn_id})
 
-    def end_nowait(self, run: TurnRun, outcome: str, usage: Any) -> bool:
+    def end_nowait(self, run: TurnRun, outcome: str, usage: object) -> bool:
         """:meth:`end` without waiting: the streams' completes and the terminal queued where the
         servers' outboxes have room. True when all of it went (or there was nothing to send);
         False when some is left, and :meth:`end` sends only that: a server queued its terminal
@@ -130,7 +130,7 @@ class InferenceLifecycle:
         log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)
 
 
-def _terminal(run: TurnRun, outcome: str, usage: Any) -> dict[str, object]:
+def _terminal(run: TurnRun, outcome: str, usage: object) -> dict[str, object]:
     """The terminal ``inference/lifecycle`` params of ``run``'s inference."""
     turn = run.turn
     params: dict[str, object] = {

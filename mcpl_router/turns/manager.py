@@ -23,7 +23,7 @@ import itertools
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -189,7 +189,7 @@ class TurnManager:
         agent: str,
         *,
         wakes: Sequence[int] = (),
-        channel: str | Mapping[str, Any] | None = None,
+        channel: str | Mapping[str, object] | None = None,
         subagent: bool = False,
     ) -> dict[str, object]:
         """Open a turn for ``agent`` (owned by ``connection``): fix its trigger, start typing.
@@ -331,7 +331,7 @@ class TurnManager:
     # ------------------------------------------------------------------ turn/context
 
     async def context(
-        self, connection: HostLink, turn_id: str, *, user_message: Any = None, model: str | None = None
+        self, connection: HostLink, turn_id: str, *, user_message: object = None, model: str | None = None
     ) -> dict[str, object]:
         """Fan ``context/beforeInference`` out; the injections grouped by position."""
         run = self.run_for(connection, turn_id)
@@ -376,7 +376,7 @@ class TurnManager:
         run.round_routes.setdefault(round_, (routing.locus, routing.sticky_target, routing.speech_targets_set))
 
     async def round(
-        self, connection: HostLink, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, Any]] = ()
+        self, connection: HostLink, turn_id: str, round_: int, tool_calls: Sequence[Mapping[str, object]] = ()
     ) -> dict[str, object]:
         """A round ended: route its text now; its deliveries and the notices it raised.
 
@@ -399,7 +399,7 @@ class TurnManager:
         """Every provider's tools this agent may call, in provider order (read from the name table)."""
         return self.tools.offered(agent, run)
 
-    def round_sends(self, tool_calls: Sequence[Mapping[str, Any]]) -> bool:
+    def round_sends(self, tool_calls: Sequence[Mapping[str, object]]) -> bool:
         """Whether any of a round's tool calls (not yet run) is a send tool."""
         for tool_call in tool_calls:
             name = tool_call.get("name")
@@ -418,7 +418,7 @@ class TurnManager:
 
     # ------------------------------------------------------------------ turn/close
 
-    async def close(self, connection: HostLink, turn_id: str, outcome: str, usage: Any = None) -> dict[str, object]:
+    async def close(self, connection: HostLink, turn_id: str, outcome: str, usage: object = None) -> dict[str, object]:
         """End a turn: route what's left, stop typing, send the lifecycle terminal; the receipt.
 
         ``refused`` (the model provider refused) ends the turn as ``failed`` for servers and
@@ -465,7 +465,7 @@ class TurnManager:
 
     # ------------------------------------------------------------------ ending a turn
 
-    async def finish(self, run: TurnRun, outcome: str, *, why: str, usage: Any = None) -> None:
+    async def finish(self, run: TurnRun, outcome: str, *, why: str, usage: object = None) -> None:
         """End a turn once, whichever way: stop its typing and send its lifecycle terminal.
 
         Exclusive with round routing: ``finished`` is set first (a round being routed re-checks
@@ -513,7 +513,7 @@ class TurnManager:
                 run.lock.release()
         self._log.info("turn.ended", agent=turn.agent, turn=turn.turn_id, outcome=outcome, why=why)
 
-    def _end_queued(self, run: TurnRun, outcome: str, usage: Any) -> bool:
+    def _end_queued(self, run: TurnRun, outcome: str, usage: object) -> bool:
         """The common end: one server hears it and its outbox has room, so the typing stop, the
         streams' completes and the terminal are queued now, in that order, with no scope or
         wait. False at the first that doesn't fit: what was queued is off the turn, and

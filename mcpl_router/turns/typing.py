@@ -12,7 +12,7 @@ longer knows them); another server's channel with the same id is never touched.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -181,7 +181,7 @@ class TypingIndicators:
 
     # -- hosts' own typing ------------------------------------------------------------------
 
-    async def host_typing(self, channel: str | Mapping[str, Any], op: TypingOp, connection: HostLink | None = None) -> dict[str, object]:
+    async def host_typing(self, channel: str | Mapping[str, object], op: TypingOp, connection: HostLink | None = None) -> dict[str, object]:
         """A host's ``channels/typing``: a bare id in each server's channel with it (the
         deliberate fan-out); a ref or qualified name there alone. A ``start`` holds for the
         host typing lease (renewed by the next start)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import attrs
 
@@ -20,9 +20,9 @@ __all__ = ["NO_FENCE", "RouteFence", "fenced", "message_ids_of", "wake_fact", "w
 WakeOf = Callable[[int, str], Awaitable[Wake | None]]
 
 
-def message_ids_of(payload: Any) -> tuple[str | None, str | None]:
+def message_ids_of(payload: object) -> tuple[str | None, str | None]:
     """The (messageId, threadId) of a wake's newest message, wherever the payload holds it."""
-    message: Any = payload
+    message: object = payload
     if isinstance(payload, Mapping) and isinstance(payload.get("messages"), list) and payload["messages"]:
         message = payload["messages"][-1]
     elif isinstance(payload, list) and payload:
