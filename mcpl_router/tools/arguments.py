@@ -39,6 +39,12 @@ def text_of(arguments: Mapping[str, object], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _channel_name(arguments: Mapping[str, object]) -> str:
+    """``channelId`` as the subconscious tools read it: any string (the tool refuses an empty one)."""
+    name = arguments.get("channelId")
+    return name if isinstance(name, str) else ""
+
+
 def _words(value: object) -> str:
     """A non-blank string's words, else ""."""
     return value if isinstance(value, str) and value.strip() else ""
@@ -160,8 +166,7 @@ class TuneOutArgs:
 
     @classmethod
     def read(cls, arguments: Mapping[str, object]) -> TuneOutArgs:
-        name = arguments.get("channelId")
-        return cls(arguments.get("op") or "enter", name if isinstance(name, str) else "", TuneOutSettings.from_arguments(arguments))
+        return cls(arguments.get("op") or "enter", _channel_name(arguments), TuneOutSettings.from_arguments(arguments))
 
 
 @attrs.frozen
@@ -173,10 +178,9 @@ class SpeakArgs:
 
     @classmethod
     def read(cls, arguments: Mapping[str, object]) -> SpeakArgs:
-        name = arguments.get("channelId")
         content = arguments.get("content")
         text = _words(arguments.get("text")) or (content if isinstance(content, str) else "")
-        return cls(text, name if isinstance(name, str) else "")
+        return cls(text, _channel_name(arguments))
 
 
 @attrs.frozen
@@ -188,5 +192,4 @@ class SummaryArgs:
 
     @classmethod
     def read(cls, arguments: Mapping[str, object]) -> SummaryArgs:
-        name = arguments.get("channelId")
-        return cls(_words(arguments.get("summary")), name if isinstance(name, str) else "")
+        return cls(_words(arguments.get("summary")), _channel_name(arguments))
