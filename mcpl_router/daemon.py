@@ -27,6 +27,7 @@ from mcpl_router.events import (
     HostClosed,
     HostOpened,
     InboundAccepted,
+    ServerRegranted,
     ServerStateChanged,
     ServerWithdrawn,
 )
@@ -517,6 +518,7 @@ class Daemon:
             async def tell(link: ServerLink) -> None:
                 try:
                     await link.send_policy()
+                    self.events.publish(ServerRegranted(link.server_id))
                 except Exception:
                     # A bug in telling one server must not take the daemon down: its narrowing
                     # is already in force; log it whole.

@@ -38,6 +38,14 @@ class ServerStateChanged:
 
 
 @attrs.frozen
+class ServerRegranted:
+    """A reload changed a server's grant and the server has been told (what the new grant adds
+    holds from its answer on): what was skipped for want of a capability may be done now."""
+
+    server_id: str
+
+
+@attrs.frozen
 class ServerWithdrawn:
     """Everything a server registered is gone: its connection ended (a link epoch ended; a
     reconnect registers again), or a reload took ``channels.register`` away (``why`` says so)."""
@@ -101,11 +109,11 @@ class HostClosed:
     connection: object
 
 
-Event = ServerStateChanged | ServerWithdrawn | ChannelsChanged | RegistrationsAnswered | InboundAccepted | WakeDelivered | ServerToolsChanged | HostOpened | HostClosed
+Event = ServerStateChanged | ServerRegranted | ServerWithdrawn | ChannelsChanged | RegistrationsAnswered | InboundAccepted | WakeDelivered | ServerToolsChanged | HostOpened | HostClosed
 E = TypeVar("E", bound=Event)
 
 #: Every event type, in the order docs/architecture.md lists them.
-EVENT_TYPES: Final = (ServerStateChanged, ServerWithdrawn, ChannelsChanged, RegistrationsAnswered, InboundAccepted, WakeDelivered, ServerToolsChanged,
+EVENT_TYPES: Final = (ServerStateChanged, ServerRegranted, ServerWithdrawn, ChannelsChanged, RegistrationsAnswered, InboundAccepted, WakeDelivered, ServerToolsChanged,
                       HostOpened, HostClosed)
 
 

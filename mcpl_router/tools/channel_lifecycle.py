@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from mcpl_router.events import ChannelsChanged, EventBus, ServerStateChanged
+from mcpl_router.events import ChannelsChanged, EventBus, ServerRegranted, ServerStateChanged
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
@@ -91,6 +91,9 @@ class ChannelLifecycle:
         if events is not None:
             events.subscribe(ChannelsChanged, self._channels_changed)
             events.subscribe(ServerStateChanged, self._state_changed)
+            # A reload that grants channels.lifecycle: the decisions skipped for want of it are
+            # held now, not only at the server's next connection.
+            events.subscribe(ServerRegranted, lambda regranted: self.link_ready(regranted.server_id))
 
     def _channels_changed(self, event: ChannelsChanged) -> None:
         if event.added:

@@ -318,3 +318,29 @@ async def test_after_the_daemon_restarts_only_the_opened_servers_channel_is_reop
                 assert await opens_of(servers["a"], "general") == []
                 assert (await servers["a"].incoming([{"channelId": "general", "text": "on a", "tags": ["chat:mention"]}])).get("notSent")
                 assert daemon.status()["channelDecisions"]["reconciled"] == {"open-done": 1}
+
+
+async def test_a_reload_that_grants_the_lifecycle_holds_the_server_to_the_decision_at_once(tmp_path: Path) -> None:
+    # Without channels.lifecycle the reconcile is skipped (the server decides alone); a reload
+    # granting it must not wait for the server's next connection to reopen what ann opened.
+    opened_c2 = {**channel_descriptor("c2"), "initiallyOpen": True}
+    with trio.fail_after(60):
+        async with FixtureProcess.start(transport="tcp", personality="strict", channels=["general"], control_dir=tmp_path,
+                                        host_owns_subscriptions=True) as server:
+            narrow = {"s": dialled_server(server, disabledCapabilities=["channels.lifecycle"])}
+            async with daemon_running(daemon_config(tmp_path, narrow, unix_socket=True)) as daemon, host(daemon) as client:
+                await wait_ready(daemon, "s")
+                await server.register([opened_c2])
+                await wait_channel(daemon, "s", "c2")
+                # Open already, and not granted the lifecycle: ann's decision is kept, nothing asked.
+                assert (await in_turn(client, "channel_open", {"channelId": "c2", "setSpeechTarget": False}))["isError"] is False
+                epoch = (await server.call("disconnect"))["epoch"] + 1
+                await wait_ready(daemon, "s", epoch=2)
+                await server.register(["c2"])  # the new connection has it closed
+                await wait_until(lambda: daemon.router.registry.get(ChannelRef("s", "c2")) is not None, timeout=15)
+                assert await opens_of(server, "c2", epoch) == []  # not granted: skipped
+                result = await daemon.reload(daemon_config(tmp_path, {"s": dialled_server(server)}, unix_socket=True))
+                assert result["outcome"] == "applied" and result["regranted"] == ["s"]
+                await wait_until(lambda: opens_of(server, "c2", epoch), timeout=15)
+                await wait_until(lambda: daemon.router.registry.get(ChannelRef("s", "c2")).open, timeout=15)
+                await woken_by(client, server, "c2", "after the reload granted the lifecycle")

@@ -20,6 +20,7 @@ from mcpl_router.events import (
     HostOpened,
     InboundAccepted,
     RegistrationsAnswered,
+    ServerRegranted,
     ServerStateChanged,
     ServerToolsChanged,
     ServerWithdrawn,
@@ -67,6 +68,7 @@ def test_the_built_daemon_has_a_listener_for_every_event(tmp_path: Path) -> None
         # subscribing (or subscribes twice) is seen here rather than as a lost wake.
         assert heard == {
             ServerStateChanged.__name__: 5,  # channel decisions, servers view, sessions, connector tools, observers
+            ServerRegranted.__name__: 1,  # channel decisions (a reload granted the lifecycle)
             ServerWithdrawn.__name__: 2,  # channel tools, the inbound handler (the registry)
             ChannelsChanged.__name__: 4,  # channel decisions, sessions, turns, observers
             RegistrationsAnswered.__name__: 2,  # metrics, servers view
