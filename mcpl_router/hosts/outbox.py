@@ -151,6 +151,8 @@ class HostOutbox:
         self._changed = trio.Event()
         self.closed = False
         self._disconnect: str | None = None
+        # The sender's loop: a disconnect cancels a send blocked on a host that doesn't read.
+        self._sending_scope = trio.CancelScope()
         self._counts = {"wakes_sent": 0, "wakes_replayed": 0, "fresh_spills": 0, "offered_spills": 0}
         self._burst = 0
         self._sending = False
@@ -313,10 +315,13 @@ class HostOutbox:
                     cursor.settled_in_page.add(seq)
 
     def close(self, *, disconnect: str | None = None) -> None:
-        """Stop sending; with ``disconnect``, the sender task also closes the connection
-        with that reason (a host too slow to read its notices)."""
+        """Stop sending; with ``disconnect``, the sender task also closes the connection with
+        that reason (a host too slow to read its notices: its send, blocked on that host, is
+        cancelled first; what it was sending is journaled or was a notice to that host)."""
         self.closed = True
         self._disconnect = disconnect
+        if disconnect is not None:
+            self._sending_scope.cancel()
         self._poke()
 
     def statistics(self) -> OutboxStatistics:
@@ -338,12 +343,13 @@ class HostOutbox:
 
     async def run(self) -> None:
         """Send until the connection closes."""
-        while not self.closed:
-            await self._changed.wait()
-            self._changed = trio.Event()
-            while not self.closed and await self._send_some():
-                # What a pass queued without waiting: the others run before the next one.
-                await trio.lowlevel.checkpoint()
+        with self._sending_scope:
+            while not self.closed:
+                await self._changed.wait()
+                self._changed = trio.Event()
+                while not self.closed and await self._send_some():
+                    # What a pass queued without waiting: the others run before the next one.
+                    await trio.lowlevel.checkpoint()
         if self._disconnect is not None and self.connection.peer is not None:
             await self.connection.peer.aclose(self._disconnect)
 

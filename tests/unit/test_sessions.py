@@ -148,3 +148,49 @@ async def test_a_resume_point_past_the_journals_last_seq_holds_back_no_later_wak
     finally:
         journal.close()
     assert peer.wakes == [3]
+
+
+class _StuckPeer:
+    """A host that reads nothing: no room now, and a send that waits never returns."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.close_reason: str | None = None
+
+    def notify_nowait(self, method: str, params: Any) -> bool:
+        return False
+
+    async def notify(self, method: str, params: Any) -> None:
+        await trio.sleep_forever()
+
+    async def aclose(self, reason: str = "closed by us", *, flush: bool = True) -> None:
+        await trio.lowlevel.checkpoint()
+        self.closed = True
+        self.close_reason = reason
+
+
+async def test_a_host_that_reads_no_notices_is_disconnected_even_while_a_send_to_it_waits(tmp_path: Path) -> None:
+    from mcpl_router.hosts.outbox import NOTICE_LIMIT
+
+    sessions, journal = _sessions(tmp_path)
+    peer = _StuckPeer()
+    connection = HostConnection("unix", peer=peer)  # type: ignore[arg-type]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sessions.run)
+            sessions.opened(connection)
+            sessions.hello(connection, HelloParams(host="h", agents=[AgentSpecParams(name="kai")]))
+            notice = ServerStateNotice("a", "connecting", "ready")
+            await sessions.broadcast(notice)
+            await trio.testing.wait_all_tasks_blocked()  # the sender waits on the first, for ever
+            for _ in range(NOTICE_LIMIT + 1):
+                await sessions.broadcast(notice)
+            assert sessions.directory.outbox_full_disconnects == 1
+            with trio.fail_after(5):
+                while not peer.closed:
+                    await trio.sleep(0.01)
+            assert peer.close_reason == "too slow: outbox full"
+            nursery.cancel_scope.cancel()
+    finally:
+        journal.close()
