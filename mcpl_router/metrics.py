@@ -31,6 +31,8 @@ from prometheus_client.registry import Collector
 
 from mcpl_router import __version__
 from mcpl_router.events import EventBus, RegistrationsAnswered
+from mcpl_router.inference.ports import ChunkOutcome, InferenceOutcome
+from mcpl_router.inference.refusals import ChunkDrop, InferenceRefusal
 from mcpl_router.store.records import COMMIT_SECONDS_BUCKETS
 
 if TYPE_CHECKING:
@@ -141,13 +143,14 @@ class DaemonMetrics:
 
     # -- recording (called by the shell) ----------------------------------------------------
 
-    def inference_outcome(self, server_id: str, method: str, outcome: str) -> None:
-        """One server inference request's end: ``answered`` or a refusal reason (docs/errors.md)."""
-        self._series_of(self.inference_requests, server_id, method, outcome).inc()
+    def inference_outcome(self, server_id: str, method: str, outcome: InferenceOutcome) -> None:
+        """One server inference request's end: ``answered`` or a refusal's value (docs/errors.md)."""
+        label = outcome.value if isinstance(outcome, InferenceRefusal) else outcome
+        self._series_of(self.inference_requests, server_id, method, label).inc()
 
-    def inference_chunk(self, outcome: str) -> None:
-        """One host chunk: ``forwarded``, or the reason it was dropped."""
-        self._series_of(self.inference_chunks, outcome).inc()
+    def inference_chunk(self, outcome: ChunkOutcome) -> None:
+        """One host chunk: ``forwarded``, or the value of the reason it was dropped."""
+        self._series_of(self.inference_chunks, outcome.value if isinstance(outcome, ChunkDrop) else outcome).inc()
 
     def inbound_answered(self, server_id: str, method: str, result: Any) -> None:
         """Count what a server's ``channels/incoming``/``register``/``changed``/push got back."""
@@ -304,10 +307,10 @@ class StateScrape(Collector):
             for name in _LIVENESS_STATES:
                 liveness.add_metric([server_id, name], 1.0 if name == alive.state else 0.0)
             missed.add_metric([server_id], float(alive.missed))
-            for reason, count in link.admission_refused.items():
-                refused.add_metric([server_id, reason], float(count))
-            for (outcome, reason), count in link.publishes.items():
-                publishes.add_metric([server_id, outcome, reason], float(count))
+            for refusal, count in link.admission_refused.items():
+                refused.add_metric([server_id, refusal.value], float(count))
+            for (outcome, why), count in link.publishes.items():
+                publishes.add_metric([server_id, outcome, why.value if why is not None else ""], float(count))
             stats = link.peer_statistics()
             if stats is not None:
                 _peer_series(stats, "server", server_id, depth, pending, pressure, outbox_bytes)
@@ -347,13 +350,13 @@ class StateScrape(Collector):
             "mcpl_router_host_connections_refused", "Host connections refused at accept, by reason (host.maxConnections, host.maxBufferedBytes).",
             labels=["reason"],
         )
-        for reason, count in admission.refused.items():
-            refused_hosts.add_metric([reason], float(count))
+        for at_accept, count in admission.refused.items():
+            refused_hosts.add_metric([at_accept.value], float(count))
         closed_hosts = CounterMetricFamily(
             "mcpl_router_host_connections_timed_out", "Host connections closed for a deadline, by reason (a partial message, no hello).", labels=["reason"]
         )
-        for reason, count in admission.closed.items():
-            closed_hosts.add_metric([reason], float(count))
+        for timeout, count in admission.closed.items():
+            closed_hosts.add_metric([timeout.value], float(count))
         buffered = GaugeMetricFamily("mcpl_router_host_buffered_bytes", "Bytes of unfinished messages held across all host connections now.")
         buffered.add_metric([], float(admission.buffered))
         pauses = CounterMetricFamily(

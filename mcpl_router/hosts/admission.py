@@ -19,6 +19,7 @@ Bounds (``[host]``; docs/reliability.md's limits table):
 from __future__ import annotations
 
 import collections
+import enum
 import errno
 import os
 import resource
@@ -41,12 +42,20 @@ _MAX_PAUSE: Final = 1.0
 #: At most one log line of each kind per this many seconds.
 _LOG_EVERY: Final = 1.0
 
-#: Why a connection was refused or closed (the ``reason`` of the counters and log lines).
-TOO_MANY: Final = "too-many-connections"
-OVER_BUDGET: Final = "buffered-bytes-over-budget"
-PARTIAL_TIMEOUT: Final = "partial-message-timeout"
-NO_HELLO: Final = "no-hello"
-OUT_OF_DESCRIPTORS: Final = "out-of-descriptors"
+
+class ConnectionRefusal(enum.StrEnum):
+    """Why a host connection was refused at accept: the ``reason`` the host is told, and the
+    label of the counter and the log line."""
+
+    TOO_MANY = "too-many-connections"
+    OVER_BUDGET = "buffered-bytes-over-budget"
+
+
+class ConnectionTimeout(enum.StrEnum):
+    """Why a host connection was closed for a deadline (the counter's label, the close's words)."""
+
+    PARTIAL_MESSAGE = "partial-message-timeout"
+    NO_HELLO = "no-hello"
 
 
 def descriptor_use() -> tuple[int, int]:
@@ -71,21 +80,21 @@ class HostAdmission:
         self.buffered = 0
         #: Connections refused or closed, by reason (``mcpl_router_host_connections_refused_total``,
         #: ``…_closed_total``); accepts paused for lack of descriptors.
-        self.refused: collections.Counter[str] = collections.Counter()
-        self.closed: collections.Counter[str] = collections.Counter()
+        self.refused: collections.Counter[ConnectionRefusal] = collections.Counter()
+        self.closed: collections.Counter[ConnectionTimeout] = collections.Counter()
         self.descriptor_pauses = 0
         self._streak = 0  # pauses since the last accept that worked: the backoff's exponent
         self._last_logged: dict[str, float] = {}
         self._log = get_logger()
 
-    def admit(self, listener: str) -> str | None:
+    def admit(self, listener: str) -> ConnectionRefusal | None:
         """Take a slot on ``listener``; None when taken, else the refusal's reason (counted,
         logged at most once a second)."""
-        reason = None
+        reason: ConnectionRefusal | None = None
         if self._open[listener] >= self.max_connections:
-            reason = TOO_MANY
+            reason = ConnectionRefusal.TOO_MANY
         elif self.buffered >= self.max_buffered_bytes:
-            reason = OVER_BUDGET
+            reason = ConnectionRefusal.OVER_BUDGET
         if reason is None:
             self._open[listener] += 1
             return None
@@ -104,7 +113,7 @@ class HostAdmission:
     def buffered_changed(self, delta: int) -> None:
         self.buffered += delta
 
-    def closing(self, reason: str, **fields: object) -> None:
+    def closing(self, reason: ConnectionTimeout, **fields: object) -> None:
         """A connection closed for ``reason`` (a deadline): counted and logged."""
         self.closed[reason] += 1
         self._log.warning("host.connection.closed", reason=reason, **fields)
@@ -130,8 +139,8 @@ class HostAdmission:
         return {
             "open": dict(self._open),
             "bufferedBytes": self.buffered,
-            "refused": dict(self.refused),
-            "closed": dict(self.closed),
+            "refused": {reason.value: count for reason, count in self.refused.items()},
+            "closed": {reason.value: count for reason, count in self.closed.items()},
             "descriptorPauses": self.descriptor_pauses,
         }
 

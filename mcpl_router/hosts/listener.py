@@ -20,7 +20,7 @@ import trio
 
 from mcpl_router.config.preflight import socket_directory_problem
 from mcpl_router.config.read_daemon_sections import UNIX_SOCKET_MAX_BYTES
-from mcpl_router.hosts.admission import NO_HELLO, PARTIAL_TIMEOUT, PatientListener
+from mcpl_router.hosts.admission import ConnectionTimeout, PatientListener
 from mcpl_router.hosts.api import host_methods
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.inference import chunk_lane
@@ -123,7 +123,7 @@ async def _serve_connection(services: HostServices, stream: trio.SocketStream) -
     if refused is not None:
         # Said on the wire before the close, so a host sees why (its request has no id yet).
         line = msgspec.json.encode(
-            {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": f"connection refused: {refused} (the daemon is at its host.maxConnections or host.maxBufferedBytes)", "data": {"reason": refused}}}
+            {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": f"connection refused: {refused} (the daemon is at its host.maxConnections or host.maxBufferedBytes)", "data": {"reason": refused.value}}}
         )
         with trio.move_on_after(1.0):
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
@@ -194,11 +194,11 @@ async def _keep_deadlines(services: HostServices, connection: HostConnection, st
         now = trio.current_time()
         partial_since: float | None = getattr(stream, "partial_since", None)
         last_received: float = getattr(stream, "last_received", now)
-        reason = None
+        reason: ConnectionTimeout | None = None
         if partial_since is not None and now - partial_since > admission.partial_message_timeout:
-            reason, waited = PARTIAL_TIMEOUT, now - partial_since
+            reason, waited = ConnectionTimeout.PARTIAL_MESSAGE, now - partial_since
         elif connection.session is None and now - last_received > admission.hello_timeout and not peer.statistics().lanes:
-            reason, waited = NO_HELLO, now - last_received
+            reason, waited = ConnectionTimeout.NO_HELLO, now - last_received
         if reason is not None:
             admission.closing(reason, connection=connection.id, transport=connection.transport, waited=round(waited, 3))
             await peer.aclose(f"closed: {reason}")

@@ -77,8 +77,8 @@ async def publish_for_agent(services: HostServices, params: HostPublishParams) -
             )
         resolved = names.channel_named(name)
         if not isinstance(resolved, Resolved):
-            log.info("host.publish.refused", reason=texts.REASON_NOT_REGISTERED, name=name)
-            return _refused(texts.REASON_NOT_REGISTERED, texts.host_publish_unknown(texts.quoted(name)))
+            log.info("host.publish.refused", reason=texts.Reason.NOT_REGISTERED, name=name)
+            return _refused(texts.Reason.NOT_REGISTERED, texts.host_publish_unknown(texts.quoted(name)))
         ref = resolved.ref
     else:
         try:
@@ -121,10 +121,10 @@ async def _publish(services: HostServices, params: HostPublishParams, ref: Chann
     if delivery.message_id is not None:
         answer["messageId"] = delivery.message_id
     if delivery.outcome == "unknown":
-        answer["reason"] = texts.REASON_UNCONFIRMED
+        answer["reason"] = texts.Reason.UNCONFIRMED
         answer["detail"] = delivery.reason
         answer["text"] = texts.publish_unconfirmed(shown)
-    elif delivery.outcome == "failed" and delivery.reason == texts.REASON_NOT_REGISTERED:
+    elif delivery.outcome == "failed" and delivery.reason == texts.Reason.NOT_REGISTERED:
         answer["reason"] = delivery.reason
         answer["text"] = texts.publish_not_there(shown, ref.channel_id, _elsewhere(services, ref))
     elif delivery.outcome == "failed":

@@ -34,6 +34,7 @@ import msgspec
 import trio
 
 import mcpl_router.inference.refusals as refusals
+from mcpl_router.inference.refusals import ChunkDrop, InferenceRefusal
 from mcpl_router.inference.budget import InferenceBudget
 from mcpl_router.inference.serving import INFERENCE, MODEL_INFO, Serving
 from mcpl_router.jsonrpc import Inbound, Peer, PeerClosed, RequestTimeout, RpcError
@@ -55,12 +56,8 @@ __all__ = ["INFERENCE_METHODS", "ChunkParams", "InferenceBroker", "chunk_lane"]
 #: The server → host methods this module answers, and which ``serves`` kind each needs.
 INFERENCE_METHODS: Final = {"inference/request": INFERENCE, "model/info": MODEL_INFO}
 
-# Chunk drop reasons (log lines and the chunk counter's ``outcome``).
+#: The chunk counter's ``outcome`` for a chunk that went on (else a :class:`ChunkDrop`).
 CHUNK_FORWARDED: Final = "forwarded"
-REASON_UNKNOWN_REQUEST: Final = "unknown-request"
-REASON_NOT_ASKED: Final = "not-asked"
-REASON_NOT_STREAMING: Final = "not-streaming"
-REASON_SERVER_GONE: Final = "server-gone"
 
 
 class ChunkParams(msgspec.Struct, rename="camel"):
@@ -209,22 +206,22 @@ class InferenceBroker:
                     abandoned = None
                 except PeerClosed:
                     abandoned = None
-                    raise self._refused(refusals.REASON_HOST_GONE, method, server_id, agent=policy.agent) from None
+                    raise self._refused(InferenceRefusal.HOST_GONE, method, server_id, agent=policy.agent) from None
                 except RequestTimeout:  # not armed (math.inf); kept for a peer that does
-                    raise self._refused(refusals.REASON_TIMEOUT, method, server_id, agent=policy.agent, timeout=policy.timeout) from None
+                    raise self._refused(InferenceRefusal.TIMEOUT, method, server_id, agent=policy.agent, timeout=policy.timeout) from None
                 except RpcError as error:
                     abandoned = None
                     raise self._refused(
-                        refusals.REASON_HOST_ERROR, method, server_id, agent=policy.agent,
+                        InferenceRefusal.HOST_ERROR, method, server_id, agent=policy.agent,
                         detail=error.message, hostCode=error.code,
                     ) from None
                 # The chunks the host sent before its answer reach the server before it.
                 await peer.wait_lane_drained(_lane_key(request_id))
             if deadline.cancelled_caught:
-                abandoned = refusals.REASON_TIMEOUT if abandoned is not None else None
-                raise self._refused(refusals.REASON_TIMEOUT, method, server_id, agent=policy.agent, timeout=policy.timeout)
+                abandoned = InferenceRefusal.TIMEOUT.value if abandoned is not None else None
+                raise self._refused(InferenceRefusal.TIMEOUT, method, server_id, agent=policy.agent, timeout=policy.timeout)
             if not bytes(answer).lstrip().startswith(b"{"):
-                raise self._refused(refusals.REASON_HOST_ERROR, method, server_id, agent=policy.agent, detail="its answer was not a result object")
+                raise self._refused(InferenceRefusal.HOST_ERROR, method, server_id, agent=policy.agent, detail="its answer was not a result object")
             log.info("inference.request.answered", chunks=pending.chunks, seconds=round(self._clock() - now, 3))
             self._metrics.inference_outcome(server_id, method, "answered")
             return answer
@@ -236,16 +233,16 @@ class InferenceBroker:
 
     def _check(self, method: str, server_id: str, policy: InferencePolicy, size: int, connection: HostEnd | None) -> None:
         if size > policy.max_request_bytes:
-            raise self._refused(refusals.REASON_TOO_LARGE, method, server_id, size=size, limit=policy.max_request_bytes)
+            raise self._refused(InferenceRefusal.TOO_LARGE, method, server_id, size=size, limit=policy.max_request_bytes)
         if connection is None or connection.peer is None or connection.peer.closed:
-            raise self._refused(refusals.REASON_NO_HOST, method, server_id, agent=policy.agent)
+            raise self._refused(InferenceRefusal.NO_HOST, method, server_id, agent=policy.agent)
         if self._budget.in_flight(server_id) >= policy.max_concurrent:
-            raise self._refused(refusals.REASON_TOO_MANY_CONCURRENT, method, server_id, limit=policy.max_concurrent)
+            raise self._refused(InferenceRefusal.TOO_MANY_CONCURRENT, method, server_id, limit=policy.max_concurrent)
         wait = self._budget.retry_after(server_id, policy.per_minute, self._clock())
         if wait is not None:
-            raise self._refused(refusals.REASON_RATE_LIMITED, method, server_id, limit=policy.per_minute, retryAfter=round(wait, 3))
+            raise self._refused(InferenceRefusal.RATE_LIMITED, method, server_id, limit=policy.per_minute, retryAfter=round(wait, 3))
 
-    def _refused(self, reason: str, method: str, server_id: str, **facts: Any) -> RpcError:
+    def _refused(self, reason: InferenceRefusal, method: str, server_id: str, **facts: Any) -> RpcError:
         self._metrics.inference_outcome(server_id, method, reason)
         self._log.warning("inference.request.refused", server=server_id, method=method, reason=reason, **facts)
         return refusals.refusal(reason, method, **facts)
@@ -256,27 +253,27 @@ class InferenceBroker:
         """A host's ``inference/chunk``: to the asking server alone, or dropped (logged, counted)."""
         pending = self._pending.get(params.request_id)
         if pending is None:
-            return await self._drop(connection, params, REASON_UNKNOWN_REQUEST)
+            return await self._drop(connection, params, ChunkDrop.UNKNOWN_REQUEST)
         if pending.connection is not connection:
-            return await self._drop(connection, params, REASON_NOT_ASKED)
+            return await self._drop(connection, params, ChunkDrop.NOT_ASKED)
         if not pending.stream:
-            return await self._drop(connection, params, REASON_NOT_STREAMING)
+            return await self._drop(connection, params, ChunkDrop.NOT_STREAMING)
         link = pending.link
         if link.epoch != pending.epoch:
-            return await self._drop(connection, params, REASON_SERVER_GONE)
+            return await self._drop(connection, params, ChunkDrop.SERVER_GONE)
         # The server knows its request by its own id: the host's routing id never reaches it.
         chunk = {key: value for key, value in params.chunk.items() if key != "requestId"}
         chunk["requestId"] = pending.server_request_id
         unsent = await link.session.inference_chunk(chunk)
         if unsent == "not-granted":
-            return await self._drop(connection, params, REASON_NOT_STREAMING)
+            return await self._drop(connection, params, ChunkDrop.NOT_STREAMING)
         if unsent is not None:
-            return await self._drop(connection, params, REASON_SERVER_GONE)
+            return await self._drop(connection, params, ChunkDrop.SERVER_GONE)
         pending.chunks += 1
         self._metrics.inference_chunk(CHUNK_FORWARDED)
         return None
 
-    async def _drop(self, connection: HostEnd, params: ChunkParams, reason: str) -> None:
+    async def _drop(self, connection: HostEnd, params: ChunkParams, reason: ChunkDrop) -> None:
         await trio.lowlevel.checkpoint()
         self._metrics.inference_chunk(reason)
         self._log.warning("inference.chunk.dropped", connection=connection.id, request=params.request_id, reason=reason)

@@ -4,12 +4,20 @@ the metrics implement these; nothing here imports ``hosts/`` or ``metrics.py``."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from mcpl_router.inference.refusals import ChunkDrop, InferenceRefusal
 
 if TYPE_CHECKING:
     from mcpl_router.jsonrpc import Peer
 
-__all__ = ["HostEnd", "InferenceCounts"]
+__all__ = ["ChunkOutcome", "HostEnd", "InferenceCounts", "InferenceOutcome"]
+
+#: How a server's request ended: answered, refused, sent as a notification (nothing to answer),
+#: or ``not-granted`` (a reload took the server's ``inference`` table away meanwhile).
+InferenceOutcome = InferenceRefusal | Literal["answered", "notification", "not-granted"]
+#: A host's chunk: forwarded, or why it was dropped.
+ChunkOutcome = ChunkDrop | Literal["forwarded"]
 
 
 class HostEnd(Protocol):
@@ -26,6 +34,6 @@ class HostEnd(Protocol):
 class InferenceCounts(Protocol):
     """Where each request's outcome and each chunk's fate are counted."""
 
-    def inference_outcome(self, server_id: str, method: str, outcome: str) -> None: ...
+    def inference_outcome(self, server_id: str, method: str, outcome: InferenceOutcome) -> None: ...
 
-    def inference_chunk(self, outcome: str) -> None: ...
+    def inference_chunk(self, outcome: ChunkOutcome) -> None: ...

@@ -59,6 +59,7 @@ from mcpl_router.mcpl.link_state import (
 from mcpl_router.mcpl.manifest import Manifest, ManifestError
 from mcpl_router.mcpl.regrant import MANIFEST_REFETCH_INTERVAL, LinkRegrant, policy_for
 from mcpl_router.mcpl.transports import OpenTransport, TransportError, open_transport
+from mcpl_router.routing import texts
 
 if TYPE_CHECKING:
     from mcpl_router.config import ServerConfig
@@ -150,8 +151,8 @@ class ServerLink(LinkHandshake, LinkRegrant):
         self.stderr_tail: tuple[str, ...] = ()
         #: Counters ``/metrics`` reads: inbound refused at admission (by reason), publishes
         #: (by outcome and reason).
-        self.admission_refused: collections.Counter[str] = collections.Counter()
-        self.publishes: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.admission_refused: collections.Counter[texts.AdmissionRefusal] = collections.Counter()
+        self.publishes: collections.Counter[tuple[str, texts.Reason | None]] = collections.Counter()
         self._since = time.time()
         self._endpoint = ""
         self._peer: Peer | None = None
@@ -462,8 +463,9 @@ class ServerLink(LinkHandshake, LinkRegrant):
         # that grant is nothing.
         grant = inbound.stamp if isinstance(inbound.stamp, Grant) else self.grant
         if capability is not None and not grant.allows(capability):
-            reason = "not granted" if grant.effective else "before the policy was in force"
-            self.admission_refused["not-granted" if grant.effective else "before-policy"] += 1
+            refusal = texts.AdmissionRefusal.NOT_GRANTED if grant.effective else texts.AdmissionRefusal.BEFORE_POLICY
+            self.admission_refused[refusal] += 1
+            reason = texts.admission_why(refusal)
             if inbound.is_notification:
                 self._log.warning("link.admission.dropped", method=method, capability=capability, reason=reason)
                 return None

@@ -166,7 +166,7 @@ class PublishOutcome:
     the server said no; ``unknown`` when it left and no receipt says where it landed."""
 
     outcome: Literal["delivered", "failed", "unknown"]
-    reason: str | None = None
+    reason: texts.Reason | None = None
     message_id: str | None = None
 
 
@@ -232,13 +232,13 @@ class ServerSession:
         """Whether the current grant allows ``capability`` (whatever the state)."""
         return self._port.grant.allows(capability)
 
-    def unusable(self, capability: str) -> str | None:
+    def unusable(self, capability: str) -> texts.Reason | None:
         """Why nothing needing ``capability`` can go now (``server-unavailable``,
         ``not-permitted``), or None."""
         if not self.ready:
-            return texts.REASON_NO_LINK
+            return texts.Reason.NO_LINK
         if not self.allows(capability):
-            return texts.REASON_NOT_PERMITTED
+            return texts.Reason.NOT_PERMITTED
         return None
 
     # -- channels ------------------------------------------------------------------------------
@@ -247,28 +247,28 @@ class ServerSession:
         """``channels/publish`` (a Request; a Notification to a server that takes only those)."""
         unusable = self.unusable(PUBLISH)
         if unusable is not None:
-            return PublishOutcome("failed", texts.REASON_NO_LINK if unusable == texts.REASON_NO_LINK else unusable)
+            return PublishOutcome("failed", texts.Reason.NO_LINK if unusable == texts.Reason.NO_LINK else unusable)
         deadline = self.request_timeout if timeout is None else timeout
         try:
             answer = await self._request_or_notify("channels/publish", params, capability=PUBLISH, timeout=deadline)
         except RpcError:
-            return PublishOutcome("failed", texts.REASON_SERVER_REFUSED)
+            return PublishOutcome("failed", texts.Reason.SERVER_REFUSED)
         except RequestTimeout as exc:
-            return PublishOutcome("unknown" if exc.sent else "failed", texts.REASON_TIMEOUT)
+            return PublishOutcome("unknown" if exc.sent else "failed", texts.Reason.TIMEOUT)
         except (LinkUnavailable, CapabilityNotGranted):
-            return PublishOutcome("failed", texts.REASON_NO_LINK)
+            return PublishOutcome("failed", texts.Reason.NO_LINK)
         except PeerClosed:
-            return PublishOutcome("unknown", texts.REASON_NO_RECEIPT)
+            return PublishOutcome("unknown", texts.Reason.NO_RECEIPT)
         if answer is NOTIFIED:
-            return PublishOutcome("unknown", texts.REASON_NO_RECEIPT)
+            return PublishOutcome("unknown", texts.Reason.NO_RECEIPT)
         if isinstance(answer, dict) and answer.get("delivered") is True:
             message_id = answer.get("messageId")
             return PublishOutcome("delivered", message_id=message_id if isinstance(message_id, str) else None)
         if isinstance(answer, dict) and answer.get("delivered") is False:
-            return PublishOutcome("failed", texts.REASON_NOT_DELIVERED)
-        return PublishOutcome("unknown", texts.REASON_MALFORMED_RECEIPT)
+            return PublishOutcome("failed", texts.Reason.NOT_DELIVERED)
+        return PublishOutcome("unknown", texts.Reason.MALFORMED_RECEIPT)
 
-    async def acknowledge(self, params: AcknowledgeParams, *, timeout: float) -> str | None:
+    async def acknowledge(self, params: AcknowledgeParams, *, timeout: float) -> texts.Reason | None:
         """``channels/acknowledge``; None when done, else a stable reason.
 
         The shape is what discord-mcpl reads (``src/server.ts:78-83``): a **Request**
@@ -280,38 +280,38 @@ class ServerSession:
         try:
             answer = await self._request_or_notify("channels/acknowledge", params, capability=ACKNOWLEDGE, timeout=timeout)
         except RpcError:
-            return texts.REASON_SERVER_REFUSED
+            return texts.Reason.SERVER_REFUSED
         except RequestTimeout as exc:
-            return texts.REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
+            return texts.Reason.UNCONFIRMED if exc.sent else texts.Reason.TIMEOUT
         except (LinkUnavailable, CapabilityNotGranted):
-            return texts.REASON_NO_LINK
+            return texts.Reason.NO_LINK
         except PeerClosed:
-            return texts.REASON_UNCONFIRMED
+            return texts.Reason.UNCONFIRMED
         if answer is NOTIFIED:
-            return texts.REASON_UNCONFIRMED  # sent as a Notification: no answer says it landed
+            return texts.Reason.UNCONFIRMED  # sent as a Notification: no answer says it landed
         if isinstance(answer, dict) and answer.get("acknowledged") is False:
-            return texts.REASON_SERVER_REFUSED
+            return texts.Reason.SERVER_REFUSED
         return None
 
-    async def open_channel(self, params: OpenParams, *, timeout: float) -> str | None:
+    async def open_channel(self, params: OpenParams, *, timeout: float) -> texts.Reason | None:
         """``channels/open``; None when answered, else a stable reason."""
         return await self._lifecycle("channels/open", params, timeout)
 
-    async def close_channel(self, params: CloseParams, *, timeout: float) -> str | None:
+    async def close_channel(self, params: CloseParams, *, timeout: float) -> texts.Reason | None:
         """``channels/close``; None when answered, else a stable reason."""
         return await self._lifecycle("channels/close", params, timeout)
 
-    async def _lifecycle(self, method: str, params: OpenParams | CloseParams, timeout: float) -> str | None:
+    async def _lifecycle(self, method: str, params: OpenParams | CloseParams, timeout: float) -> texts.Reason | None:
         try:
             await self._port.call(method, params, capability=LIFECYCLE, timeout=timeout)
         except RequestTimeout as exc:
-            return texts.REASON_UNCONFIRMED if exc.sent else texts.REASON_TIMEOUT
+            return texts.Reason.UNCONFIRMED if exc.sent else texts.Reason.TIMEOUT
         except RpcError:
-            return texts.REASON_SERVER_REFUSED
+            return texts.Reason.SERVER_REFUSED
         except (LinkUnavailable, CapabilityNotGranted):
-            return texts.REASON_NO_LINK
+            return texts.Reason.NO_LINK
         except PeerClosed:
-            return texts.REASON_UNCONFIRMED
+            return texts.Reason.UNCONFIRMED
         return None
 
     async def typing(self, params: TypingParams) -> bool:

@@ -72,7 +72,7 @@ class Delivery:
     outcome: DeliveryOutcome
     round: int
     message_id: str | None = None
-    reason: str | None = None
+    reason: texts.Reason | None = None
 
     def to_wire(self) -> dict[str, object]:
         """The delivery as the host API writes it."""

@@ -125,7 +125,7 @@ class ChannelLifecycle:
             self._journal.record_channel_decision(agent, ref.server_id, ref.channel_id, state)
 
     async def send_open(self, link: ServerLink, ref: ChannelRef, *, history: HistoryParams | None = None,
-                        thread_id: str | None = None) -> str | None:
+                        thread_id: str | None = None) -> texts.Reason | None:
         """``channels/open`` on ``ref``'s own server; None when answered (the channel is then
         open here too), else a stable reason."""
         params = OpenParams(channel_id=ref.channel_id, history=history, thread_id=thread_id)
@@ -134,7 +134,7 @@ class ChannelLifecycle:
             self._router.registry.set_open(ref, True)
         return reason
 
-    async def send_close(self, link: ServerLink, ref: ChannelRef) -> str | None:
+    async def send_close(self, link: ServerLink, ref: ChannelRef) -> texts.Reason | None:
         """``channels/close`` on ``ref``'s own server; None when answered (then closed here too)."""
         reason = await link.session.close_channel(CloseParams(channel_id=ref.channel_id), timeout=self.timeout)
         if reason is None:

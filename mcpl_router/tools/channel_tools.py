@@ -63,7 +63,6 @@ _NAMES: Final = tuple(ToolName(name) for name in CHANNEL_TOOLS)
 
 # Stable reasons of the tools' own refusals (the resolver's kinds and delivery reasons too).
 REASON_NO_CONTENT: Final = "no-content"
-REASON_UNCONFIRMED: Final = "unconfirmed"
 REASON_TUNED_OUT: Final = "tuned-out"
 
 _STRING: Final = {"type": "string"}
@@ -294,12 +293,12 @@ class ChannelTools:
         entry = registry.get(ref)
         link = self._link(ref)
         if link is None:
-            return tool_result(texts.lifecycle_failed("open", shown, texts.REASON_NO_LINK, not_done), error=True,
-                               reason=texts.REASON_NO_LINK, data=self._data(ref))
+            return tool_result(texts.lifecycle_failed("open", shown, texts.Reason.NO_LINK, not_done), error=True,
+                               reason=texts.Reason.NO_LINK, data=self._data(ref))
         if not link.session.allows(LIFECYCLE):
             if entry is None or not entry.open:
                 return tool_result(texts.lifecycle_not_granted("open", shown, ref.server_id, not_done), error=True,
-                                   reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
+                                   reason=texts.Reason.NOT_PERMITTED, data=self._data(ref))
             reason = None  # open already, and its server decides: nothing to ask
         else:
             # Backscroll travels as `history: {limit, beforeMessageId?}`, the shape discord-mcpl
@@ -309,7 +308,7 @@ class ChannelTools:
             if args.backscroll is not None or args.before_message_id is not None:
                 history = HistoryParams(limit=args.backscroll, before_message_id=args.before_message_id)
             reason = await self._channels.send_open(link, ref, history=history, thread_id=args.thread_id)
-        if reason == REASON_UNCONFIRMED:
+        if reason == texts.Reason.UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
             return tool_result(texts.lifecycle_unconfirmed("open", shown), error=True, reason=reason, data=self._data(ref))
         if reason is not None:
@@ -342,13 +341,13 @@ class ChannelTools:
         shown = self._shown(ref)
         link = self._link(ref)
         if link is None:
-            return tool_result(texts.lifecycle_failed("close", shown, texts.REASON_NO_LINK, not_done), error=True,
-                               reason=texts.REASON_NO_LINK, data=self._data(ref))
+            return tool_result(texts.lifecycle_failed("close", shown, texts.Reason.NO_LINK, not_done), error=True,
+                               reason=texts.Reason.NO_LINK, data=self._data(ref))
         if not link.session.allows(LIFECYCLE):
             return tool_result(texts.lifecycle_not_granted("close", shown, ref.server_id, not_done), error=True,
-                               reason=texts.REASON_NOT_PERMITTED, data=self._data(ref))
+                               reason=texts.Reason.NOT_PERMITTED, data=self._data(ref))
         reason = await self._channels.send_close(link, ref)
-        if reason == REASON_UNCONFIRMED:
+        if reason == texts.Reason.UNCONFIRMED:
             return tool_result(texts.lifecycle_unconfirmed("close", shown), error=True, reason=reason, data=self._data(ref))
         if reason is not None:
             self._log_call(call, "channel_close.failed", ref, reason=reason)
@@ -382,9 +381,9 @@ class ChannelTools:
             if message_id is None:
                 acknowledged, note = False, texts.ACK_NO_MESSAGE
             elif link is None:
-                acknowledged, note = False, texts.ack_not_sent(texts.REASON_NO_LINK)
+                acknowledged, note = False, texts.ack_not_sent(texts.Reason.NO_LINK)
             elif not link.session.allows(ACKNOWLEDGE):
-                acknowledged, note = False, texts.ack_not_sent(texts.REASON_NOT_PERMITTED)
+                acknowledged, note = False, texts.ack_not_sent(texts.Reason.NOT_PERMITTED)
             else:
                 reason = await acknowledge_message(
                     link, ref, message_id, intent=ACK_INTENT_DECLINED, value=emoji, timeout=self._channels.timeout
@@ -458,7 +457,7 @@ class ChannelTools:
         if delivery.outcome == "delivered":
             return tool_result(texts.published(shown, ref.server_id, delivery.message_id), data=data)
         if delivery.outcome == "unknown":
-            return tool_result(texts.publish_unconfirmed(shown), reason=REASON_UNCONFIRMED, data=data)
+            return tool_result(texts.publish_unconfirmed(shown), reason=texts.Reason.UNCONFIRMED, data=data)
         return tool_result(texts.publish_failed(shown, delivery.reason), error=True, reason=delivery.reason, data=data)
 
 

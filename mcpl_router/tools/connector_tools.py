@@ -351,7 +351,7 @@ class ConnectorTools:
         pair = call.tool.server_tool
         log = self._log.bind(agent=call.run.turn.agent, call=call.call_id, tool=call.name)
         if pair is None:
-            return tool_result(texts.unknown_tool(call.name), error=True, reason=texts.REASON_TOOL_UNKNOWN)
+            return tool_result(texts.unknown_tool(call.name), error=True, reason=texts.Reason.TOOL_UNKNOWN)
         server_id = pair.server_id
         log = log.bind(server=server_id, server_tool=pair.tool)
         link = self._links.get(server_id)
@@ -359,16 +359,16 @@ class ConnectorTools:
         tool = self._tool_of(pair)
         if tool is None:
             text = texts.connector_tool_gone(call.name, pair.tool, server_id)
-            return tool_result(text, error=True, reason=texts.REASON_TOOL_UNKNOWN, data=data)
+            return tool_result(text, error=True, reason=texts.Reason.TOOL_UNKNOWN, data=data)
         if link is not None and not link.config.tool_offered(tool.name):
             # At dispatch, whatever the listing said: the operator's deny wins.
             log.info("connector.call.disabled")
             text = texts.connector_tool_disabled(call.name, tool.name, server_id)
-            return tool_result(text, error=True, reason=texts.REASON_TOOL_DISABLED, data=data)
+            return tool_result(text, error=True, reason=texts.Reason.TOOL_DISABLED, data=data)
         if link is None or link.session.unusable(TOOLS) is not None:
             log.info("connector.call.unavailable", state=link.state.value if link else None)
             text = texts.connector_server_unavailable(call.name, server_id)
-            return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
+            return tool_result(text, error=True, reason=texts.Reason.NO_LINK, data=data)
         arguments = dict(call.arguments)
         channel = self._send_channel(tool, arguments) if tool.is_send else None
         if isinstance(channel, Refusal):
@@ -384,14 +384,14 @@ class ConnectorTools:
         if isinstance(outcome, ToolNotSent):
             log.info("connector.call.not_sent")
             text = texts.connector_server_unavailable(call.name, server_id)
-            return tool_result(text, error=True, reason=texts.REASON_NO_LINK, data=data)
+            return tool_result(text, error=True, reason=texts.Reason.NO_LINK, data=data)
         if isinstance(outcome, ToolUnconfirmed):
             log.warning("connector.call.unconfirmed", reason=outcome.why, timeout=timeout)
             return self._unconfirmed(call, tool, channel, data, timeout)
         if isinstance(outcome, ToolRefused):
             log.info("connector.call.refused", code=outcome.code)
             text = texts.connector_failed(call.name, server_id, outcome.message)
-            return tool_result(text, error=True, reason=texts.REASON_SERVER_REFUSED, data={**data, "code": outcome.code})
+            return tool_result(text, error=True, reason=texts.Reason.SERVER_REFUSED, data={**data, "code": outcome.code})
         result = outcome.result
         content = result.get("content")
         if not isinstance(content, list):
@@ -404,7 +404,7 @@ class ConnectorTools:
         result["content"] = [*content, *({"type": "text", "text": n} for n in notices)]
         result["isError"] = failed
         if failed:
-            result.setdefault("reason", texts.REASON_TOOL_FAILED)
+            result.setdefault("reason", texts.Reason.TOOL_FAILED)
         result["_meta"] = {**_meta(result), "mcpl-router": self._about(data, channel)}
         log.info("connector.call.answered", error=failed, send=tool.is_send,
                  channel=channel.channel_id if channel else None)
@@ -476,7 +476,7 @@ class ConnectorTools:
             # Not opened: whether the send went is unknown, so nothing is claimed of it.
             record_explicit_send(call, channel)
         text = texts.connector_unconfirmed(call.name, tool.server_id, timeout)
-        result = tool_result(text, reason=texts.REASON_UNCONFIRMED, data={**data, "outcome": "unknown"})
+        result = tool_result(text, reason=texts.Reason.UNCONFIRMED, data={**data, "outcome": "unknown"})
         result["_meta"] = {"mcpl-router": {**self._about(data, channel), "outcome": "unknown"}}
         return result
 

@@ -148,7 +148,7 @@ class SpeechTools:
         log.info("sleep.announced", server=where.server_id, channel=where.channel_id, outcome=delivery.outcome)
         if delivery.outcome == "failed":
             return tool_result(
-                texts.delivery_failed(delivery.shown, where.server_id, delivery.reason or texts.REASON_NOT_DELIVERED),
+                texts.delivery_failed(delivery.shown, where.server_id, delivery.reason or texts.Reason.NOT_DELIVERED),
                 data={"sleep": True},
             )
         return tool_result(texts.sleep_announced(delivery.shown), data={"sleep": True, "delivery": delivery.to_wire()})

@@ -322,14 +322,14 @@ class TuneOuts:
         await trio.lowlevel.checkpoint()
         if call.name in SUBCONSCIOUS_TOOLS and not is_subconscious(call.agent):
             not_done = _NOT_DONE[call.name]
-            return tool_result(texts.not_subconscious(call.name, not_done), error=True, reason=texts.REASON_NOT_SUBCONSCIOUS)
+            return tool_result(texts.not_subconscious(call.name, not_done), error=True, reason=texts.Reason.NOT_SUBCONSCIOUS)
         if call.name == "tune_out":
             args = TuneOutArgs.read(call.arguments)
             if args.op == "cancel":
                 return self._cancel(call, args.channel_name)
             if args.op != "enter":
                 text = texts.tuneout_bad_argument("op", 'must be "enter" or "cancel"', texts.NOTHING_TUNED)
-                return tool_result(text, error=True, reason=texts.REASON_BAD_ARGUMENT)
+                return tool_result(text, error=True, reason=texts.Reason.BAD_ARGUMENT)
             return await self._enter(call, args)
         if call.name == "cancel_tuneout":
             return self._cancel(call, TuneOutArgs.read(call.arguments).channel_name)
@@ -359,7 +359,7 @@ class TuneOuts:
         settings = args.settings
         if isinstance(settings, tuple):
             field, problem = settings
-            return tool_result(texts.tuneout_bad_argument(field, problem, texts.NOTHING_TUNED), error=True, reason=texts.REASON_BAD_ARGUMENT)
+            return tool_result(texts.tuneout_bad_argument(field, problem, texts.NOTHING_TUNED), error=True, reason=texts.Reason.BAD_ARGUMENT)
         ref = self._channel(call, args.channel_name, texts.NOTHING_TUNED)
         if isinstance(ref, dict):
             return ref
@@ -399,7 +399,7 @@ class TuneOuts:
         shown = self._shown(ref)
         if self.table.get(owner, ref) is None:
             text = texts.tuneout_not_tuned_out(shown, texts.NOTHING_CANCELLED)
-            return tool_result(text, error=True, reason=texts.REASON_NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
+            return tool_result(text, error=True, reason=texts.Reason.NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
         summary = self.table.end(owner, ref)
         self._journal.forget_tune_out(owner, ref.server_id, ref.channel_id)
         held = len(summary.held) if summary else 0
@@ -413,7 +413,7 @@ class TuneOuts:
         args = SpeakArgs.read(call.arguments)
         text = args.text
         if not text.strip():
-            return tool_result(texts.tuneout_bad_argument("text", "is empty", texts.NOTHING_POSTED), error=True, reason=texts.REASON_BAD_ARGUMENT)
+            return tool_result(texts.tuneout_bad_argument("text", "is empty", texts.NOTHING_POSTED), error=True, reason=texts.Reason.BAD_ARGUMENT)
         ref = self._channel(call, args.channel_name, texts.NOTHING_POSTED)
         if isinstance(ref, dict):
             return ref
@@ -433,14 +433,14 @@ class TuneOuts:
         if delivery.outcome == "delivered":
             return tool_result(texts.spoke_in(shown), data=data)
         if delivery.outcome == "unknown":
-            return tool_result(texts.receipt([], 0, [], [shown]), reason=texts.REASON_UNCONFIRMED, data=data)
+            return tool_result(texts.receipt([], 0, [], [shown]), reason=texts.Reason.UNCONFIRMED, data=data)
         return tool_result(texts.receipt([], 0, [shown], []), error=True, reason=delivery.reason, data=data)
 
     def _deliver(self, call: ToolCall) -> dict[str, Any]:
         args = SummaryArgs.read(call.arguments)
         summary = args.summary
         if not summary:
-            return tool_result(texts.tuneout_bad_argument("summary", "is empty", texts.NOTHING_DELIVERED), error=True, reason=texts.REASON_BAD_ARGUMENT)
+            return tool_result(texts.tuneout_bad_argument("summary", "is empty", texts.NOTHING_DELIVERED), error=True, reason=texts.Reason.BAD_ARGUMENT)
         # A gone own channel or a shared name is refused here, never stored as a bare id.
         ref = self._channel(call, args.channel_name, texts.NOTHING_DELIVERED)
         if isinstance(ref, dict):
@@ -450,7 +450,7 @@ class TuneOuts:
         tune_out = self.table.get(owner, ref)
         if tune_out is None:
             text = texts.tuneout_not_tuned_out(shown, texts.NOTHING_DELIVERED)
-            return tool_result(text, error=True, reason=texts.REASON_NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
+            return tool_result(text, error=True, reason=texts.Reason.NOT_TUNED_OUT, data={**ref.to_wire(), "shown": shown})
         tune_out.summary = summary
         self._journal.save_tune_out_summary(owner, ref.server_id, ref.channel_id, summary)
         self._log.info("tuneout.summary_delivered", agent=owner, by=call.agent.name, server=ref.server_id, channel=ref.channel_id)

@@ -119,7 +119,7 @@ class DraftBook:
             await self._journal.flush()
         except JournalFailure as exc:
             self._log.error("draft.not_recorded", draft=draft.draft_id, server=ref.server_id, channel=ref.channel_id, error=str(exc))
-            self.attempted(draft, Delivery(ref, self._names.name_shown(ref), "failed", round_, reason=texts.REASON_NOT_RECORDED))
+            self.attempted(draft, Delivery(ref, self._names.name_shown(ref), "failed", round_, reason=texts.Reason.NOT_RECORDED))
             return False
         return True
 

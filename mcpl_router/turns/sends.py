@@ -10,13 +10,13 @@ return an outcome and never raise: a turn reports what happened, it does not fai
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from mcpl_router.mcpl.session import LIFECYCLE, PUBLISH, AcknowledgeParams, PublishParams, TextContent
 from mcpl_router.routing import texts
 from mcpl_router.routing.decisions import Decisions
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.routing.turns import Delivery
+from mcpl_router.routing.turns import Delivery, DeliveryOutcome
 
 if TYPE_CHECKING:
     from mcpl_router.mcpl.link import ServerLink
@@ -72,7 +72,7 @@ async def publish_text(
     delivery = await _publish_on(link, ref, shown, text, conversation_id=conversation_id, round_=round_,
                                  registered=registered, timeout=timeout, thread_id=thread_id)
     if link is not None:
-        link.publishes[(delivery.outcome, delivery.reason or "")] += 1
+        link.publishes[(delivery.outcome, delivery.reason)] += 1
     if decisions is not None:
         # What operators see of where words went (the status page's decisions).
         decisions.published(via, agent, ref, shown, delivery.outcome, delivery.reason, delivery.message_id, text)
@@ -91,16 +91,16 @@ async def _publish_on(
     timeout: float | None,
     thread_id: str | None,
 ) -> Delivery:
-    def outcome(kind: Any, reason: str | None = None, message_id: str | None = None) -> Delivery:
+    def outcome(kind: DeliveryOutcome, reason: texts.Reason | None = None, message_id: str | None = None) -> Delivery:
         return Delivery(ref, shown, kind, round_, message_id=message_id, reason=reason)
 
     if link is None:
-        return outcome("failed", texts.REASON_NO_LINK)
+        return outcome("failed", texts.Reason.NO_LINK)
     unusable = link.session.unusable(PUBLISH)
     if unusable is not None:
         return outcome("failed", unusable)
     if not registered:
-        return outcome("failed", texts.REASON_NOT_REGISTERED)
+        return outcome("failed", texts.Reason.NOT_REGISTERED)
     params = PublishParams(conversation_id=conversation_id, channel_id=ref.channel_id,
                            content=(TextContent(type="text", text=text),), thread_id=thread_id or None)
     published = await link.session.publish(params, timeout=timeout)
@@ -109,7 +109,7 @@ async def _publish_on(
 
 async def acknowledge_message(
     link: ServerLink, ref: ChannelRef, message_id: str, *, intent: str, value: str | None, timeout: float
-) -> str | None:
+) -> texts.Reason | None:
     """Send ``channels/acknowledge`` for one message on ``ref``'s own server; None when done,
     else a stable reason (:meth:`ServerSession.acknowledge <mcpl_router.mcpl.session.ServerSession.acknowledge>`)."""
     params = AcknowledgeParams(channel_id=ref.channel_id, message_id=message_id, intent=intent, value=value)

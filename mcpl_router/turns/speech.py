@@ -313,7 +313,7 @@ class Speech:
             delivery = await self.publish(run, ref, text, round_)
         except BaseException:
             if unsent is not None:
-                self._drafts.attempted(unsent, Delivery(ref, self._shown(ref), "unknown", round_, reason=texts.REASON_INTERRUPTED))
+                self._drafts.attempted(unsent, Delivery(ref, self._shown(ref), "unknown", round_, reason=texts.Reason.INTERRUPTED))
             raise
         turn.routing.record(delivery)
         if delivery.outcome != "failed" and not run.finished:
@@ -333,14 +333,14 @@ class Speech:
         if delivery.outcome == "delivered":
             self._bounce_streak[turn.agent] = 0
         elif delivery.outcome == "unknown":
-            run.notices.append(texts.delivery_unknown(delivery.shown, ref.server_id, delivery.reason or texts.REASON_NO_RECEIPT))
+            run.notices.append(texts.delivery_unknown(delivery.shown, ref.server_id, delivery.reason or texts.Reason.NO_RECEIPT))
         elif run.mode.bounces_failed_delivery or segment.pinned:
             # A failed >> or >>> delivery bounces; a failed >>> clears the pin and holds.
             if segment.pinned:
                 run.prose = rounds.after_failed_pinned_delivery(run.prose)
                 if turn.routing.sticky_target == ref:
                     turn.routing.sticky_target = None
-            why = texts.bounce_why_not_delivered(delivery.shown, delivery.reason or texts.REASON_NOT_DELIVERED)
+            why = texts.bounce_why_not_delivered(delivery.shown, delivery.reason or texts.Reason.NOT_DELIVERED)
             if unsent is None:
                 self._bounce(run, text, segment.target, texts.BOUNCE_NOT_DELIVERED, why, (), prefix, log)
             else:
@@ -348,14 +348,14 @@ class Speech:
         elif unsent is not None:
             self._unsent_failed(run, delivery, unsent, prefix, log)
         else:
-            run.notices.append(texts.delivery_failed(delivery.shown, ref.server_id, delivery.reason or texts.REASON_NOT_DELIVERED))
+            run.notices.append(texts.delivery_failed(delivery.shown, ref.server_id, delivery.reason or texts.Reason.NOT_DELIVERED))
         return delivery
 
     def _unsent_failed(self, run: TurnRun, delivery: Delivery, draft: Draft, prefix: str, log: Any) -> None:
         """A failed delivery of a bounced draft ({{unsent}}): say where and that it is still held."""
         turn = run.turn
         run.notices.append(texts.unsent_delivery_failed(
-            delivery.shown, delivery.ref.server_id, delivery.reason or texts.REASON_NOT_DELIVERED, draft.draft_id, prefix))
+            delivery.shown, delivery.ref.server_id, delivery.reason or texts.Reason.NOT_DELIVERED, draft.draft_id, prefix))
         streak = self._bounce_streak.get(turn.agent, 0) + 1
         self._bounce_streak[turn.agent] = streak
         if streak <= prose.BOUNCE_WAKE_CAP:
@@ -396,11 +396,11 @@ class Speech:
         """
         self._drafts.mark_sending(draft, ref)
         if not await self._drafts.recorded_before_sending(draft, ref, run.turn.round):
-            return Delivery(ref, self._shown(ref), "failed", run.turn.round, reason=texts.REASON_NOT_RECORDED)
+            return Delivery(ref, self._shown(ref), "failed", run.turn.round, reason=texts.Reason.NOT_RECORDED)
         try:
             delivery = await self.publish(run, ref, draft.text)
         except BaseException:
-            self._drafts.attempted(draft, Delivery(ref, self._shown(ref), "unknown", run.turn.round, reason=texts.REASON_INTERRUPTED))
+            self._drafts.attempted(draft, Delivery(ref, self._shown(ref), "unknown", run.turn.round, reason=texts.Reason.INTERRUPTED))
             raise
         # A failed attempt leaves the draft held (nothing arrived); see DraftBook.attempted.
         self._drafts.attempted(draft, delivery)

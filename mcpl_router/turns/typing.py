@@ -62,13 +62,13 @@ class TypingIndicators:
     def _unsendable(self, ref: ChannelRef, link: ServerLink | None) -> str | None:
         """Why no ``channels/typing`` can go to ``ref`` on ``link`` (its own server's), or None."""
         if link is None:
-            return texts.REASON_NO_LINK
+            return texts.Reason.NO_LINK
         unusable = link.session.unusable(TYPING)
         if unusable is not None:
             return unusable
         if not self._router.registry.is_registered(ref):
             # A withdrawn channel is unknown to its server: neither start nor stop names it.
-            return texts.REASON_NOT_REGISTERED
+            return texts.Reason.NOT_REGISTERED
         return None
 
     async def send(self, ref: ChannelRef, op: TypingOp) -> str | None:
@@ -79,7 +79,7 @@ class TypingIndicators:
             return reason
         assert link is not None
         if not await link.session.typing(TypingParams(channel_id=ref.channel_id, op=op)):
-            return texts.REASON_NO_LINK
+            return texts.Reason.NO_LINK
         return None
 
     # -- a turn's typing --------------------------------------------------------------------

@@ -561,7 +561,7 @@ async def test_a_failed_delivery_is_told_and_a_failed_pin_holds_later_words(tmp_
             seq = await message(servers, client, "b")
             _, routed, closed = await run_turn(client, [">>> a:general refused words", "held after the failure", ">>> b:general back"], wakes=[seq])
             said = notices(routed, closed)
-            assert any(texts.bounce_why_not_delivered("a:general", texts.REASON_NOT_DELIVERED) in n for n in said)
+            assert any(texts.bounce_why_not_delivered("a:general", texts.Reason.NOT_DELIVERED) in n for n in said)
             assert texts.SPEECH_HELD_UNTIL_TARGET in said
             assert sorted(d["reason"] for d in closed["drafts"]) == ["bounced", "no-destination"]
             assert [d["outcome"] for d in closed["deliveries"]] == ["failed", "delivered"]
@@ -574,7 +574,7 @@ async def test_a_failed_delivery_is_told_and_a_failed_pin_holds_later_words(tmp_
             opened = await client.call("turn/open", {"agent": AGENT, "wakes": [seq]})
             await client.call("turn/text", {"turnId": opened["turnId"], "round": 1, "delta": "lost words"})
             closed = await client.call("turn/close", {"turnId": opened["turnId"], "outcome": "completed"})
-            assert closed["notices"] == [texts.delivery_failed("b:general", "b", texts.REASON_NOT_DELIVERED)]
+            assert closed["notices"] == [texts.delivery_failed("b:general", "b", texts.Reason.NOT_DELIVERED)]
             assert closed["drafts"] == [] and daemon.turns.open_turns() == []
 
 
@@ -819,7 +819,7 @@ async def test_a_resend_interrupted_mid_publish_leaves_the_draft_unconfirmed_not
             await servers["a"].configure(publish={})
             row = daemon.journal.draft(draft["id"])
             assert row is not None and row["state"] == "unconfirmed"
-            assert [(a["outcome"], a.get("reason")) for a in row["attempts"]] == [("unknown", texts.REASON_INTERRUPTED)]
+            assert [(a["outcome"], a.get("reason")) for a in row["attempts"]] == [("unknown", texts.Reason.INTERRUPTED)]
             # Not "being sent" forever: a resend is refused only until the duplicate is confirmed.
             again = await tool(client, turn["turnId"], "drafts", action="resend", id=draft["id"], channelId="a:general")
             assert again["isError"] and again["reason"] == "confirm-duplicate-needed"
@@ -877,7 +877,7 @@ async def test_a_failed_unsent_delivery_names_the_place_and_the_draft_still_held
             _, routed, _ = await run_turn(client, [">>a:general {{unsent}}", "x"])
             assert [d["outcome"] for d in routed[0]["deliveries"]] == ["failed"]
             assert routed[0]["notices"] == [
-                texts.unsent_delivery_failed("a:general", "a", texts.REASON_NOT_DELIVERED, orphan["id"])
+                texts.unsent_delivery_failed("a:general", "a", texts.Reason.NOT_DELIVERED, orphan["id"])
             ]
             assert daemon.journal.draft(orphan["id"])["state"] == "held"
             assert await posts(servers["b"]) == []

@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from mcpl_router.config import parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.events import RegistrationsAnswered
+from mcpl_router.hosts.admission import ConnectionRefusal, ConnectionTimeout
+from mcpl_router.inference.refusals import ChunkDrop, InferenceRefusal
 from mcpl_router.routing import texts
 from mcpl_router.routing.registry import DescriptorResult, RegistrationPolicy
 
@@ -89,3 +91,41 @@ def test_each_registration_refusal_is_labelled_by_its_stable_value_not_its_sente
         "duplicate-in-call": 2, "malformed": 1, "outside-patterns": 1, "not-granted": 1, "update-unknown": 1,
     }
     assert {result.refusal for result in results} == set(texts.RegistrationRefusal)
+
+
+def _labels(daemon: Daemon, name: str, label: str) -> set[str]:
+    return {dict(labels)[label] for (sample, labels), _ in samples(daemon).items() if sample == name}
+
+
+def test_each_reason_enum_labels_its_series_by_the_values_dashboards_read(daemon: Daemon) -> None:
+    # Every member of each reason enum, counted: the labels are the values they were as plain
+    # strings (the dashboards' and docs/operations.md's), never an enum's name or its sentence.
+    link = daemon.links["a"]
+    for reason in texts.Reason:
+        link.publishes[("failed", reason)] += 1
+    link.publishes[("delivered", None)] += 1
+    for refusal in texts.AdmissionRefusal:
+        link.admission_refused[refusal] += 1
+    for inference in InferenceRefusal:
+        daemon.metrics.inference_outcome("a", "inference/request", inference)
+    daemon.metrics.inference_outcome("a", "inference/request", "answered")
+    for drop in ChunkDrop:
+        daemon.metrics.inference_chunk(drop)
+    daemon.metrics.inference_chunk("forwarded")
+    daemon.admission.refused.update(set(ConnectionRefusal))
+    daemon.admission.closed.update(set(ConnectionTimeout))
+
+    assert _labels(daemon, "mcpl_router_publishes_total", "reason") == {
+        "", "server-unavailable", "not-permitted", "channel-not-registered", "server-refused", "not-delivered",
+        "timeout", "no-receipt", "malformed-receipt", "interrupted", "not-recorded", "tool-disabled",
+        "unknown-tool", "unconfirmed", "tool-failed", "not-subconscious", "not-tuned-out", "bad-argument",
+    }
+    assert _labels(daemon, "mcpl_router_inbound_refused_at_admission_total", "reason") == {"not-granted", "before-policy"}
+    assert _labels(daemon, "mcpl_router_inference_requests_total", "outcome") == {
+        "answered", "no-host", "host-gone", "timeout", "too-many-concurrent", "rate-limited", "too-large", "host-error",
+    }
+    assert _labels(daemon, "mcpl_router_inference_chunks_total", "outcome") == {
+        "forwarded", "unknown-request", "not-asked", "not-streaming", "server-gone",
+    }
+    assert _labels(daemon, "mcpl_router_host_connections_refused_total", "reason") == {"too-many-connections", "buffered-bytes-over-budget"}
+    assert _labels(daemon, "mcpl_router_host_connections_timed_out_total", "reason") == {"partial-message-timeout", "no-hello"}

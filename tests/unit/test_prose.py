@@ -344,7 +344,7 @@ async def test_a_draft_left_sending_by_a_stopped_daemon_is_unconfirmed_at_the_ne
     async with open_journal(path) as reopened:
         settled, kept = (Draft.from_row(row) for row in reopened.drafts_of("ann"))
     assert not settled.sending and settled.state == "unconfirmed"
-    assert [(a.outcome, a.reason) for a in settled.attempts] == [("unknown", texts.REASON_INTERRUPTED)]
+    assert [(a.outcome, a.reason) for a in settled.attempts] == [("unknown", texts.Reason.INTERRUPTED)]
     assert kept == untouched
 
 

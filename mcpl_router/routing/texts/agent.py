@@ -4,10 +4,10 @@ speech tools, tune-outs, the closed-channel invitation, a fork's fence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
-from mcpl_router.routing.texts.reasons import REASON_UNCONFIRMED
+from mcpl_router.routing.texts.reasons import Reason
 from mcpl_router.routing.texts.shown import quoted
 
 #: What a turn's undelivered words are, in the receipt.
@@ -601,9 +601,9 @@ def published(shown: str, server_id: str, message_id: str | None) -> str:
     return f"Posted to {shown} on server {quoted(server_id)}{tail}."
 
 
-def publish_failed(shown: str, reason: str | None) -> str:
+def publish_failed(shown: str, reason: Reason | None) -> str:
     """A publish that never went out, or the server refused."""
-    why = _DELIVERY_WHY.get(reason or "", "the server did not take it")
+    why = _DELIVERY_WHY.get(reason, "the server did not take it") if reason is not None else "the server did not take it"
     return f"Nothing was posted to {shown}: {why}. Try again later, or post elsewhere."
 
 
@@ -625,23 +625,23 @@ def publish_unconfirmed(shown: str) -> str:
     )
 
 
-_DELIVERY_WHY: Final = {
-    "server-unavailable": "its server is not connected now",
-    "not-permitted": "its server is not granted channels.publish",
-    "channel-not-registered": "its server no longer registers it",
-    "server-refused": "its server refused the publish",
-    "not-delivered": "its server said it was not delivered",
-    "timeout": "its server did not answer in time",
+_DELIVERY_WHY: Final[Mapping[Reason, str]] = {
+    Reason.NO_LINK: "its server is not connected now",
+    Reason.NOT_PERMITTED: "its server is not granted channels.publish",
+    Reason.NOT_REGISTERED: "its server no longer registers it",
+    Reason.SERVER_REFUSED: "its server refused the publish",
+    Reason.NOT_DELIVERED: "its server said it was not delivered",
+    Reason.TIMEOUT: "its server did not answer in time",
 }
 
 
-def lifecycle_failed(verb: str, shown: str, reason: str, not_done: str) -> str:
+def lifecycle_failed(verb: str, shown: str, reason: Reason, not_done: str) -> str:
     """channel_open/close that its server refused or couldn't be asked."""
     why = _DELIVERY_WHY.get(reason, "its server did not take it")
     return f"Could not {verb} {shown}: {why}. {not_done} Try again later."
 
 
-def reopen_failed(shown: str, server_id: str, reason: str) -> str:
+def reopen_failed(shown: str, server_id: str, reason: Reason) -> str:
     """A channel the agent opened, registered closed again by its server (it restarted, or the
     daemon did), that the daemon could not open again."""
     why = _DELIVERY_WHY.get(reason, "its server did not take it")
@@ -697,9 +697,9 @@ ACK_NO_MESSAGE: Final = (
 )
 
 
-def ack_not_sent(reason: str) -> str:
+def ack_not_sent(reason: Reason) -> str:
     """An acknowledgement that didn't go out (or went out with no word that it landed)."""
-    if reason == REASON_UNCONFIRMED:
+    if reason == Reason.UNCONFIRMED:
         return "The acknowledgement was sent, but its server gives no answer to say it landed."
     why = _DELIVERY_WHY.get(reason, "its server did not take it")
     return f"No acknowledgement was sent: {why}."

@@ -4,30 +4,38 @@ tool's, a tune-out tool's. Each is said in words by the texts of its audience.
 
 from __future__ import annotations
 
-from typing import Final
+import enum
 
-# ---------------------------------------------------------------------- delivery reasons (stable)
-
-REASON_NO_LINK: Final = "server-unavailable"
-REASON_NOT_PERMITTED: Final = "not-permitted"
-REASON_NOT_REGISTERED: Final = "channel-not-registered"
-REASON_SERVER_REFUSED: Final = "server-refused"
-REASON_NOT_DELIVERED: Final = "not-delivered"
-REASON_TIMEOUT: Final = "timeout"
-REASON_NO_RECEIPT: Final = "no-receipt"
-REASON_MALFORMED_RECEIPT: Final = "malformed-receipt"
-#: A send interrupted before its outcome was known (cancelled, or the daemon stopped).
-REASON_INTERRUPTED: Final = "interrupted"
-#: The journal could not record the attempt before it went out, so nothing was sent.
-REASON_NOT_RECORDED: Final = "not-recorded"
+__all__ = ["Reason"]
 
 
-#: Stable reasons of connector-tool results (the servers' own tools, forwarded by the daemon).
-REASON_TOOL_DISABLED: Final = "tool-disabled"
-REASON_TOOL_UNKNOWN: Final = "unknown-tool"
-REASON_UNCONFIRMED: Final = "unconfirmed"
-REASON_TOOL_FAILED: Final = "tool-failed"
+class Reason(enum.StrEnum):
+    """A refusal's or an outcome's stable reason, kept beside the sentence that says it: hosts
+    and agents read the value as ``reason`` (docs/errors.md), ``/metrics`` labels by it, and the
+    words come from the texts of the audience. A ``StrEnum``, so the value is what goes on the
+    wire and in the logs."""
 
-REASON_NOT_SUBCONSCIOUS: Final = "not-subconscious"
-REASON_NOT_TUNED_OUT: Final = "not-tuned-out"
-REASON_BAD_ARGUMENT: Final = "bad-argument"
+    # -- a delivery's (a publish, an acknowledgement, a channel opened or closed)
+    NO_LINK = "server-unavailable"
+    NOT_PERMITTED = "not-permitted"
+    NOT_REGISTERED = "channel-not-registered"
+    SERVER_REFUSED = "server-refused"
+    NOT_DELIVERED = "not-delivered"
+    TIMEOUT = "timeout"
+    NO_RECEIPT = "no-receipt"
+    MALFORMED_RECEIPT = "malformed-receipt"
+    #: A send interrupted before its outcome was known (cancelled, or the daemon stopped).
+    INTERRUPTED = "interrupted"
+    #: The journal could not record the attempt before it went out, so nothing was sent.
+    NOT_RECORDED = "not-recorded"
+
+    # -- a connector tool's result (the servers' own tools, forwarded by the daemon)
+    TOOL_DISABLED = "tool-disabled"
+    TOOL_UNKNOWN = "unknown-tool"
+    UNCONFIRMED = "unconfirmed"
+    TOOL_FAILED = "tool-failed"
+
+    # -- a tune-out tool's
+    NOT_SUBCONSCIOUS = "not-subconscious"
+    NOT_TUNED_OUT = "not-tuned-out"
+    BAD_ARGUMENT = "bad-argument"

@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import Final
 
 from mcpl_router.routing.texts.shown import quoted
 
 
-class RegistrationRefusal(str, enum.Enum):
+class RegistrationRefusal(enum.StrEnum):
     """Why a channel descriptor was refused, as a stable value beside its sentence: the
     sentence goes to the server and the logs, the value labels ``/metrics`` and the status."""
 
@@ -19,6 +20,27 @@ class RegistrationRefusal(str, enum.Enum):
     DUPLICATE_IN_CALL = "duplicate-in-call"  # REASON_DUPLICATE_IN_CALL
     UPDATE_UNKNOWN = "update-unknown"  # REASON_UPDATE_UNKNOWN
     MALFORMED = "malformed"  # reason_malformed
+
+
+class AdmissionRefusal(enum.StrEnum):
+    """Why a server's inbound method was refused -32002 at admission: the value labels
+    ``/metrics``, the sentence (:func:`admission_why`) goes into the error and the logs."""
+
+    NOT_GRANTED = "not-granted"
+    #: Before the host's policy was in force, nothing is granted.
+    BEFORE_POLICY = "before-policy"
+
+
+_ADMISSION_WHY: Final[Mapping[AdmissionRefusal, str]] = {
+    AdmissionRefusal.NOT_GRANTED: "not granted",
+    AdmissionRefusal.BEFORE_POLICY: "before the policy was in force",
+}
+
+
+def admission_why(refusal: AdmissionRefusal) -> str:
+    """The words for ``refusal`` inside the -32002 error's message."""
+    return _ADMISSION_WHY[refusal]
+
 
 # ---------------------------------------------------------------------- server-facing reasons
 
