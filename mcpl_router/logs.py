@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import structlog
 import structlog.tracebacks
+import structlog.typing
 
 _SECRET_FIELD_WORDS = ("token", "secret", "password", "authorization", "apikey", "api_key")
 _json_encoder = msgspec.json.Encoder()
@@ -110,6 +111,12 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     )
 
 
-def get_logger(**bound: Any) -> Any:
+#: What :func:`get_logger` gives: structlog's level-filtering logger (``info``, ``warning``,
+#: ``bind``…), as configured above and by default.
+Logger = structlog.typing.FilteringBoundLogger
+
+
+def get_logger(**bound: object) -> Logger:
     """A structlog logger with ``bound`` fields on every line (``server=``, ``agent=``, …)."""
-    return structlog.get_logger().bind(**bound)
+    logger: Logger = structlog.get_logger().bind(**bound)
+    return logger

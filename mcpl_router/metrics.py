@@ -21,12 +21,13 @@ from __future__ import annotations
 import collections
 import platform
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, TypeVar, cast
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, Info, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from mcpl_router import __version__
@@ -37,6 +38,7 @@ from mcpl_router.store.records import COMMIT_SECONDS_BUCKETS
 
 if TYPE_CHECKING:
     from mcpl_router.health import Readiness
+    from mcpl_router.jsonrpc.peer import PeerStatistics
     from mcpl_router.hosts.admission import HostAdmission
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.hosts.sessions import SessionManager
@@ -47,6 +49,9 @@ if TYPE_CHECKING:
     from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
     from mcpl_router.tools.table import NameClash
     from mcpl_router.turns import TurnManager
+
+#: A counter or a histogram: a labelled series is of its metric's type.
+_Metric = TypeVar("_Metric", bound=MetricWrapperBase)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LINK_STATES = ("connecting", "ready", "retrying", "closed", "failed")
@@ -127,7 +132,7 @@ class DaemonMetrics:
         self._labelled_agents: set[str] = set()
         # The labelled series counted per message, looked up here rather than through
         # ``labels()`` (a lock and a tuple of strings each time). As bounded as the series.
-        self._series: dict[tuple[Any, ...], Any] = {}
+        self._series: dict[tuple[int | str, ...], MetricWrapperBase] = {}
         if events is not None:
             events.subscribe(RegistrationsAnswered, self.registrations_answered)
 
@@ -152,7 +157,7 @@ class DaemonMetrics:
         """One host chunk: ``forwarded``, or the value of the reason it was dropped."""
         self._series_of(self.inference_chunks, outcome.value if isinstance(outcome, ChunkDrop) else outcome).inc()
 
-    def inbound_answered(self, server_id: str, method: str, result: Any) -> None:
+    def inbound_answered(self, server_id: str, method: str, result: object) -> None:
         """Count what a server's ``channels/incoming``/``register``/``changed``/push got back."""
         if not isinstance(result, Mapping):
             return
@@ -210,15 +215,16 @@ class DaemonMetrics:
     def wake_sent(self, agent: str) -> None:
         self._series_of(self.wakes_sent, self.agent_label(agent)).inc()
 
-    def _series_of(self, metric: Any, *labels: str) -> Any:
+    def _series_of(self, metric: _Metric, *labels: str) -> _Metric:
         """``metric.labels(*labels)``, looked up once per label set: ``labels()`` takes a lock
         and checks its arguments on every call, and the hot paths record per message and per
         turn. As bounded as the labels are (server ids, outcomes, capped agent labels)."""
-        key = (id(metric), *labels)
+        key: tuple[int | str, ...] = (id(metric), *labels)
         series = self._series.get(key)
         if series is None:
             series = self._series[key] = metric.labels(*labels)
-        return series
+        # Keyed by the metric's identity: the series is a child of that very metric, its type.
+        return cast(_Metric, series)
 
     def wakes_acknowledged(self, agents: Sequence[str], count: int) -> None:
         # An ack names seqs, not agents: with several agents the count goes to "*".
@@ -419,7 +425,7 @@ def _journal_series(stats: JournalStatistics) -> Iterator[Metric]:
 
 
 def _peer_series(
-    stats: Any,
+    stats: PeerStatistics,
     peer: str,
     owner: str,
     depth: GaugeMetricFamily,

@@ -18,7 +18,7 @@ The connection must own the agent (-32010/-32011 otherwise). Documented in ``doc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -39,7 +39,7 @@ __all__ = ["HostPublishParams", "add_publish_methods", "publish_for_agent"]
 
 class HostPublishParams(msgspec.Struct, rename="camel"):
     agent: str
-    channel: str | dict[str, Any]
+    channel: str | dict[str, object]
     content: str | list[dict[str, object]]
     thread_id: str | None = None
 
@@ -50,11 +50,11 @@ def _text_of(content: str | list[dict[str, object]]) -> str:
     return "".join(text for block in content if isinstance(text := block.get("text"), str))
 
 
-def _refused(reason: str, text: str, **extra: object) -> dict[str, Any]:
+def _refused(reason: str, text: str, **extra: object) -> dict[str, object]:
     return {"delivered": False, "reason": reason, "text": text, **extra}
 
 
-async def publish_for_agent(services: HostServices, params: HostPublishParams) -> dict[str, Any]:
+async def publish_for_agent(services: HostServices, params: HostPublishParams) -> dict[str, object]:
     """Resolve the host's channel and publish ``content`` there for ``params.agent``."""
     names = services.router.names
     log = get_logger().bind(agent=params.agent)
@@ -90,7 +90,7 @@ async def publish_for_agent(services: HostServices, params: HostPublishParams) -
     return await _publish(services, params, ref, text)
 
 
-async def _publish(services: HostServices, params: HostPublishParams, ref: ChannelRef, text: str) -> dict[str, Any]:
+async def _publish(services: HostServices, params: HostPublishParams, ref: ChannelRef, text: str) -> dict[str, object]:
     shown = services.router.names.name_shown(ref)
     delivery = await publish_text(
         services.links,
@@ -117,7 +117,7 @@ async def _publish(services: HostServices, params: HostPublishParams, ref: Chann
     )
     # Read once the answer came: a registration meanwhile can change which name picks it.
     shown = services.router.names.name_shown(ref)
-    answer: dict[str, Any] = {"delivered": delivery.outcome == "delivered", **ref.to_wire(), "shown": shown}
+    answer: dict[str, object] = {"delivered": delivery.outcome == "delivered", **ref.to_wire(), "shown": shown}
     if delivery.message_id is not None:
         answer["messageId"] = delivery.message_id
     if delivery.outcome == "unknown":
@@ -147,7 +147,7 @@ def _elsewhere(services: HostServices, ref: ChannelRef) -> list[str]:
 def add_publish_methods(table: MethodTable, services: HostServices, connection: HostConnection) -> None:
     """Add ``channels/publish`` for one host connection."""
 
-    async def channels_publish(params: HostPublishParams, _inbound: Inbound) -> Any:
+    async def channels_publish(params: HostPublishParams, _inbound: Inbound) -> dict[str, object]:
         services.sessions.require_owner(connection, params.agent)
         return await publish_for_agent(services, params)
 

@@ -27,7 +27,7 @@ import itertools
 import math
 import secrets
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
 import attrs
 import msgspec
@@ -41,7 +41,7 @@ from mcpl_router.jsonrpc import Inbound, Peer, PeerClosed, RequestTimeout, RpcEr
 from mcpl_router.jsonrpc.envelope import RequestId
 from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.events import EventBus, HostClosed
-from mcpl_router.logs import get_logger
+from mcpl_router.logs import Logger, get_logger
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.session import INFERENCE_STREAMING
 
@@ -70,7 +70,7 @@ class ChunkParams(msgspec.Struct, rename="camel"):
 class _StreamOf(msgspec.Struct):
     """The one field of a server's ``inference/request`` the daemon reads; the rest is verbatim."""
 
-    stream: Any = False
+    stream: object = False
 
 
 class _RequestIdOf(msgspec.Struct):
@@ -152,7 +152,7 @@ class InferenceBroker:
 
     # -- server → host -------------------------------------------------------------------------
 
-    async def handle(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def handle(self, link: ServerLink, inbound: Inbound) -> Deferred | None:
         """A server's admitted ``inference/request`` or ``model/info``: answered later (the link's
         lane moves on while the host thinks)."""
         kind = INFERENCE_METHODS[inbound.method]
@@ -174,7 +174,7 @@ class InferenceBroker:
 
     async def _forward(
         self, link: ServerLink, method: str, kind: str, params: msgspec.Raw, server_request_id: RequestId, stream: bool
-    ) -> Any:
+    ) -> msgspec.Raw:
         server_id = link.server_id
         policy = link.config.inference
         if policy is None:
@@ -202,7 +202,7 @@ class InferenceBroker:
         try:
             with trio.move_on_after(policy.timeout) as deadline:
                 try:
-                    answer = await peer.request(method, host_params, timeout=math.inf, result_type=msgspec.Raw)
+                    answer: msgspec.Raw = await peer.request(method, host_params, timeout=math.inf, result_type=msgspec.Raw)
                     abandoned = None
                 except PeerClosed:
                     abandoned = None
@@ -242,7 +242,7 @@ class InferenceBroker:
         if wait is not None:
             raise self._refused(InferenceRefusal.RATE_LIMITED, method, server_id, limit=policy.per_minute, retryAfter=round(wait, 3))
 
-    def _refused(self, reason: InferenceRefusal, method: str, server_id: str, **facts: Any) -> RpcError:
+    def _refused(self, reason: InferenceRefusal, method: str, server_id: str, **facts: object) -> RpcError:
         self._metrics.inference_outcome(server_id, method, reason)
         self._log.warning("inference.request.refused", server=server_id, method=method, reason=reason, **facts)
         return refusals.refusal(reason, method, **facts)
@@ -283,7 +283,7 @@ class InferenceBroker:
 CANCEL_NOTICE_TIMEOUT = 1.0
 
 
-async def _tell_cancelled(peer: Peer, request_id: str, reason: str, log: Any) -> None:
+async def _tell_cancelled(peer: Peer, request_id: str, reason: str, log: Logger) -> None:
     """``inference/cancel {requestId, reason}`` to the host: the daemon no longer waits for it."""
     with trio.CancelScope(shield=True, deadline=trio.current_time() + CANCEL_NOTICE_TIMEOUT):
         try:

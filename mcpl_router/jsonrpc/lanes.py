@@ -27,6 +27,7 @@ import attrs
 import msgspec
 import trio
 
+from mcpl_router.logs import Logger
 from mcpl_router.jsonrpc.envelope import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -77,7 +78,7 @@ class PeerLanes:
     _stamp: Callable[[], Any] | None
     _lane_of: LaneOf | None
     _concurrent: frozenset[str]
-    _log: Any
+    _log: Logger
     _counts: dict[str, int]
     _nursery: trio.Nursery | None
     _lanes: dict[Hashable, _Lane]

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
+from mcpl_router.logs import Logger
 from mcpl_router.jsonrpc.framing import MessageStream
 from mcpl_router.jsonrpc.limits import PeerLimits
 
@@ -41,7 +42,7 @@ class PeerOutbox:
     # The Peer's, set when it is made.
     limits: PeerLimits
     _stream: MessageStream
-    _log: Any
+    _log: Logger
     _closed: bool
     _close_reason: str
     _counts: dict[str, int]

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import trio
 
+from mcpl_router.logs import Logger
 from mcpl_router.store.schema import (
     SQL_PRUNABLE_EVENTS,
     SQL_PRUNE_DELIVERIES,
@@ -39,7 +40,7 @@ class JournalPruning:
     # The journal's, set when it opens.
     retention: float
     _db: sqlite3.Connection
-    _log: Any
+    _log: Logger
     _stats: dict[str, int]
     _drafts: dict[str, dict[str, Any]]
     _agent_drafts: dict[str, dict[str, None]]

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import os
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any, Final
+
+from mcpl_router.logs import Logger
+
 
 class JournalRefused(Exception):
     """The journal can't be trusted or used as it is; ``str()`` is one line: the file, what is
@@ -247,7 +251,7 @@ def is_current(db: sqlite3.Connection) -> bool:
     return int(db.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
 
 
-def migrate(db: sqlite3.Connection, log: Any) -> None:
+def migrate(db: sqlite3.Connection, log: Logger) -> None:
     """Bring the file to :data:`SCHEMA_VERSION`, one version at a time.
 
     Version 0 journals are rebuilt in place; versions 1 and 2 lack only whole tables (fork
@@ -344,7 +348,7 @@ def statements(script: str) -> list[str]:
     return statements
 
 
-def lock(path: Path) -> Any:
+def lock(path: Path) -> io.TextIOWrapper:
     """Take ``<path>.lock`` (flock) and write our pid in it, or raise :class:`JournalLocked`."""
     lock_path = Path(f"{path}.lock")
     handle = open(lock_path, "a+", encoding="utf-8")  # noqa: SIM115 - held open while we run

@@ -27,6 +27,7 @@ import attrs
 import msgspec
 import trio
 
+from mcpl_router.logs import Logger
 from mcpl_router.store.integrity import FileIdentity
 from mcpl_router.store.pruning import PRUNE_INTERVAL
 from mcpl_router.store.records import CommitDurations, Delivery, InboundEvent, JournalFailure, Recorded, content_digest
@@ -252,7 +253,7 @@ class JournalWriter:
 
     # The journal's, set when it opens.
     _db: sqlite3.Connection
-    _log: Any
+    _log: Logger
     _encoder: msgspec.json.Encoder
     _closed: bool
     _last_seq: int

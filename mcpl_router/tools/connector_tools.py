@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import msgspec
@@ -45,7 +45,7 @@ import trio
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.events import EventBus, ServerStateChanged, ServerToolsChanged
-from mcpl_router.logs import get_logger
+from mcpl_router.logs import Logger, get_logger
 from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
 from mcpl_router.mcpl.session import LIFECYCLE, TOOLS, ToolCallParams, ToolNotSent, ToolRefused, ToolsListParams, ToolUnconfirmed
 from mcpl_router.routing import texts
@@ -105,12 +105,12 @@ def exposed_name(prefix: str, tool: str, server_id: str) -> str:
     return f"{_NAME_BAD_CHAR.sub('_', raw)[: NAME_MAX - 9]}-{digest}"
 
 
-def _meta(tool: Mapping[str, Any]) -> Mapping[str, Any]:
+def _meta(tool: Mapping[str, object]) -> Mapping[str, object]:
     meta = tool.get("_meta")
     return meta if isinstance(meta, Mapping) else {}
 
 
-def is_send_tool(tool: Mapping[str, Any]) -> bool:
+def is_send_tool(tool: Mapping[str, object]) -> bool:
     """Whether a listed tool posts a message: a known send name, or ``_meta["mcpl/send"]``."""
     return tool.get("name") in SEND_TOOLS or _meta(tool).get(META_SEND) is True
 
@@ -122,7 +122,7 @@ class ConnectorTool:
     server_id: str
     name: str
     exposed: str
-    spec: Mapping[str, Any]
+    spec: Mapping[str, object]
 
     @property
     def is_send(self) -> bool:
@@ -138,7 +138,7 @@ class ConnectorTool:
         argument = _meta(self.spec).get(META_CHANNEL_ARGUMENT)
         return argument if isinstance(argument, str) and argument else "channelId"
 
-    def offered_spec(self) -> dict[str, Any]:
+    def offered_spec(self) -> dict[str, object]:
         """The spec ``turn/open`` offers: the offered name, the server's schema and text."""
         schema = self.spec.get("inputSchema")
         description = self.spec.get("description")
@@ -193,7 +193,7 @@ class ConnectorTools:
         #: Bumped after every catalog change (tests wait on it).
         self.generation = 0
         #: The last offered list and what it was made of (see :meth:`tools_for`).
-        self._offered: tuple[list[tuple[Any, ...]], list[ToolSpec]] | None = None
+        self._offered: tuple[Sequence[tuple[object, ...]], list[ToolSpec]] | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the list fetches until cancelled."""
@@ -270,7 +270,7 @@ class ConnectorTools:
         if link.session.unusable(TOOLS) is not None:
             log.info("connector.tools.skipped", state=link.state.value, granted=link.session.allows(TOOLS))
             return
-        listed: list[Mapping[str, Any]] = []
+        listed: list[Mapping[str, object]] = []
         cursor: str | None = None
         for _ in range(MAX_LIST_PAGES):
             try:
@@ -292,13 +292,13 @@ class ConnectorTools:
             return  # a reconnect happened meanwhile; its own fetch is scheduled
         self._install(link, epoch, listed)
 
-    def _install(self, link: ServerLink, epoch: int, listed: Sequence[Mapping[str, Any]]) -> None:
+    def _install(self, link: ServerLink, epoch: int, listed: Sequence[Mapping[str, object]]) -> None:
         server_id = link.server_id
         prefix = link.config.tool_prefix
         catalog = _ServerCatalog(epoch)
         for spec in listed:
             name = spec["name"]
-            if name in catalog.tools:
+            if not isinstance(name, str) or name in catalog.tools:
                 continue  # a server listing one name twice: the first stands
             catalog.tools[name] = ConnectorTool(server_id, name, exposed_name(prefix, name, server_id), dict(spec))
         self._catalogs[server_id] = catalog
@@ -341,12 +341,12 @@ class ConnectorTools:
         self._offered = (basis, offered)
         return offered
 
-    def is_send(self, tool: ToolName, arguments: Mapping[str, Any]) -> bool:
+    def is_send(self, tool: ToolName, arguments: Mapping[str, object]) -> bool:
         """Whether calling ``tool`` posts somewhere (send-silencing of its round's text)."""
         found = self._tool_of(tool.server_tool) if tool.server_tool is not None else None
         return found is not None and found.is_send
 
-    async def call(self, call: ToolCall) -> dict[str, Any]:
+    async def call(self, call: ToolCall) -> dict[str, object]:
         """Forward one call to the tool's own server; refusals and outcomes as results."""
         pair = call.tool.server_tool
         log = self._log.bind(agent=call.run.turn.agent, call=call.call_id, tool=call.name)
@@ -412,7 +412,7 @@ class ConnectorTools:
 
     # ------------------------------------------------------------------ sends
 
-    def _send_channel(self, tool: ConnectorTool, arguments: Mapping[str, Any]) -> ChannelRef | Refusal | None:
+    def _send_channel(self, tool: ConnectorTool, arguments: Mapping[str, object]) -> ChannelRef | Refusal | None:
         """A send's channel, on the tool's own server only (never another server's).
 
         Read by the one resolver: the server's channel with that id, else the one of its
@@ -430,14 +430,14 @@ class ConnectorTools:
             return resolved
         return ChannelRef(tool.server_id, value)
 
-    def _result_channel(self, tool: ConnectorTool, result: Mapping[str, Any]) -> ChannelRef | None:
+    def _result_channel(self, tool: ConnectorTool, result: Mapping[str, object]) -> ChannelRef | None:
         structured = result.get("structuredContent")
         channel_id = structured.get("channelId") if isinstance(structured, Mapping) else None
         if isinstance(channel_id, str) and channel_id:
             return ChannelRef(tool.server_id, channel_id)
         return None
 
-    async def _engage(self, call: ToolCall, channel: ChannelRef | None, log: Any) -> list[str]:
+    async def _engage(self, call: ToolCall, channel: ChannelRef | None, log: Logger) -> list[str]:
         """Count a send: engage its channel for the calling turn, open it if it was closed.
 
         Opened as ``channel_open`` opens one: ``channels/open`` on the channel's own server,
@@ -468,8 +468,8 @@ class ConnectorTools:
         return [texts.connector_send_opened(self._router.names.name_shown(channel))]
 
     def _unconfirmed(
-        self, call: ToolCall, tool: ConnectorTool, channel: ChannelRef | None, data: dict[str, Any], timeout: float
-    ) -> dict[str, Any]:
+        self, call: ToolCall, tool: ConnectorTool, channel: ChannelRef | None, data: Mapping[str, object], timeout: float
+    ) -> dict[str, object]:
         # Possibly sent: a send engages its channel, as an unconfirmed publish does, so the
         # round's plain text isn't posted beside words that may already be there.
         if tool.is_send and channel is not None and self._router.registry.get(channel) is not None:
@@ -480,7 +480,7 @@ class ConnectorTools:
         result["_meta"] = {"mcpl-router": {**self._about(data, channel), "outcome": "unknown"}}
         return result
 
-    def _about(self, data: dict[str, Any], channel: ChannelRef | None) -> dict[str, Any]:
+    def _about(self, data: Mapping[str, object], channel: ChannelRef | None) -> dict[str, object]:
         about = dict(data)
         if channel is not None:
             about["channel"] = {**channel.to_wire(), "shown": self._router.names.name_shown(channel)}
@@ -488,7 +488,7 @@ class ConnectorTools:
 
 
 
-def _same_parts(before: Sequence[tuple[Any, ...]], now: Sequence[tuple[Any, ...]]) -> bool:
+def _same_parts(before: Sequence[tuple[object, ...]], now: Sequence[tuple[object, ...]]) -> bool:
     """Whether two lists of parts hold the very same objects, row by row."""
     return len(before) == len(now) and all(
         len(old) == len(new) and all(a is b for a, b in zip(old, new, strict=True)) for old, new in zip(before, now, strict=True)

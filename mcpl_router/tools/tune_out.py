@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
@@ -318,7 +318,7 @@ class TuneOuts:
         """``speak_in_channel`` posts: its round's plain text is held (send-silencing)."""
         return tool.name == "speak_in_channel"
 
-    async def call(self, call: ToolCall) -> dict[str, Any]:
+    async def call(self, call: ToolCall) -> dict[str, object]:
         await trio.lowlevel.checkpoint()
         if call.name in SUBCONSCIOUS_TOOLS and not is_subconscious(call.agent):
             not_done = _NOT_DONE[call.name]
@@ -339,7 +339,7 @@ class TuneOuts:
 
     # ------------------------------------------------------------------ the tools
 
-    def _channel(self, call: ToolCall, name: str, not_done: str) -> ChannelRef | dict[str, Any]:
+    def _channel(self, call: ToolCall, name: str, not_done: str) -> ChannelRef | dict[str, object]:
         """The channel ``name`` (the call's ``channelId``) names, read as every tool reads one;
         else the refusal."""
         router = self._router
@@ -355,7 +355,7 @@ class TuneOuts:
             data["serverId"] = resolved.server_id
         return tool_result(resolved.text, error=True, reason=resolved.kind, data=data)
 
-    async def _enter(self, call: ToolCall, args: TuneOutArgs) -> dict[str, Any]:
+    async def _enter(self, call: ToolCall, args: TuneOutArgs) -> dict[str, object]:
         settings = args.settings
         if isinstance(settings, tuple):
             field, problem = settings
@@ -391,7 +391,7 @@ class TuneOuts:
                 "backlogCap": settings.backlog_cap, "maxWakes": settings.max_wakes, "duration": settings.duration}
         return tool_result(texts.tuneout_entered(shown, settings.cadence, settings.backlog_cap, ends), data=data)
 
-    def _cancel(self, call: ToolCall, channel_name: str) -> dict[str, Any]:
+    def _cancel(self, call: ToolCall, channel_name: str) -> dict[str, object]:
         ref = self._channel(call, channel_name, texts.NOTHING_CANCELLED)
         if isinstance(ref, dict):
             return ref
@@ -409,7 +409,7 @@ class TuneOuts:
         self._log.info("tuneout.cancelled", agent=owner, by=call.agent.name, server=ref.server_id, channel=ref.channel_id, held=held)
         return tool_result(texts.tuneout_cancelled(shown, held), data={**ref.to_wire(), "shown": shown, "agent": owner, "held": held})
 
-    async def _speak(self, call: ToolCall) -> dict[str, Any]:
+    async def _speak(self, call: ToolCall) -> dict[str, object]:
         args = SpeakArgs.read(call.arguments)
         text = args.text
         if not text.strip():
@@ -436,7 +436,7 @@ class TuneOuts:
             return tool_result(texts.receipt([], 0, [], [shown]), reason=texts.Reason.UNCONFIRMED, data=data)
         return tool_result(texts.receipt([], 0, [shown], []), error=True, reason=delivery.reason, data=data)
 
-    def _deliver(self, call: ToolCall) -> dict[str, Any]:
+    def _deliver(self, call: ToolCall) -> dict[str, object]:
         args = SummaryArgs.read(call.arguments)
         summary = args.summary
         if not summary:
