@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from collections.abc import MutableMapping
 
 import msgspec
 import structlog
 import structlog.tracebacks
 import structlog.typing
+from structlog.typing import Processor
 
 _SECRET_FIELD_WORDS = ("token", "secret", "password", "authorization", "apikey", "api_key")
 _json_encoder = msgspec.json.Encoder()
 
 
-def _redact_secrets(_logger: Any, _method: str, event: dict[str, object]) -> dict[str, object]:
+def _redact_secrets(_logger: object, _method: str, event: MutableMapping[str, object]) -> MutableMapping[str, object]:
     for key in event:
         lowered = key.lower()
         if any(word in lowered for word in _SECRET_FIELD_WORDS):
@@ -33,11 +34,11 @@ def _redact_secrets(_logger: Any, _method: str, event: dict[str, object]) -> dic
     return event
 
 
-def _render_json(_logger: Any, _method: str, event: dict[str, object]) -> str:
+def _render_json(_logger: object, _method: str, event: MutableMapping[str, object]) -> str:
     return _json_encoder.encode(event).decode()
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> str:
     return str(obj)
 
 
@@ -53,7 +54,7 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
-def _route_stdlib_logging(numeric: int, steps: list[Any], tracebacks: list[Any], renderer: Any) -> None:
+def _route_stdlib_logging(numeric: int, steps: list[Processor], tracebacks: list[Processor], renderer: Processor) -> None:
     """One root handler formats every stdlib record as our own lines are (replacing the one a
     previous call installed, so configuring twice never writes a record twice)."""
     root = logging.getLogger()
@@ -87,16 +88,16 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
         json = not sys.stderr.isatty()
     global _json_encoder
     _json_encoder = msgspec.json.Encoder(enc_hook=_default)
-    renderer: Any = _render_json if json else structlog.dev.ConsoleRenderer(colors=False)
+    renderer: Processor = _render_json if json else structlog.dev.ConsoleRenderer(colors=False)
     # JSON lines carry a traceback as structured fields ("exception": frames, types, values);
     # without this step a JSON line says only "exc_info": true and the traceback is lost.
     # No locals: a frame's locals may hold a token.
-    tracebacks: list[Any] = (
+    tracebacks: list[Processor] = (
         [structlog.processors.ExceptionRenderer(structlog.tracebacks.ExceptionDictTransformer(show_locals=False))]
         if json
         else []
     )
-    steps: list[Any] = [
+    steps: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

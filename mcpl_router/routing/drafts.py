@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Literal
+from typing import Final, Literal, NotRequired, TypedDict
 
 import attrs
 
 __all__ = [
     "DRAFT_STATES",
     "Attempt",
+    "AttemptRow",
     "Draft",
+    "DraftRow",
     "new_draft_id",
     "page",
 ]
@@ -44,6 +46,35 @@ def new_draft_id(taken: Callable[[str], bool], rng: random.Random | None = None)
             return draft_id
 
 
+class AttemptRow(TypedDict):
+    """An attempt as the journal keeps it and a draft's ``show`` gives it."""
+
+    serverId: str  # noqa: N815 - the wire's names
+    channelId: str  # noqa: N815
+    shown: str
+    at: float
+    outcome: str
+    reason: NotRequired[str]
+
+
+class DraftRow(TypedDict):
+    """A draft as the journal stores it (plain JSON). Rows written before a field existed lack
+    it (read with its default); ``settledAt`` is the journal's, once the draft is settled."""
+
+    id: str
+    agent: str
+    text: str
+    reason: str
+    createdAt: float  # noqa: N815 - the wire's names
+    turnId: NotRequired[str]  # noqa: N815
+    state: NotRequired[DraftState]
+    target: NotRequired[str | None]
+    detail: NotRequired[str | None]
+    attempts: NotRequired[list[AttemptRow]]
+    told: NotRequired[bool]
+    settledAt: NotRequired[float]  # noqa: N815
+
+
 @attrs.frozen
 class Attempt:
     """One send of a draft: where (server, channel, shown), when, and what came of it."""
@@ -55,14 +86,14 @@ class Attempt:
     outcome: str  # "sending" until it is known: delivered | failed | unknown
     reason: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        wire = {"serverId": self.server_id, "channelId": self.channel_id, "shown": self.shown, "at": self.at, "outcome": self.outcome}
+    def to_wire(self) -> AttemptRow:
+        wire: AttemptRow = {"serverId": self.server_id, "channelId": self.channel_id, "shown": self.shown, "at": self.at, "outcome": self.outcome}
         if self.reason is not None:
             wire["reason"] = self.reason
         return wire
 
     @classmethod
-    def from_wire(cls, wire: dict[str, Any]) -> Attempt:
+    def from_wire(cls, wire: AttemptRow) -> Attempt:
         return cls(wire["serverId"], wire["channelId"], wire["shown"], float(wire["at"]), wire["outcome"], wire.get("reason"))
 
 
@@ -91,8 +122,8 @@ class Draft:
         flat = " ".join(self.text.split())
         return flat if len(flat) <= width else flat[: width - 1] + "…"
 
-    def to_wire(self, now: float | None = None) -> dict[str, Any]:
-        wire: dict[str, Any] = {
+    def to_wire(self, now: float | None = None) -> dict[str, object]:
+        wire: dict[str, object] = {
             "id": self.draft_id,
             "state": self.state,
             "reason": self.reason,
@@ -108,7 +139,7 @@ class Draft:
             wire["detail"] = self.detail
         return wire
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> DraftRow:
         """The draft as the journal stores it (plain JSON values)."""
         return {
             "id": self.draft_id,
@@ -125,7 +156,7 @@ class Draft:
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Draft:
+    def from_row(cls, row: DraftRow) -> Draft:
         return cls(
             draft_id=row["id"],
             agent=row["agent"],

@@ -33,12 +33,14 @@ import time
 from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 import trio
 
 from mcpl_router.logs import get_logger
+from mcpl_router.routing import texts
+from mcpl_router.routing.drafts import DraftRow
 from mcpl_router.store.integrity import FileIdentity, check_before_open, check_opened, disk_is_full, refusal_of, write_marker
 from mcpl_router.store.pruning import DEFAULT_RETENTION, PRUNE_CHUNK, PRUNE_INTERVAL, JournalPruning
 from mcpl_router.store.reads import JournalReads
@@ -179,14 +181,14 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
                 "SELECT agent, server, channel, state FROM channel_decisions ORDER BY decided_at"
             )
         }
-        self._drafts: dict[str, dict[str, Any]] = {}
+        self._drafts: dict[str, DraftRow] = {}
         # Each agent's draft ids, oldest first: a turn reads its agent's drafts, not everyone's.
         self._agent_drafts: dict[str, dict[str, None]] = {}
         cutoff = time.time() - retention
         for raw, settled_at in db.execute("SELECT row, settled_at FROM drafts ORDER BY created_at, id").fetchall():
             if settled_at is not None and settled_at < cutoff:
                 continue  # pruned at the writer's first pass
-            row = msgspec.json.decode(raw)
+            row: DraftRow = msgspec.json.decode(raw)
             if settled_at is not None:
                 row["settledAt"] = settled_at
             self._drafts[row["id"]] = row
@@ -281,7 +283,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
 
     # -- agents, declines, drafts (in memory, written behind in order) --------------------------
 
-    def save_agent(self, name: str, spec: Any) -> None:
+    def save_agent(self, name: str, spec: object) -> None:
         """Remember a host-declared agent's spec (plain JSON values)."""
         self._submit_nowait(
             _WriteOp(
@@ -392,7 +394,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         """A tune-out was cancelled or ended (or is not resumed): its row goes."""
         self._submit_nowait(_WriteOp(sql=SQL_FORGET_TUNE_OUT, args=(agent, server_id, channel_id)))
 
-    def save_draft(self, row: dict[str, Any]) -> None:
+    def save_draft(self, row: DraftRow) -> None:
         """Insert or replace one draft (its :meth:`~mcpl_router.routing.drafts.Draft.row`).
 
         In memory at once; on disk at the next commit (:meth:`flush` waits for it).
@@ -403,7 +405,11 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             settled_at = settled_at if isinstance(settled_at, (int, float)) else time.time()
         else:
             settled_at = None
-        stored = {**row, "settledAt": settled_at} if settled_at is not None else {k: v for k, v in row.items() if k != "settledAt"}
+        stored: DraftRow = {**row}
+        if settled_at is not None:
+            stored["settledAt"] = settled_at
+        else:
+            stored.pop("settledAt", None)
         self._drafts[row["id"]] = stored
         self._agent_drafts.setdefault(row["agent"], {})[row["id"]] = None
         self._submit_nowait(
@@ -413,12 +419,12 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             )
         )
 
-    def drafts_of(self, agent: str) -> list[dict[str, object]]:
+    def drafts_of(self, agent: str) -> list[DraftRow]:
         """Every kept draft row of ``agent``, oldest first."""
         ids = self._agent_drafts.get(agent, {})
         return sorted((self._drafts[draft_id] for draft_id in ids), key=lambda row: (float(row["createdAt"]), row["id"]))
 
-    def draft(self, draft_id: str) -> dict[str, Any] | None:
+    def draft(self, draft_id: str) -> DraftRow | None:
         """One draft row by id."""
         return self._drafts.get(draft_id)
 
@@ -431,8 +437,8 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             attempts = row.get("attempts") or []
             if not attempts or attempts[-1].get("outcome") != "sending":
                 continue
-            attempts[-1] = {**attempts[-1], "outcome": "unknown", "reason": "interrupted"}
-            fixed = {**row, "attempts": attempts}
+            attempts[-1] = {**attempts[-1], "outcome": "unknown", "reason": texts.Reason.INTERRUPTED}
+            fixed: DraftRow = {**row, "attempts": attempts}
             if fixed.get("state") == "held":
                 fixed["state"] = "unconfirmed"
             self._drafts[row["id"]] = fixed

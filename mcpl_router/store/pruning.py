@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Any, Final
+from typing import Final
 
 import trio
 
 from mcpl_router.logs import Logger
+from mcpl_router.routing.drafts import DraftRow
 from mcpl_router.store.schema import (
     SQL_PRUNABLE_EVENTS,
     SQL_PRUNE_DELIVERIES,
@@ -42,7 +43,7 @@ class JournalPruning:
     _db: sqlite3.Connection
     _log: Logger
     _stats: dict[str, int]
-    _drafts: dict[str, dict[str, Any]]
+    _drafts: dict[str, DraftRow]
     _agent_drafts: dict[str, dict[str, None]]
 
     async def _prune_chunk_now(self) -> bool:

@@ -21,7 +21,7 @@ import sqlite3
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 import attrs
 import msgspec
@@ -143,8 +143,8 @@ class _InboundOp(_Op):
             for dedup, seq, digest in db.execute(SQL_FIND_DUPLICATES, (server, kind, encode(sorted(dedups)))):
                 latest[(server, kind, dedup)] = (int(seq), digest)
         seq = int(db.execute(SQL_LAST_SEQ_GIVEN).fetchone()[0])
-        events: list[tuple[Any, ...]] = []
-        deliveries_rows: list[tuple[Any, ...]] = []
+        events: list[tuple[object, ...]] = []
+        deliveries_rows: list[tuple[object, ...]] = []
         for op in ops:
             for event, deliveries in op.events:
                 digest = event.digest if event.digest is not None else content_digest(event.payload)
@@ -229,7 +229,7 @@ class _WriteOp(_Op):
     """A write-behind statement (drafts, declines, agents): in order, no caller waits on it."""
 
     sql: str = ""
-    args: tuple[Any, ...] = ()
+    args: tuple[object, ...] = ()
 
     def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
         db.execute(self.sql, self.args)
