@@ -9,9 +9,8 @@ the config file and applies what can change live (docs/operations.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
 
 import attrs
 import msgspec
@@ -71,7 +70,7 @@ SHUTDOWN_NOTICE_TIMEOUT = 1.0
 #: its ``requestTimeout``) and the answer names it in ``policyPending``.
 RELOAD_ANSWER_WAIT = 2.0
 
-Observer = Callable[[str, dict[str, Any]], None]
+Observer = Callable[[str, Mapping[str, object]], None]
 
 
 class Daemon:
@@ -95,7 +94,7 @@ class Daemon:
         #: True from the moment shutdown starts: ``/readyz`` answers 503.
         self.draining = False
         #: What the latest reload did (``status`` shows it).
-        self.last_reload: dict[str, Any] | None = None
+        self.last_reload: dict[str, object] | None = None
         self._link_scopes: dict[str, tuple[trio.CancelScope, trio.Event]] = {}
         self._reload_requests, self._reload_receive = trio.open_memory_channel[None](1)
         self._shutdown_reason: str | None = None
@@ -248,11 +247,11 @@ class Daemon:
         # registers again. Until then no name may resolve to its channels.
         self.events.publish(ServerWithdrawn(link.server_id))
 
-    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> object:
         result = await self.inbound.handle(link, inbound)
         if isinstance(result, Deferred):
             # Answered after the journal's group commit: counted when the answer is ready.
-            def answered(answer: Any) -> Any:
+            def answered(answer: object) -> object:
                 self._answered(link, inbound.method, answer)
                 return answer
 
@@ -260,7 +259,7 @@ class Daemon:
         self._answered(link, inbound.method, result)
         return result
 
-    def _answered(self, link: ServerLink, method: str, result: Any) -> None:
+    def _answered(self, link: ServerLink, method: str, result: object) -> None:
         self.metrics.inbound_answered(link.server_id, method, result)
 
     # -- host connections (the listener calls these) -------------------------------------------
@@ -292,7 +291,7 @@ class Daemon:
         event = accepted.event
         self._emit("inbound/accepted", {"seq": accepted.seq, "serverId": event.server_id, "channelId": event.channel_id, "kind": event.kind})
 
-    def _emit(self, event: str, fields: dict[str, Any]) -> None:
+    def _emit(self, event: str, fields: Mapping[str, object]) -> None:
         for observer in self.observers:
             try:
                 observer(event, fields)
@@ -301,19 +300,19 @@ class Daemon:
 
     # -- queries (host API, CLI, demo): the read model's -------------------------------------
 
-    def status(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, Any]:
+    def status(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, object]:
         return self.read_model.status(channels_page=channels_page, channels_filter=channels_filter)
 
-    def servers_list(self) -> list[dict[str, Any]]:
+    def servers_list(self) -> list[dict[str, object]]:
         return self.read_model.servers_list()
 
     def readiness(self) -> Readiness:
         return self.read_model.readiness()
 
-    def channels_list(self) -> list[dict[str, Any]]:
+    def channels_list(self) -> list[dict[str, object]]:
         return self.read_model.channels_list()
 
-    def explain(self, name: str, server_id: str | None = None) -> dict[str, Any]:
+    def explain(self, name: str, server_id: str | None = None) -> dict[str, object]:
         return self.read_model.explain(name, server_id)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -459,7 +458,7 @@ class Daemon:
             return
         self.events.publish(ServerWithdrawn(link.server_id, why="channels.register revoked by reload"))
 
-    async def reload(self, new_config: RouterConfig | None = None) -> dict[str, Any]:
+    async def reload(self, new_config: RouterConfig | None = None) -> dict[str, object]:
         """Re-read the config file (or take ``new_config``) and apply what can change live.
 
         Servers added are connected, removed ones disconnected (their channels withdrawn, their
@@ -564,7 +563,7 @@ class Daemon:
                 }
             )
 
-    def _reloaded(self, result: dict[str, Any]) -> dict[str, Any]:
+    def _reloaded(self, result: dict[str, object]) -> dict[str, object]:
         result = {**result, "at": time.time(), "config": self.config.source}
         self.last_reload = result
         self.metrics.reloads.labels(result["outcome"]).inc()

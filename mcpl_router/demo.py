@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 import trio
 
@@ -29,7 +30,7 @@ READY_TIMEOUT = 30.0
 
 
 def demo_config(workdir: Path) -> RouterConfig:
-    servers: dict[str, Any] = {}
+    servers: dict[str, dict[str, object]] = {}
     for server_id, personality in (("a", "strict"), ("b", "discord")):
         argv = fixture_command(
             "stdio",
@@ -51,9 +52,15 @@ def demo_config(workdir: Path) -> RouterConfig:
     return parse_config(data, source="<embedded demo config>", base_dir=workdir)
 
 
-def _grant_line(grant: dict[str, Any]) -> str:
-    granted = grant.get("granted") or []
-    return f"{len(granted)} capabilities: {', '.join(granted)}"
+def _grant_line(grant: object) -> str:
+    granted = grant.get("granted") if isinstance(grant, Mapping) else None
+    names = [str(name) for name in granted] if isinstance(granted, (list, tuple)) else []
+    return f"{len(names)} capabilities: {', '.join(names)}"
+
+
+def _refs(value: object) -> list[Mapping[str, object]]:
+    """The refs in a notice's list (``added``, ``removed``)."""
+    return [ref for ref in value if isinstance(ref, Mapping)] if isinstance(value, (list, tuple)) else []
 
 
 def print_overview(daemon: Daemon, out: TextIO) -> None:
@@ -62,18 +69,18 @@ def print_overview(daemon: Daemon, out: TextIO) -> None:
         legacy = "legacy mode (manifest " + str(status["manifestVersion"]) + ")" if status["legacy"] else "MCPL " + str(status["manifestVersion"])
         print(f"server {status['serverId']}: {status['state']} over {status['transport']}, {legacy}", file=out)
         print(f"  grant: {_grant_line(status['grant'])}", file=out)
-        channels = [row for row in daemon.channels_list() if row["serverId"] == status["serverId"]]
-        names = ", ".join(f"{row['channelId']} (shown as {row['shown']})" for row in channels) or "none"
+        channels = [row for row in daemon.router.names.channel_list() if row.server_id == status["serverId"]]
+        names = ", ".join(f"{row.channel_id} (shown as {row.shown})" for row in channels) or "none"
         print(f"  channels: {names}", file=out)
     print("", file=out)
     for name in ("general", "a:general", "b:general"):
-        explanation = daemon.explain(name)
-        resolved = explanation.get("resolved")
-        if resolved:
-            print(f'the name "{name}" picks server {resolved["serverId"]}\'s channel {resolved["channelId"]}', file=out)
-        else:
+        explanation = daemon.router.names.explain(name)
+        resolved = explanation.resolved
+        if resolved is not None:
+            print(f'the name "{name}" picks server {resolved.server_id}\'s channel {resolved.channel_id}', file=out)
+        elif explanation.refusal is not None:
             print(f'the name "{name}" is refused:', file=out)
-            for line in explanation["refusal"]["text"].splitlines():
+            for line in explanation.refusal.text.splitlines():
                 print(f"    {line}", file=out)
     print("", file=out)
 
@@ -84,13 +91,13 @@ async def run_demo(*, once: bool = False, out: TextIO = sys.stdout) -> int:
         (workdir / "run").mkdir(mode=0o700)
         config = demo_config(workdir)
 
-        def show(event: str, fields: dict[str, Any]) -> None:
+        def show(event: str, fields: Mapping[str, object]) -> None:
             if event == "server/state":
                 print(f"[{fields['serverId']}] {fields['old']} -> {fields['state']}", file=out, flush=True)
             elif event == "channels/changed":
-                for ref in fields["added"]:
+                for ref in _refs(fields["added"]):
                     print(f"[{ref['serverId']}] registered channel {ref['channelId']!r}", file=out, flush=True)
-                for ref in fields["removed"]:
+                for ref in _refs(fields["removed"]):
                     print(f"[{ref['serverId']}] channel {ref['channelId']!r} gone", file=out, flush=True)
 
         daemon = Daemon(config, observers=[show])
@@ -169,14 +176,17 @@ async def run_scripted_host(daemon: Daemon, workdir: Path, out: TextIO) -> None:
         print("", file=out, flush=True)
 
 
-def _describe(recorded: list[dict[str, Any]]) -> str:
+def _describe(recorded: list[dict[str, object]]) -> str:
     parts = []
     for entry in recorded:
-        method, params = entry["method"], entry.get("params") or {}
+        method, given = entry["method"], entry.get("params")
+        params: Mapping[str, object] = given if isinstance(given, Mapping) else {}
         if method == "channels/typing":
             parts.append(f"typing {params.get('op', 'start')} in {params.get('channelId')}")
         elif method == "channels/publish":
-            text = " ".join(block.get("text", "") for block in params.get("content", []))
+            content = params.get("content")
+            blocks = [block for block in content if isinstance(block, Mapping)] if isinstance(content, (list, tuple)) else []
+            text = " ".join(str(block.get("text", "")) for block in blocks)
             parts.append(f"the reply in {params.get('channelId')}: {text!r}")
     return "; ".join(parts) or "no typing and no reply"
 
@@ -184,7 +194,7 @@ def _describe(recorded: list[dict[str, Any]]) -> str:
 async def _wait_for_general_on_both(daemon: Daemon) -> None:
     while True:
         ready = {s["serverId"] for s in daemon.servers_list() if s["state"] == "ready"}
-        with_general = {row["serverId"] for row in daemon.channels_list() if row["channelId"] == "general"}
+        with_general = {row.server_id for row in daemon.router.names.channel_list() if row.channel_id == "general"}
         if {"a", "b"} <= ready and {"a", "b"} <= with_general:
             return
         await trio.sleep(0.05)

@@ -9,7 +9,7 @@ that read several parts are ``status_model.py``'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from mcpl_router import __version__
 from mcpl_router.health import Readiness, readiness
@@ -52,7 +52,7 @@ class ReadModel:
         liveness: Liveness,
         channel_decisions: ChannelLifecycle,
         draining: Callable[[], bool],
-        last_reload: Callable[[], dict[str, Any] | None],
+        last_reload: Callable[[], dict[str, object] | None],
     ) -> None:
         self._router = router
         self._links = links
@@ -70,7 +70,7 @@ class ReadModel:
 
     # -- the queries ---------------------------------------------------------------------------
 
-    def status(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, Any]:
+    def status(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, object]:
         """``status``, ``/status.json`` and the status page: one model.
 
         The channel listing costs a walk of every channel: it comes whole up to
@@ -118,5 +118,5 @@ class ReadModel:
     def channels_list(self) -> list[dict[str, object]]:
         return [row.to_dict() for row in self._router.names.channel_list()]
 
-    def explain(self, name: str, server_id: str | None = None) -> dict[str, Any]:
+    def explain(self, name: str, server_id: str | None = None) -> dict[str, object]:
         return self._router.names.explain(name, server_id).to_dict()

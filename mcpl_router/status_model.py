@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
@@ -30,7 +30,7 @@ def agent_rows(sessions: SessionManager, tune_outs: TuneOuts, names: ChannelName
     specs = {spec.name: spec for spec in sessions.agents()}
     for row in sessions.statistics():
         spec = specs.get(row["name"])
-        wake: dict[str, Any] = {}
+        wake: dict[str, object] = {}
         if spec is not None:
             wake = {
                 "tags": list(spec.wake_tags) if spec.wake_tags is not None else None,
@@ -67,7 +67,7 @@ def connection_rows(connections: Collection[HostConnection]) -> list[dict[str, o
     return rows
 
 
-def channel_page(names: ChannelNames, page: int = 0, filter_text: str = "") -> dict[str, Any]:
+def channel_page(names: ChannelNames, page: int = 0, filter_text: str = "") -> dict[str, object]:
     """A page of the channel listing (``filter_text``: a case-insensitive part of a row's id,
     name, label or server), each shared id's rows next to each other with the name that picks
     each alone."""
@@ -98,7 +98,7 @@ def channel_page(names: ChannelNames, page: int = 0, filter_text: str = "") -> d
     }
 
 
-def journal_row(journal: Journal) -> dict[str, Any]:
+def journal_row(journal: Journal) -> dict[str, object]:
     """The journal's statistics, with its backend, file and size."""
     try:
         size = os.stat(journal.path).st_size

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -81,19 +81,19 @@ def channels_page(router: Router, params: ChannelsListParams) -> dict[str, objec
 
 
 def add_query_methods(table: MethodTable, services: HostServices) -> None:
-    async def status(_params: NoParams, _inbound: Inbound) -> Any:
+    async def status(_params: NoParams, _inbound: Inbound) -> object:
         return services.status()
 
-    async def servers_list(_params: NoParams, _inbound: Inbound) -> Any:
+    async def servers_list(_params: NoParams, _inbound: Inbound) -> object:
         return {"servers": services.servers_list()}
 
-    async def channels_list(params: ChannelsListParams, _inbound: Inbound) -> Any:
+    async def channels_list(params: ChannelsListParams, _inbound: Inbound) -> object:
         return channels_page(services.router, params)
 
-    async def explain(params: ExplainParams, _inbound: Inbound) -> Any:
+    async def explain(params: ExplainParams, _inbound: Inbound) -> object:
         return services.explain(params.name, params.server_id or None)
 
-    async def reload(_params: NoParams, _inbound: Inbound) -> Any:
+    async def reload(_params: NoParams, _inbound: Inbound) -> object:
         return await services.reload()
 
     table.add("status", status, NoParams)

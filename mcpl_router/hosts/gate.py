@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, TypedDict
 
 import attrs
 import trio
@@ -136,7 +136,7 @@ class WakeGates:
         router: Router,
         agent_of: Callable[[str], AgentSpec | None],
         admitted: Callable[[Wake, str], str | None],
-        deliver: Callable[[str, tuple[int, ...], dict[str, Any]], bool],
+        deliver: Callable[[str, tuple[int, ...], dict[str, object]], bool],
         settle: Callable[[str, list[int]], Awaitable[None]],
         count: Callable[[str, str], None],
         route_fence: RouteFence = NO_FENCE,
@@ -173,7 +173,7 @@ class WakeGates:
             return gate.holds(wake.seq)
         return self._take(wake)
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> dict[str, object]:
         """What each agent's gate holds now, and the counters (held, batches, dropped, unowned)."""
         return {"held": {agent: gate.held_count for agent, gate in self._gates.items() if gate.held_count}, "counters": dict(self.counters)}
 
@@ -288,9 +288,18 @@ def _server_of(wake: Wake) -> str:
     return wake.source_server
 
 
+class _Conversation(TypedDict):
+    """One conversation of a batched wake: its channel and the seqs it holds."""
+
+    serverId: str  # noqa: N815 - the wire's names
+    channelId: str | None  # noqa: N815
+    shown: str | None
+    seqs: list[int]
+
+
 def batch_params(
     batch: Batch, kept: list[Wake], shown: Callable[[ChannelRef], str], may_take: Callable[[ChannelRef], bool] = lambda _ref: True
-) -> tuple[dict[str, Any], Wake | None]:
+) -> tuple[dict[str, object], Wake | None]:
     """A batched wake's params (docs/host-api.md), and the wake it routes by (None: no route).
 
     The route is the newest addressed (else newest) kept wake whose channel the agent may take
@@ -300,7 +309,7 @@ def batch_params(
     takeable = [wake for wake in kept if wake.channel is None or may_take(wake.channel)]
     route = batch.route(takeable or kept)
     routed = route if takeable else None
-    conversations: dict[tuple[str, str | None], dict[str, Any]] = {}
+    conversations: dict[tuple[str, str | None], _Conversation] = {}
     for wake in kept:
         server_id = _server_of(wake)
         channel_id = None if wake.channel is None else wake.channel.channel_id

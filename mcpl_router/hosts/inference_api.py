@@ -6,7 +6,7 @@ a chunk are :mod:`mcpl_router.inference`'s; documented in ``docs/host-api.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mcpl_router.inference import ChunkParams
 from mcpl_router.jsonrpc import Inbound, MethodTable
@@ -21,7 +21,7 @@ __all__ = ["add_inference_methods"]
 def add_inference_methods(table: MethodTable, broker: InferenceBroker, connection: HostConnection) -> None:
     """Register ``inference/chunk`` for one connection."""
 
-    async def chunk(params: ChunkParams, _inbound: Inbound) -> Any:
+    async def chunk(params: ChunkParams, _inbound: Inbound) -> object:
         await broker.chunk(connection, params)
         return {}  # a notification gets no answer; a host that sent it as a request gets this
 

@@ -7,7 +7,7 @@ is claimed and recorded after, in :class:`~mcpl_router.inference.Serving`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mcpl_router.hosts.agents import AckParams, HelloParams
 from mcpl_router.jsonrpc import Inbound, MethodTable
@@ -23,7 +23,7 @@ __all__ = ["add_session_methods"]
 def add_session_methods(table: MethodTable, manager: SessionManager, connection: HostConnection, serving: Serving) -> None:
     """Register ``session/hello`` and ``wake/ack`` for one connection."""
 
-    async def hello(params: HelloParams, _inbound: Inbound) -> Any:
+    async def hello(params: HelloParams, _inbound: Inbound) -> object:
         declared = params.serves.by_kind() if params.serves is not None else {}
         if declared:
             owned = connection.session.agents if connection.session is not None else set()
@@ -32,7 +32,7 @@ def add_session_methods(table: MethodTable, manager: SessionManager, connection:
         answer["serves"] = serving.declare(connection, declared)
         return answer
 
-    async def ack(params: AckParams, _inbound: Inbound) -> Any:
+    async def ack(params: AckParams, _inbound: Inbound) -> object:
         return await manager.ack(connection, params)
 
     table.add("session/hello", hello, HelloParams)

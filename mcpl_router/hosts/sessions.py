@@ -20,8 +20,8 @@ its wakes stay unacked in the journal and come back when it reconnects.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final, Protocol, TypedDict, TypeVarTuple, Unpack, cast
 
 import attrs
 import msgspec
@@ -48,6 +48,43 @@ if TYPE_CHECKING:
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
     from mcpl_router.turns import Invitations
+
+#: A task's arguments, as trio's ``start_soon`` takes them.
+_Args = TypeVarTuple("_Args")
+
+
+class AgentStatistics(TypedDict):
+    """One known agent as ``status`` shows it: who owns it now, and its unacked wakes."""
+
+    name: str
+    proseRouting: str  # noqa: N815 - the wire's names
+    host: str | None
+    connection: int | None
+    unackedWakes: int  # noqa: N815
+
+
+class HostTotals(TypedDict):
+    """Counters over every host connection that has closed (live ones are read when asked)."""
+
+    connections: int
+    stalledDisconnects: int  # noqa: N815 - the wire's names
+    malformedMessages: int  # noqa: N815
+    backpressureWaits: int  # noqa: N815
+    outboxHighWaterBytes: int  # noqa: N815
+
+
+class HostStatistics(TypedDict):
+    """Host connections now and in total (``status``'s ``hosts``; ``/metrics`` reads it too)."""
+
+    open: int
+    connections: int
+    stalledDisconnects: int  # noqa: N815 - the wire's names
+    malformedMessages: int  # noqa: N815
+    backpressureWaits: int  # noqa: N815
+    outboxHighWaterBytes: int  # noqa: N815
+    outboxFullDisconnects: int  # noqa: N815
+    #: Each connection's wake window and queues (``connection`` and the outbox's counters).
+    outboxes: list[dict[str, int]]
 
 #: Recent wakes kept in memory for ``turn/open`` (older ones are read from the journal).
 RECENT_WAKES: Final = 4096
@@ -92,7 +129,7 @@ class SessionManager:
         router: Router,
         metrics: WakeCounts,
         invitations: Invitations,
-        servers_list: Callable[[], list[dict[str, Any]]],
+        servers_list: Callable[[], list[dict[str, object]]],
         directory: AgentDirectory | None = None,
         agents: Mapping[str, AgentConfig] | None = None,
         diversion: WakeDiversion = NO_DIVERSION,
@@ -118,8 +155,8 @@ class SessionManager:
         # An OrderedDict: dropping a plain dict's oldest key scans the holes earlier drops left.
         self._recent: collections.OrderedDict[tuple[int, str], Wake] = collections.OrderedDict()
         # Counters over every host connection that has closed (live ones are read when asked).
-        self._closed_totals = {"connections": 0, "stalledDisconnects": 0,
-                               "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
+        self._closed_totals: HostTotals = {"connections": 0, "stalledDisconnects": 0,
+                                           "malformedMessages": 0, "backpressureWaits": 0, "outboxHighWaterBytes": 0}
         self._nursery: trio.Nursery | None = None
         self._events = events
         self._log = get_logger()
@@ -147,9 +184,9 @@ class SessionManager:
         """Every known agent, configured ones first."""
         return self.directory.agents()
 
-    def statistics(self) -> list[dict[str, Any]]:
+    def statistics(self) -> list[AgentStatistics]:
         """Every known agent, who owns it now (host name, connection) and its unacked wakes."""
-        rows = []
+        rows: list[AgentStatistics] = []
         for spec in self.agents():
             owner = self._owners.get(spec.name)
             session = owner.session if owner is not None else None
@@ -210,7 +247,7 @@ class SessionManager:
         if len(self._recent) > RECENT_WAKES:
             self._recent.popitem(last=False)
 
-    def outbox_statistics(self) -> list[dict[str, Any]]:
+    def outbox_statistics(self) -> list[dict[str, int]]:
         """Each connection's wake window and queues (for ``status``)."""
         return [{"connection": connection.id, **outbox.statistics().to_wire()} for connection, outbox in self._outboxes.items()]
 
@@ -234,20 +271,24 @@ class SessionManager:
         if not self._spawn(outbox.run):
             self._log.error("host.sessions.not_running", connection=connection.id)
 
-    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, Any]) -> bool:
+    def offer_batch(self, agent: str, seqs: tuple[int, ...], params: dict[str, object]) -> bool:
         """A wake gate's batched wake (:meth:`AgentDirectory.offer_batch`)."""
         return self.directory.offer_batch(agent, seqs, params)
 
-    def host_statistics(self) -> dict[str, Any]:
+    def host_statistics(self) -> HostStatistics:
         """Host connections now and in total: what a slow or hostile host has cost (``status``)."""
-        totals = dict(self._closed_totals)
-        totals["outboxFullDisconnects"] = self.directory.outbox_full_disconnects
+        totals = self._closed_totals.copy()
         live = [connection.peer.statistics() for connection in self._outboxes if connection.peer is not None]
         for stats in live:
             totals["malformedMessages"] += stats.malformed_messages
             totals["backpressureWaits"] += stats.backpressure_waits
             totals["outboxHighWaterBytes"] = max(totals["outboxHighWaterBytes"], stats.outbox_high_water_bytes)
-        return {"open": len(live), **totals, "outboxes": self.outbox_statistics()}
+        return {
+            "open": len(live),
+            **totals,
+            "outboxFullDisconnects": self.directory.outbox_full_disconnects,
+            "outboxes": self.outbox_statistics(),
+        }
 
     def closed(self, connection: HostConnection) -> None:
         if connection.peer is not None:
@@ -276,7 +317,7 @@ class SessionManager:
             self._log.info("agent.held", agent=name, host=session.host, connection=connection.id, grace=self.grace)
             self._spawn(self._release_after_grace, name, hold)
 
-    def _spawn(self, fn: Any, *args: Any) -> bool:
+    def _spawn(self, fn: Callable[[Unpack[_Args]], Awaitable[object]], *args: Unpack[_Args]) -> bool:
         if self._nursery is None:
             return False
         try:
@@ -352,9 +393,9 @@ class SessionManager:
                 self._log.info("wake.pending", agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq, reason=reason)
         return woken
 
-    def wake_params(self, wake: Wake) -> dict[str, Any]:
+    def wake_params(self, wake: Wake) -> dict[str, object]:
         """The ``wake`` notification's params."""
-        params: dict[str, Any] = {
+        params: dict[str, object] = {
             "seq": wake.seq,
             "agent": wake.agent,
             "reason": wake.reason,
@@ -379,7 +420,7 @@ class SessionManager:
 
     # -- methods -------------------------------------------------------------------------------
 
-    def hello(self, connection: HostConnection, params: HelloParams) -> dict[str, Any]:
+    def hello(self, connection: HostConnection, params: HelloParams) -> dict[str, object]:
         """``session/hello``: claim the agents, then re-send their unacked wakes in seq order."""
         session: HostSession | None = connection.session
         if session is not None and session.host != params.host:
@@ -458,7 +499,7 @@ class SessionManager:
         except JournalFailure as exc:
             raise _ack_not_recorded(exc) from exc
 
-        async def answer() -> dict[str, Any]:
+        async def answer() -> dict[str, object]:
             try:
                 acked = await wait()
             except JournalFailure as exc:

@@ -8,7 +8,7 @@ this module only decodes params and shapes answers. Documented in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 
@@ -86,26 +86,26 @@ def add_turn_methods(table: MethodTable, services: HostServices, connection: Hos
     """Add ``turn/open|continue|context|text|round|tool|close`` and ``channels/typing`` to ``table``."""
     turns, typing = services.turns, services.typing
 
-    async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> Any:
+    async def turn_open(params: TurnOpenParams, _inbound: Inbound) -> object:
         return await turns.open(
             connection, params.agent, wakes=params.wakes, channel=params.channel, subagent=params.subagent
         )
 
-    async def turn_continue(params: TurnContinueParams, _inbound: Inbound) -> Any:
+    async def turn_continue(params: TurnContinueParams, _inbound: Inbound) -> object:
         return await turns.continue_(connection, params.turn_id, wakes=params.wakes)
 
-    async def turn_context(params: TurnContextParams, _inbound: Inbound) -> Any:
+    async def turn_context(params: TurnContextParams, _inbound: Inbound) -> object:
         return await turns.context(connection, params.turn_id, user_message=params.user_message, model=params.model)
 
-    async def turn_text(params: TurnTextParams, _inbound: Inbound) -> Any:
+    async def turn_text(params: TurnTextParams, _inbound: Inbound) -> object:
         turns.text(connection, params.turn_id, params.round, params.delta)
         return {}
 
-    async def turn_round(params: TurnRoundParams, _inbound: Inbound) -> Any:
+    async def turn_round(params: TurnRoundParams, _inbound: Inbound) -> object:
         calls = [{"name": call.name, "arguments": call.arguments} for call in params.tool_calls]
         return await turns.round(connection, params.turn_id, params.round, calls)
 
-    async def turn_tool(params: TurnToolParams, _inbound: Inbound) -> Any:
+    async def turn_tool(params: TurnToolParams, _inbound: Inbound) -> object:
         run = turns.run_for_call(connection, params.turn_id)
         agent = services.sessions.require_owner(connection, run.turn.agent)
         return await dispatch_tool_call(
@@ -120,10 +120,10 @@ def add_turn_methods(table: MethodTable, services: HostServices, connection: Hos
             caller_turn_id=params.caller_turn_id,
         )
 
-    async def turn_close(params: TurnCloseParams, _inbound: Inbound) -> Any:
+    async def turn_close(params: TurnCloseParams, _inbound: Inbound) -> object:
         return await turns.close(connection, params.turn_id, params.outcome, params.usage)
 
-    async def channels_typing(params: TypingParams, _inbound: Inbound) -> Any:
+    async def channels_typing(params: TypingParams, _inbound: Inbound) -> object:
         return await typing.host_typing(params.channel, params.op, connection)
 
     table.add("turn/open", turn_open, TurnOpenParams)

@@ -61,6 +61,8 @@ async def test_demo_once_shows_both_servers_ready_with_general() -> None:
         result = await trio.run_process([*CLI, "demo", "--once"], capture_stdout=True, capture_stderr=True)
     out = result.stdout.decode()
     assert "server a: ready" in out and "server b: ready" in out
+    # The observer's lines: each server's channels as they are registered.
+    assert "[a] registered channel 'general'" in out and "[b] registered channel 'b-only'" in out
     assert "general (shown as a:general)" in out and "general (shown as b:general)" in out
     assert 'the name "general" is refused' in out and "is on more than one server" in out
     assert "the name \"b:general\" picks server b's channel general" in out
