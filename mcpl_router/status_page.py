@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 from urllib.parse import urlencode
 
 __all__ = ["REFRESH_SECONDS", "render_status_page"]
@@ -59,25 +59,44 @@ def _ago(stamp: object, now: float) -> str:
     return f"{seconds // 3600}h {seconds % 3600 // 60}m ago" if seconds >= 3600 else f"{seconds // 60}m {seconds % 60}s ago"
 
 
-def _ref(row: Mapping[str, Any] | None) -> str:
+def _map(value: object) -> Mapping[str, object]:
+    """``value`` when it is a JSON object, else an empty one: the page shows what is there."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _rows(value: object) -> list[Mapping[str, object]]:
+    """The objects of a JSON array (none when ``value`` is not one)."""
+    return [row for row in value if isinstance(row, Mapping)] if isinstance(value, (list, tuple)) else []
+
+
+def _strings(value: object) -> list[str]:
+    """A JSON array's items as text (none when ``value`` is not one)."""
+    return [str(item) for item in value] if isinstance(value, (list, tuple)) else []
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and value else default
+
+
+def _ref(row: Mapping[str, object]) -> str:
     if not row:
         return "–"
     return f"{e(row.get('serverId'))}:<code>{e(row.get('channelId'))}</code>"
 
 
-def _servers(model: Mapping[str, Any], now: float) -> str:
+def _servers(model: Mapping[str, object], now: float) -> str:
     rows = []
-    for server in model.get("servers", []):
-        liveness = server.get("liveness") or {}
+    for server in _rows(model.get("servers")):
+        liveness = _map(server.get("liveness"))
         state = server.get("state")
         css = "ok" if server.get("serving") else "bad"
-        grant = server.get("grant") or {}
+        grant = _map(server.get("grant"))
         rows.append([
             e(server.get("serverId")) + (' <span class="dim">(required)</span>' if server.get("required") else ""),
             f'<span class="{css}">{e(state)}</span>',
             e(server.get("epoch")),
             e(server.get("channelCount")),
-            e(f"{len(grant.get('granted') or [])} granted, {grant.get('deniedCount', 0)} denied"),
+            e(f"{len(_strings(grant.get('granted')))} granted, {grant.get('deniedCount', 0)} denied"),
             e(liveness.get("state")) + (f" ({e(liveness.get('lastRoundTripMs'))} ms)" if liveness.get("lastRoundTripMs") is not None else ""),
             e(server.get("problem") or server.get("lastError")),
             e(_ago(server.get("since"), now)),
@@ -85,10 +104,10 @@ def _servers(model: Mapping[str, Any], now: float) -> str:
     return _table(["server", "state", "epoch", "channels", "grant", "ping", "problem / last error", "since"], rows)
 
 
-def _channels(model: Mapping[str, Any], base: str) -> str:
-    listing = model.get("channelList") or {}
+def _channels(model: Mapping[str, object], base: str) -> str:
+    listing = _map(model.get("channelList"))
     rows, classes = [], []
-    for row in listing.get("rows", []):
+    for row in _rows(listing.get("rows")):
         classes.append("shared" if row.get("sharedId") else "")
         rows.append([
             f"<code>{e(row.get('channelId'))}</code>",
@@ -100,7 +119,7 @@ def _channels(model: Mapping[str, Any], base: str) -> str:
             '<span class="ok">open</span>' if row.get("open") else '<span class="dim">closed</span>',
         ])
     filter_text = str(listing.get("filter") or "")
-    page, pages = int(listing.get("page") or 0), int(listing.get("pages") or 1)
+    page, pages = _int(listing.get("page"), 0), _int(listing.get("pages"), 1)
     links = []
     if page > 0:
         links.append(f'<a href="{e(base + "?" + urlencode({"page": page - 1, "filter": filter_text}))}">previous</a>')
@@ -114,20 +133,20 @@ def _channels(model: Mapping[str, Any], base: str) -> str:
     return form + summary + _table(["id", "server", "name that picks it", "label", "type", "direction", "open"], rows, row_classes=classes)
 
 
-def _agents(model: Mapping[str, Any]) -> str:
+def _agents(model: Mapping[str, object]) -> str:
     rows = []
-    for agent in model.get("agents", []):
-        wake = agent.get("wake") or {}
+    for agent in _rows(model.get("agents")):
+        wake = _map(agent.get("wake"))
         policy = []
         if wake.get("tags") is not None:
-            policy.append("tags " + ", ".join(wake["tags"]))
+            policy.append("tags " + ", ".join(_strings(wake["tags"])))
         if wake.get("channels"):
-            policy.append("channels " + ", ".join(wake["channels"]))
+            policy.append("channels " + ", ".join(_strings(wake["channels"])))
         if wake.get("servers"):
-            policy.append("servers " + ", ".join(wake["servers"]))
+            policy.append("servers " + ", ".join(_strings(wake["servers"])))
         if wake.get("gated"):
             policy.append("gated")
-        tuned = ", ".join(str(ref.get("shown")) for ref in agent.get("tunedOut") or [])
+        tuned = ", ".join(str(ref.get("shown")) for ref in _rows(agent.get("tunedOut")))
         rows.append([
             e(agent.get("name")),
             e(agent.get("proseRouting")),
@@ -139,14 +158,14 @@ def _agents(model: Mapping[str, Any]) -> str:
     return _table(["agent", "prose routing", "owner host", "wake policy", "unacked wakes", "tuned out"], rows)
 
 
-def _hosts(model: Mapping[str, Any], now: float) -> str:
+def _hosts(model: Mapping[str, object], now: float) -> str:
     rows = []
-    for connection in model.get("hostConnections", []):
+    for connection in _rows(model.get("hostConnections")):
         rows.append([
             e(connection.get("connection")),
             e(connection.get("transport")),
             e(connection.get("host")),
-            e(", ".join(connection.get("agents") or []) or None),
+            e(", ".join(_strings(connection.get("agents"))) or None),
             e(_ago(connection.get("since"), now)),
             e(connection.get("outboxMessages")),
             '<span class="bad">stalled</span>' if connection.get("stalled") else "no",
@@ -154,14 +173,14 @@ def _hosts(model: Mapping[str, Any], now: float) -> str:
     return _table(["connection", "transport", "host", "agents", "since", "outbox", "stalled"], rows)
 
 
-def _decisions(model: Mapping[str, Any], now: float) -> str:
-    decisions = model.get("decisions") or {}
+def _decisions(model: Mapping[str, object], now: float) -> str:
+    decisions = _map(model.get("decisions"))
     rows, classes = [], []
-    for decision in decisions.get("latest", []):
+    for decision in _rows(decisions.get("latest")):
         kind = decision.get("kind")
         css = "ok" if kind == "delivered" else "bad" if kind in ("failed", "refused", "bounced") else ""
-        candidates = ", ".join(f"{c.get('serverId')}:{c.get('channelId')}" for c in decision.get("candidates") or [])
-        where = _ref(decision.get("channel")) if decision.get("channel") else f"<code>{e(decision.get('name'))}</code>"
+        candidates = ", ".join(f"{c.get('serverId')}:{c.get('channelId')}" for c in _rows(decision.get("candidates")))
+        where = _ref(_map(decision.get("channel"))) if decision.get("channel") else f"<code>{e(decision.get('name'))}</code>"
         rows.append([
             e(_ago(decision.get("at"), now)),
             f'<span class="{css}">{e(kind)}</span>',
@@ -177,8 +196,8 @@ def _decisions(model: Mapping[str, Any], now: float) -> str:
     return note + _table(["when", "decision", "via", "agent", "channel / name", "reason", "candidates", "words"], rows, row_classes=classes)
 
 
-def _journal(model: Mapping[str, Any]) -> str:
-    journal = model.get("journal") or {}
+def _journal(model: Mapping[str, object]) -> str:
+    journal = _map(model.get("journal"))
     failing = journal.get("failing")
     state = f'<span class="bad">failing: {e(failing)}</span>' if failing else '<span class="ok">ok</span>'
     size = journal.get("sizeBytes")
@@ -194,15 +213,15 @@ def _journal(model: Mapping[str, Any]) -> str:
     return _table(["backend", "file", "size", "last seq", "last commit (ms)", "queued writes", "state"], rows)
 
 
-def render_status_page(model: Mapping[str, Any], *, base: str = "/status", now: float | None = None) -> str:
+def render_status_page(model: Mapping[str, object], *, base: str = "/status", now: float | None = None) -> str:
     """The page for ``model`` (the daemon's status, as ``/status.json`` gives it)."""
     now = time.time() if now is None else now
-    readiness = model.get("readiness") or {}
+    readiness = _map(model.get("readiness"))
     ready = bool(readiness.get("ready"))
-    problems = "".join(f"<li>{e(problem)}</li>" for problem in readiness.get("problems", []))
+    problems = "".join(f"<li>{e(problem)}</li>" for problem in _strings(readiness.get("problems")))
     headline = (
         f'<span class="{"ok" if ready else "bad"}">{"ready" if ready else "not ready"}</span> · '
-        f'{e(model.get("ready"))}/{e(len(model.get("servers", [])))} servers serving · {e(model.get("channels"))} channels · '
+        f'{e(model.get("ready"))}/{e(len(_rows(model.get("servers"))))} servers serving · {e(model.get("channels"))} channels · '
         f'{e(model.get("openTurns"))} open turns · last seq {e(model.get("lastSeq"))}'
     )
     return (

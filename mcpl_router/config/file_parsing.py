@@ -11,12 +11,11 @@ import json
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
 
 from mcpl_router.config.errors import ConfigError
 
 
-def read_config_file(path: str | os.PathLike[str]) -> tuple[Any, str, Path]:
+def read_config_file(path: str | os.PathLike[str]) -> tuple[object, str, Path]:
     """The parsed (not yet validated) contents, the source name and the base directory."""
     source = os.fspath(path)
     file = Path(source)
@@ -67,7 +66,7 @@ class JsonObject(dict[str, object]):
     duplicates: tuple[str, ...] = ()
 
 
-def _json_object(pairs: list[tuple[str, Any]]) -> JsonObject:
+def _json_object(pairs: list[tuple[str, object]]) -> JsonObject:
     obj = JsonObject()
     duplicates = []
     for name, value in pairs:

@@ -53,7 +53,7 @@ def load_config(
 
 
 def parse_config(
-    data: Mapping[str, object],
+    data: object,
     *,
     source: str,
     base_dir: Path,
@@ -62,7 +62,7 @@ def parse_config(
     """Validate an already-parsed config (e.g. the embedded demo config).
 
     Args:
-        data: the config as TOML or JSON would parse it.
+        data: the config as TOML or JSON would parse it (anything but a table is refused).
         source: what error messages call the config (a path, or e.g. ``"<demo>"``).
         base_dir: the directory relative paths are read against.
         environ: as for :func:`load_config`.

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Final, TypedDict
 from urllib.parse import urlsplit
 
 from mcpl_router.config.errors import show_value
@@ -32,6 +32,7 @@ from mcpl_router.config.model import (
     TOMBSTONE,
     TRANSPORTS,
     WEBSOCKET_KEYS,
+    InferencePolicy,
     PingPolicy,
     ReconnectPolicy,
     ServerConfig,
@@ -46,6 +47,44 @@ _GRANT_SEGMENT = re.compile(r"[A-Za-z0-9_:*-]+")
 # An HTTP header name is an RFC 9110 token; anything else would be refused by the dialler.
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
+
+
+class _Endpoint(TypedDict, total=False):
+    """A transport's fields of :class:`ServerConfig` (stdio, tcp or websocket), as read."""
+
+    command: str
+    args: tuple[str, ...]
+    path_args: tuple[int, ...]
+    env: dict[str, str]
+    cwd: Path | None
+    env_allowlist: tuple[str, ...]
+    inherit_env: bool
+    host: str
+    port: int
+    url: str | None
+    token: str | None
+    token_header: str
+    token_in: str
+
+
+class _Policy(TypedDict):
+    """The policy fields of :class:`ServerConfig`, each checked as it was read."""
+
+    enabled_capabilities: tuple[str, ...] | None
+    disabled_capabilities: tuple[str, ...]
+    enabled_feature_sets: tuple[str, ...] | None
+    disabled_feature_sets: tuple[str, ...]
+    channel_patterns: tuple[str, ...]
+    legacy: str
+    request_timeout: float
+    reconnect: ReconnectPolicy
+    ping: PingPolicy
+    enabled_tools: tuple[str, ...] | None
+    disabled_tools: tuple[str, ...]
+    tool_prefix: str
+    disabled: bool
+    required: bool
+    inference: InferencePolicy | None
 
 def parse_servers(
     section: Section, base_dir: Path, env: Mapping[str, str], *, token_in: str
@@ -87,7 +126,7 @@ def _parse_server(
     if disabled and not any(s.has(name) for name in ("transport", "command", "url", "host", "port")):
         # connectome-host's tombstone: an entry that only switches a server off (an agent
         # unloaded it). Nothing to start, nothing to check beyond the policy keys.
-        transport_and_endpoint: tuple[str, dict[str, Any]] | None = (TOMBSTONE, {})
+        transport_and_endpoint: tuple[str, _Endpoint] | None = (TOMBSTONE, {})
     else:
         transport_and_endpoint = _parse_transport(s, base_dir, env, token_in=token_in)
 
@@ -109,7 +148,7 @@ def _parse_server(
     enabled_tools = s.strings("enabledTools", None, item="tool pattern")
     request_timeout = _seconds_or_ms(s, "requestTimeout", "requestTimeoutMs", 30.0)
     # Checked field by field above; ServerConfig's own types say what each must be.
-    config_fields: dict[str, Any] = {
+    config_fields: _Policy = {
         "enabled_capabilities": enabled_capabilities,
         "disabled_capabilities": disabled_capabilities,
         "enabled_feature_sets": enabled_feature_sets,
@@ -136,7 +175,7 @@ def _parse_server(
 
 def _parse_transport(
     s: Section, base_dir: Path, env: Mapping[str, str], *, token_in: str
-) -> tuple[str, dict[str, Any]] | None:
+) -> tuple[str, _Endpoint] | None:
     """Which transport the server uses, and its endpoint fields; ``None`` when that is unclear.
 
     An explicit ``transport`` wins; otherwise ``command`` means stdio, a ws:// or wss:// url
@@ -213,6 +252,12 @@ def _parse_transport(
     return transport, endpoint
 
 
+def _url(s: Section) -> str | None:
+    """``url`` once checked (a string by then)."""
+    url = s.raw("url")
+    return url if isinstance(url, str) else None
+
+
 def _scheme(url: object) -> str | None:
     if not isinstance(url, str) or "://" not in url:
         return None
@@ -221,7 +266,7 @@ def _scheme(url: object) -> str | None:
 
 def _stdio_endpoint(
     s: Section, base_dir: Path, env: Mapping[str, str], reason: str
-) -> dict[str, Any] | None:
+) -> _Endpoint | None:
     command = s.string("command", fix='Give the program to spawn, e.g. command = "node".')
     if command is None:
         if not s.has("command"):
@@ -276,7 +321,7 @@ def _relative_arg(arg: str, base_dir: Path) -> str:
     return arg
 
 
-def _tcp_endpoint(s: Section) -> dict[str, Any] | None:
+def _tcp_endpoint(s: Section) -> _Endpoint | None:
     if s.given("url"):
         if s.has("host") or s.has("port"):
             s.error(
@@ -290,7 +335,7 @@ def _tcp_endpoint(s: Section) -> dict[str, Any] | None:
         if parsed is None:
             return None
         host, port = parsed
-        return {"host": host, "port": port, "url": s.raw("url")}
+        return {"host": host, "port": port, "url": _url(s)}
     given_host = s.string("host", fix='Give the address to dial, e.g. host = "127.0.0.1".')
     given_port = s.integer("port", 0, at_least=1, at_most=65535)
     for name in ("host", "port"):
@@ -305,7 +350,7 @@ def _tcp_endpoint(s: Section) -> dict[str, Any] | None:
     return {"host": given_host, "port": given_port}
 
 
-def _websocket_endpoint(s: Section, token_in_default: str) -> dict[str, Any] | None:
+def _websocket_endpoint(s: Section, token_in_default: str) -> _Endpoint | None:
     token = s.string("token", secret=True)
     header = s.string("tokenHeader", "Authorization") or "Authorization"
     if not _HEADER_NAME.fullmatch(header):
@@ -326,7 +371,7 @@ def _websocket_endpoint(s: Section, token_in_default: str) -> dict[str, Any] | N
     # Without a token there is nothing to place: such an entry keeps the daemon's default.
     default = token_in_default if token else "header"
     token_in = s.choice("tokenIn", TOKEN_PLACES, default, "a place for the token")
-    return {"url": s.raw("url"), "token": token, "token_header": header, "token_in": token_in}
+    return {"url": _url(s), "token": token, "token_header": header, "token_in": token_in}
 
 
 _URL_EXAMPLES: Final = {

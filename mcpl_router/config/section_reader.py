@@ -76,7 +76,7 @@ class Section:
     def unresolved(self, *names: str) -> bool:
         return any(self.data.get(name) is UNRESOLVED for name in names)
 
-    def raw(self, name: str) -> Any:
+    def raw(self, name: str) -> object:
         return self.data.get(name)
 
     def table(

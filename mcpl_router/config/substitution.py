@@ -73,7 +73,7 @@ def _check_duplicates(value: object, key: str, problems: Problems) -> None:
 
 def _substitute_tree(
     value: object, key: str, env: Mapping[str, str], problems: Problems, *, lenient: bool
-) -> Any:
+) -> object:
     problems.saw(key)
     if isinstance(value, str):
         return _substitute(value, key, env, problems, lenient=lenient)

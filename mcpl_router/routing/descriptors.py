@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import attrs
 
@@ -33,7 +33,7 @@ DM_TYPE: Final = "dm"
 NATIVE_CHANNEL_KEY: Final = "channelId"
 
 
-def _freeze(value: object) -> Any:
+def _freeze(value: object) -> object:
     """A deep, read-only copy of a JSON value: objects become mapping proxies, arrays tuples."""
     if isinstance(value, Mapping):
         # The proxy wraps a dict nobody else holds, so the copy can't change under it.
@@ -43,7 +43,7 @@ def _freeze(value: object) -> Any:
     return value
 
 
-def _thaw(value: object) -> Any:
+def _thaw(value: object) -> object:
     """The plain JSON value :func:`_freeze` froze (dicts and lists again), for encoding."""
     if isinstance(value, Mapping):
         return {k: _thaw(v) for k, v in value.items()}

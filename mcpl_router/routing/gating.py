@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from fnmatch import fnmatchcase
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
@@ -69,7 +69,7 @@ class Behaviour:
         """Whether this behaviour may hold a wake back (anything but ``always``)."""
         return self.kind != ALWAYS
 
-    def to_wire(self) -> Any:
+    def to_wire(self) -> str | dict[str, dict[str, float]]:
         if self.kind == DEBOUNCE:
             return {DEBOUNCE: {"ms": self.ms}}
         if self.kind == RATE_LIMIT:
@@ -85,7 +85,7 @@ class ChannelMatch:
     name: str | None = None
     pattern: str | None = None
 
-    def to_wire(self) -> Any:
+    def to_wire(self) -> dict[str, str] | str | None:
         if self.ref is not None:
             return self.ref.to_wire()
         return self.name if self.name is not None else self.pattern

@@ -9,7 +9,7 @@ is treated (whom it wakes), never whether it is admitted.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Final
 
 ADDRESSED: Final = "chat:addressed"
 AMBIENT: Final = "chat:ambient"
@@ -23,7 +23,7 @@ IMPLIES: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
-def expand_tags(tags: Iterable[Any] | None) -> tuple[str, ...]:
+def expand_tags(tags: Iterable[object] | None) -> tuple[str, ...]:
     """The closure of ``tags``: first-seen order, each tag once, implied tags after their source.
 
     Anything that isn't a ``namespace:value`` string is dropped (the tags came off the wire).

@@ -21,8 +21,8 @@ A policy widens and narrows that:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from typing import Any, Final
+from collections.abc import Callable, Collection, Iterable
+from typing import Final
 
 import attrs
 
@@ -47,7 +47,7 @@ class Wake:
     agent: str
     reason: str  # REASON_MESSAGE | REASON_PUSH
     channel: ChannelRef | None
-    payload: Any
+    payload: object
     tags: tuple[str, ...]
     addressed: bool
     #: The server the event came from (a push may name no channel); "" where not known.
@@ -118,7 +118,7 @@ def resolve_policy(
     channel_names: Collection[str],
     servers: Collection[str],
     tags: Collection[str] | None,
-    channels_named: Any,
+    channels_named: Callable[[str], Iterable[ChannelRef]],
 ) -> WakePolicy:
     """A :class:`WakePolicy` with ``channel_names`` resolved by ``channels_named(name)``.
 

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from mcpl_router.logs import Logger
 
