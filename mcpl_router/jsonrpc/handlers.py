@@ -53,7 +53,7 @@ class Inbound:
 
 
 #: How a pushed answer arrives: ``(result, None)`` or ``(None, the exception)``.
-Deliver = Callable[[Any, "Exception | None"], None]
+Deliver = Callable[[object, "Exception | None"], None]
 
 
 class Later:
@@ -99,7 +99,7 @@ class Deferred:
     per answer: the hot path's ``accepted``, answered by the thousand per commit).
     """
 
-    wait: Callable[[], Awaitable[Any]] | None = None
+    wait: Callable[[], Awaitable[object]] | None = None
     #: The pushed form: subscribe a :data:`Deliver` (called once, on the trio thread).
     subscribe: Callable[[Deliver], None] | None = None
 
@@ -107,7 +107,7 @@ class Deferred:
     def pushed(cls, later: Later) -> Deferred:
         return cls(subscribe=later.subscribe)
 
-    def then(self, fn: Callable[[Any], Any]) -> Deferred:
+    def then(self, fn: Callable[[object], object]) -> Deferred:
         """The same answer passed through ``fn`` (which may raise), in the same form."""
         subscribe, wait = self.subscribe, self.wait
         if subscribe is not None:
@@ -126,38 +126,38 @@ class Deferred:
             return Deferred(subscribe=mapped)
         assert wait is not None
 
-        async def mapped_wait() -> Any:
+        async def mapped_wait() -> object:
             return fn(await wait())
 
         return Deferred(mapped_wait)
 
-    async def result(self) -> Any:
+    async def result(self) -> object:
         """Wait for the answer, in either form."""
         if self.wait is not None:
             return await self.wait()
         assert self.subscribe is not None
         done = trio.Event()
-        box: list[Any] = []
+        box: list[tuple[object, Exception | None]] = []
 
         def answered(result: object, error: Exception | None) -> None:
-            box.extend((result, error))
+            box.append((result, error))
             done.set()
 
         self.subscribe(answered)
         await done.wait()
-        result, error = box
+        [(result, error)] = box
         if error is not None:
             raise error
         return result
 
 
-Handler = Callable[[Inbound], Awaitable[Any]]
+Handler = Callable[[Inbound], Awaitable[object]]
 LaneOf = Callable[[Inbound], Hashable]
 
 
 @attrs.define
 class _Method:
-    handler: Callable[[Any, Inbound], Awaitable[Any]]
+    handler: Callable[[Any, Inbound], Awaitable[object]]
     params_type: type | None
     concurrent: bool
 
@@ -174,7 +174,7 @@ class MethodTable:
     def add(
         self,
         method: str,
-        handler: Callable[[Any, Inbound], Awaitable[Any]],
+        handler: Callable[[Any, Inbound], Awaitable[object]],
         params_type: type | None = None,
         *,
         concurrent: bool = False,
@@ -188,7 +188,7 @@ class MethodTable:
     def concurrent_methods(self) -> frozenset[str]:
         return frozenset(name for name, m in self._methods.items() if m.concurrent)
 
-    async def __call__(self, inbound: Inbound) -> Any:
+    async def __call__(self, inbound: Inbound) -> object:
         entry = self._methods.get(inbound.method)
         if entry is None:
             raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")

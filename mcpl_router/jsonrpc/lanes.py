@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import msgspec
@@ -36,6 +36,7 @@ from mcpl_router.jsonrpc.envelope import (
     EnvelopeProblem,
     ErrorObject,
     ErrorOut,
+    RequestId,
     ResultOut,
     RpcError,
     decode_envelope,
@@ -75,7 +76,7 @@ class PeerLanes:
     limits: PeerLimits
     _stream: MessageStream
     _handler: Handler
-    _stamp: Callable[[], Any] | None
+    _stamp: Callable[[], object] | None
     _lane_of: LaneOf | None
     _concurrent: frozenset[str]
     _log: Logger
@@ -323,7 +324,7 @@ class PeerLanes:
         finally:
             self._deferred_slots.release()
 
-    def _deferred_settled(self, inbound: Inbound, result: Any, error: Exception | None) -> None:
+    def _deferred_settled(self, inbound: Inbound, result: object, error: Exception | None) -> None:
         """A pushed answer, on the trio thread: queued at once if the outbox has room, else
         by a task that waits for room. The deferred slot is held until the answer is queued,
         so the answers waiting for room stay within the deferred bound (and the lanes wait)."""
@@ -351,7 +352,7 @@ class PeerLanes:
             return
         self._nursery.start_soon(self._send_encoded, reply.id, data)
 
-    async def _send_encoded(self, reply_id: Any, data: bytes) -> None:
+    async def _send_encoded(self, reply_id: RequestId | None, data: bytes) -> None:
         try:
             await self._enqueue(data)
         except PeerClosed:

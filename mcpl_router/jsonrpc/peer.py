@@ -113,7 +113,7 @@ class Peer(PeerLanes, PeerOutbox):
         lane_of: LaneOf | None = None,
         limits: PeerLimits | None = None,
         log_fields: dict[str, object] | None = None,
-        stamp: Callable[[], Any] | None = None,
+        stamp: Callable[[], object] | None = None,
     ) -> None:
         self._stream = stream
         self._handler = handler
@@ -240,7 +240,7 @@ class Peer(PeerLanes, PeerOutbox):
     async def request(
         self,
         method: str,
-        params: Any = None,
+        params: object = None,
         *,
         timeout: float | None = None,
         result_type: type[T] | None = None,
@@ -296,13 +296,13 @@ class Peer(PeerLanes, PeerOutbox):
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             raise RpcError(INVALID_PARAMS, f"Malformed result for {method}: {describe_decode_failure(bytes(raw), exc)}") from exc
 
-    async def notify(self, method: str, params: Any = None) -> None:
+    async def notify(self, method: str, params: object = None) -> None:
         """Send a notification (no answer expected); waits while the outbox is full."""
         if self._closed:
             raise PeerClosed(self._close_reason)
         await self._enqueue(encode(NotificationOut(method=method, params=msgspec.UNSET if params is None else params)))
 
-    def notify_nowait(self, method: str, params: Any = None) -> bool:
+    def notify_nowait(self, method: str, params: object = None) -> bool:
         """Queue a notification if the outbox has room now; False if it hasn't (nothing queued).
 
         For a sender with a burst to go (a host's wakes): no scheduler round trip per message;
