@@ -14,7 +14,6 @@ import hashlib
 import math
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 __all__ = [
     "DigestError",
@@ -128,7 +127,7 @@ def _check_identifiers(feature_sets: dict[str, object]) -> None:
 
 def _select(
     node: object, position: tuple[str, ...], trail: str, set_valued: bool
-) -> Iterator[tuple[str, Any]]:
+) -> Iterator[tuple[str, str]]:
     # Yields (where, value) for the strings at `position`. Values of the wrong type are skipped:
     # the digest is total and hashes them verbatim; validation elsewhere rejects them.
     if not position:
@@ -156,7 +155,7 @@ def _select(
         yield from _select(node[head], rest, f"{trail}.{head}", set_valued)
 
 
-def _all_strings(values: list[Any]) -> bool:
+def _all_strings(values: list[object]) -> bool:
     return all(isinstance(value, str) for value in values)
 
 
@@ -167,13 +166,14 @@ def _require_identifier(value: str, where: str) -> None:
 
 def _normalized_feature_sets(feature_sets: dict[str, object]) -> dict[str, object]:
     # Copy-on-write down each set path, so the caller's manifest is never modified.
-    result = dict(feature_sets)
+    result: object = dict(feature_sets)
     for position in _SET_ARRAYS:
         result = _sort_at(result, position)
+    assert isinstance(result, dict)  # a dict stays a dict down any position
     return result
 
 
-def _sort_at(node: object, position: tuple[str, ...]) -> Any:
+def _sort_at(node: object, position: tuple[str, ...]) -> object:
     if not position:
         # Set semantics apply only to an array of strings; anything else is hashed verbatim.
         if isinstance(node, list) and _all_strings(node):

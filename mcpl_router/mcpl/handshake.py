@@ -16,12 +16,13 @@ state it uses is the link's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import msgspec
 import trio
 
+from mcpl_router.logs import Logger
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Peer, RpcError
 from mcpl_router.jsonrpc.envelope import Envelope
 from mcpl_router.mcpl.grants import Grant, GrantPolicy, compute_grant, narrow_on_manifest_change
@@ -72,10 +73,10 @@ class LinkHandshake:
     # The link's, set when it is made (and reset each epoch).
     config: ServerConfig
     policy: GrantPolicy
-    _log: Any
+    _log: Logger
     grant: Grant
     manifest: Manifest | None
-    receipt: Any
+    receipt: object
     legacy: bool
     legacy_mapping: dict[str, str]
     _notification_only: set[str]

@@ -9,7 +9,7 @@ journals the accepted ones (one transaction per batch) and only then answers ``a
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import msgspec
 
@@ -18,7 +18,7 @@ from mcpl_router.jsonrpc import INTERNAL_ERROR, METHOD_NOT_FOUND, Inbound, RpcEr
 from mcpl_router.jsonrpc.envelope import describe_decode_failure
 from mcpl_router.jsonrpc.handlers import Later
 from mcpl_router.jsonrpc.peer import Deferred
-from mcpl_router.logs import get_logger
+from mcpl_router.logs import Logger, get_logger
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.wire import (
     ChangedParams,
@@ -44,7 +44,7 @@ INFERENCE_METHODS = ("inference/request", "model/info")
 class InferenceHandler(Protocol):
     """Answers a server's admitted ``inference/request`` or ``model/info``."""
 
-    async def handle(self, link: ServerLink, inbound: Inbound) -> Any: ...
+    async def handle(self, link: ServerLink, inbound: Inbound) -> object: ...
 
 
 INVALID_ITEM = -32602
@@ -72,7 +72,7 @@ def registration_policy(link: ServerLink, inbound: Inbound | None = None) -> Reg
 _VOLATILE_FIELDS = frozenset({"receivedAt", "sentAt", "deliveredAt"})
 
 
-def substance_digest(payload: Any) -> bytes:
+def substance_digest(payload: object) -> bytes:
     """What a message (or push) says, for telling a re-send from a new message under an old id.
 
     A server retrying a message sends the same content; one that restarted its counter sends
@@ -122,7 +122,7 @@ class ServerInbound:
         self._events = events
         self._deliveries_for = deliveries_for or (lambda event: [])
         self._on_tools_changed = on_tools_changed or (lambda link: None)
-        self._logs: dict[str, object] = {}
+        self._logs: dict[str, Logger] = {}
         self._handlers = {
             "channels/register": self._register,
             "channels/changed": self._changed,
@@ -144,14 +144,14 @@ class ServerInbound:
             self._log_of(event.server_id).info("server.channels.withdrawn", channels=len(removed), why=event.why)
         self._events.publish(ChannelsChanged(event.server_id, removed=tuple(removed)))
 
-    def _log_of(self, server_id: str) -> Any:
+    def _log_of(self, server_id: str) -> Logger:
         # One bound logger per server, not one per message.
         log = self._logs.get(server_id)
         if log is None:
             log = self._logs[server_id] = get_logger(server=server_id)
         return log
 
-    async def handle(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def handle(self, link: ServerLink, inbound: Inbound) -> object:
         handler = self._handlers.get(inbound.method)
         if inbound.method == TOOLS_LIST_CHANGED:
             self._on_tools_changed(link)
@@ -166,7 +166,7 @@ class ServerInbound:
 
     # -- channels ----------------------------------------------------------------------------
 
-    async def _register(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _register(self, link: ServerLink, inbound: Inbound) -> object:
         params = inbound.decode_params(RegisterParams)
         form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         descriptors = [_plain_or_none(raw) for raw in params.channels]
@@ -177,7 +177,7 @@ class ServerInbound:
             self._events.publish(ChannelsChanged(link.server_id, added=tuple(added)))
         return {"results": [r.to_wire() for r in results]}
 
-    async def _changed(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _changed(self, link: ServerLink, inbound: Inbound) -> object:
         params = inbound.decode_params(ChangedParams)
         form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         removed = [item for item in params.removed if isinstance(item, str)]
@@ -202,12 +202,12 @@ class ServerInbound:
             self._events.publish(ChannelsChanged(link.server_id, tuple(added), tuple(outcome.withdrawn)))
         return {"results": [r.to_wire() for r in outcome.results]}
 
-    async def _list(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _list(self, link: ServerLink, inbound: Inbound) -> object:
         return {"channels": [entry.descriptor.to_wire() for entry in self.registry.channels_for(link.server_id)]}
 
     # -- inbound messages --------------------------------------------------------------------
 
-    async def _incoming(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _incoming(self, link: ServerLink, inbound: Inbound) -> object:
         params = inbound.decode_params(IncomingParams)
         form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
         policy = registration_policy(link, inbound)
@@ -271,7 +271,7 @@ class ServerInbound:
         await _submitted(self.journal.submit_inbound(batch, committed, on_done=done))
         return Deferred.pushed(later)
 
-    async def _push(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def _push(self, link: ServerLink, inbound: Inbound) -> object:
         params = inbound.decode_params(PushParams)
         log = self._log_of(link.server_id)
         origin = params.origin or _EMPTY_ORIGIN
@@ -308,14 +308,14 @@ class ServerInbound:
 
         wait = await _submitted(self.journal.submit_inbound([(event, deliveries)], committed))
 
-        async def answer() -> Any:
+        async def answer() -> dict[str, object]:
             await _durable(wait)
             return {"accepted": True}
 
         return Deferred(answer)
 
     @staticmethod
-    def _log_outcome(log: Any, prefix: str, outcome: Recorded, **fields: Any) -> None:
+    def _log_outcome(log: Logger, prefix: str, outcome: Recorded, **fields: object) -> None:
         if outcome.duplicate:
             log.info(f"{prefix}.duplicate", seq=outcome.seq, **fields)
             return
@@ -350,14 +350,14 @@ async def _durable(wait: Callable[[], Awaitable[list[Recorded]]]) -> list[Record
 _EMPTY_ORIGIN = PushOrigin()
 
 
-def _plain_or_none(raw: msgspec.Raw) -> Any:
+def _plain_or_none(raw: msgspec.Raw) -> object:
     try:
         return raw_to_plain(raw)
     except (msgspec.DecodeError, RecursionError):
         return None
 
 
-def _message_id_of(raw: msgspec.Raw) -> Any:
+def _message_id_of(raw: msgspec.Raw) -> object:
     try:
         value = raw_to_plain(raw)
     except (msgspec.DecodeError, RecursionError):

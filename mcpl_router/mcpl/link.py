@@ -110,7 +110,7 @@ class LinkDelegate(Protocol):
         """The transport is gone: everything this server registered in that epoch is gone too."""
         ...
 
-    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> Any:
+    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> object:
         """An admitted inbound method (already checked against the grant). Raise RpcError."""
         ...
 
@@ -138,7 +138,7 @@ class ServerLink(LinkHandshake, LinkRegrant):
         self.state = LinkState.CONNECTING
         self.grant = Grant.nothing()
         self.manifest: Manifest | None = None
-        self.receipt: Any = None
+        self.receipt: object = None
         self.legacy = False
         self.legacy_mapping: dict[str, str] = {}
         #: Methods this epoch's server answered -32601 as Requests: sent as Notifications now.
@@ -212,7 +212,7 @@ class ServerLink(LinkHandshake, LinkRegrant):
         """Block until the link is ready in its current epoch."""
         await self._ready_event.wait()
 
-    def _set_state(self, new: LinkState, **fields: Any) -> None:
+    def _set_state(self, new: LinkState, **fields: object) -> None:
         old = self.state
         if old is new:
             return
@@ -450,7 +450,7 @@ class ServerLink(LinkHandshake, LinkRegrant):
     def _grant_at_receipt(self) -> Grant:
         return self.grant
 
-    async def _dispatch(self, inbound: Inbound) -> Any:
+    async def _dispatch(self, inbound: Inbound) -> object:
         method = inbound.method
         if method == "mcpl/manifestChanged":
             self._on_manifest_changed()

@@ -19,13 +19,13 @@ not called unresponsive, to raise no false alarm:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 import trio
 
 from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
-from mcpl_router.logs import get_logger
+from mcpl_router.logs import Logger, get_logger
 from mcpl_router.mcpl.link_state import LinkState, LinkUnavailable
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class Liveness:
                 continue
             await self._ping(link, liveness, policy.timeout, log)
 
-    async def _ping(self, link: ServerLink, liveness: LinkLiveness, timeout: float, log: Any) -> None:
+    async def _ping(self, link: ServerLink, liveness: LinkLiveness, timeout: float, log: Logger) -> None:
         stats = link.peer_statistics()
         heard_before = stats.inbound_handled if stats is not None else 0
         started = trio.current_time()
@@ -132,7 +132,7 @@ class Liveness:
             log.info("link.ping.answered", round_trip_ms=round(liveness.last_round_trip * 1000, 3))
         liveness.state, liveness.unresponsive_since = ANSWERING, None
 
-    def _missed(self, link: ServerLink, liveness: LinkLiveness, timeout: float, heard_before: int, log: Any) -> None:
+    def _missed(self, link: ServerLink, liveness: LinkLiveness, timeout: float, heard_before: int, log: Logger) -> None:
         liveness.missed += 1
         stats = link.peer_statistics()
         if stats is not None and stats.inbound_handled > heard_before:

@@ -15,11 +15,12 @@ link only routes a manifest announcement here. The state it uses is the link's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 import trio
 
+from mcpl_router.logs import Logger
 from mcpl_router.jsonrpc import METHOD_NOT_FOUND, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.envelope import Envelope
 from mcpl_router.mcpl.digest import DigestError, manifest_revision
@@ -80,7 +81,7 @@ class LinkRegrant:
     # The link's, set when it is made (and reset each epoch).
     config: ServerConfig
     policy: GrantPolicy
-    _log: Any
+    _log: Logger
     state: LinkState
     grant: Grant
     manifest: Manifest | None

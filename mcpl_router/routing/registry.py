@@ -192,15 +192,15 @@ class ChannelRegistry(ChannelNameIndex):
     def register(
         self,
         server_id: str,
-        descriptors: Iterable[ChannelDescriptor | Mapping[str, object]],
+        descriptors: Iterable[ChannelDescriptor | object],
         policy: RegistrationPolicy,
         *,
         form: Form = "request",
     ) -> list[DescriptorResult]:
         """Apply a ``channels/register``: authorize and add each descriptor independently.
 
-        A descriptor may come parsed or in wire form (a malformed one is refused with the
-        parse error as its reason). Each is refused if the grant lacks ``channels.register``,
+        A descriptor may come parsed or as received (any JSON value: a malformed one is
+        refused with the parse error as its reason). Each is refused if the grant lacks ``channels.register``,
         if its id is outside ``policy.id_patterns``, or if the call carries its id more than
         once (every descriptor with that id is then refused: which one was meant is unknowable).
         A descriptor for an id this server already registered replaces that channel's
@@ -214,9 +214,9 @@ class ChannelRegistry(ChannelNameIndex):
     def change(
         self,
         server_id: str,
-        added: Iterable[ChannelDescriptor | Mapping[str, object]],
+        added: Iterable[ChannelDescriptor | object],
         removed: Iterable[str],
-        updated: Iterable[ChannelDescriptor | Mapping[str, object]],
+        updated: Iterable[ChannelDescriptor | object],
         policy: RegistrationPolicy,
         *,
         form: Form = "notification",
@@ -239,7 +239,7 @@ class ChannelRegistry(ChannelNameIndex):
     def _add_batch(
         self,
         server_id: str,
-        descriptors: Iterable[ChannelDescriptor | Mapping[str, object]],
+        descriptors: Iterable[ChannelDescriptor | object],
         policy: RegistrationPolicy,
         *,
         form: Form,
