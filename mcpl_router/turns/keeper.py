@@ -10,11 +10,11 @@ of its own (never in the host's call: a server slow to read must not hold ``turn
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from mcpl_router.logs import get_logger
+from mcpl_router.logs import Logger, get_logger
 
 if TYPE_CHECKING:
     from mcpl_router.turns.run import TurnRun
@@ -39,7 +39,7 @@ class KeptTurns(Protocol):
     @property
     def typing(self) -> TypingIndicators: ...
 
-    async def finish(self, run: TurnRun, outcome: str, *, why: str, usage: Any = None) -> None: ...
+    async def finish(self, run: TurnRun, outcome: str, *, why: str, usage: object = None) -> None: ...
 
 
 class TurnKeepers:
@@ -144,7 +144,7 @@ class TurnKeepers:
         """Refresh the turn's typing and watch its lease and connection until the turn ends."""
         manager = self._manager
         turn = run.turn
-        log: Any = self._log
+        log: Logger = self._log
         if run.finished:
             return
         run.cancel = scope = trio.CancelScope()

@@ -77,12 +77,12 @@ class TurnManager:
         is_draining: True once shutdown started: no new turns.
     """
 
-    typing_interval = Timing()
-    lease = Timing()
-    context_timeout = Timing()
-    publish_timeout = Timing()
-    connection_poll = Timing()
-    host_typing_lease = Timing()
+    typing_interval: Timing[float] = Timing()
+    lease: Timing[float] = Timing()
+    context_timeout: Timing[float] = Timing()
+    publish_timeout: Timing[float | None] = Timing()
+    connection_poll: Timing[float] = Timing()
+    host_typing_lease: Timing[float] = Timing()
 
     def __init__(
         self,

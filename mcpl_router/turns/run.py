@@ -7,7 +7,7 @@ and keeper, its inference lifecycle, its prose-routing state and its outgoing st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Generic, Protocol, TypeVar, overload
 
 import attrs
 import trio
@@ -66,19 +66,35 @@ class TurnTimings:
     host_typing_lease: float = HOST_TYPING_LEASE
 
 
-class Timing:
+#: A timing's value: seconds, or None where a timing may be unset.
+_Value = TypeVar("_Value")
+
+
+class _Timed(Protocol):
+    @property
+    def timings(self) -> TurnTimings: ...
+
+
+class Timing(Generic[_Value]):
     """A ``TurnManager`` attribute that reads and sets one field of its :class:`TurnTimings`
     (the parts read the timings; tests shorten them on the manager)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._field = name
 
-    def __get__(self, manager: Any | None, owner: type | None = None) -> Any:
+    @overload
+    def __get__(self, manager: None, owner: type | None = None) -> Timing[_Value]: ...
+
+    @overload
+    def __get__(self, manager: _Timed, owner: type | None = None) -> _Value: ...
+
+    def __get__(self, manager: _Timed | None, owner: type | None = None) -> Timing[_Value] | _Value:
         if manager is None:
             return self
-        return getattr(manager.timings, self._field)
+        value: _Value = getattr(manager.timings, self._field)
+        return value
 
-    def __set__(self, manager: Any, value: Any) -> None:
+    def __set__(self, manager: _Timed, value: _Value) -> None:
         # In place: the parts hold this one TurnTimings.
         setattr(manager.timings, self._field, value)
 

@@ -10,9 +10,9 @@ messages that arrived since the turn last looked may hold an inferred locus (mid
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from mcpl_router.logs import get_logger
+from mcpl_router.logs import Logger, get_logger
 from mcpl_router.routing import prose, rounds, texts
 from mcpl_router.routing.drafts import Draft
 from mcpl_router.routing.refs import ChannelRef
@@ -202,7 +202,7 @@ class Speech:
             else:
                 self._drafts.new(run, text, prose.REASON_NO_DESTINATION, detail=f"turn-{outcome}")
 
-    async def _arrivals(self, run: TurnRun, log: Any) -> None:
+    async def _arrivals(self, run: TurnRun, log: Logger) -> None:
         """Messages that arrived for the agent since the turn last looked (a tool boundary).
 
         A conversational message clears send-silencing for rounds not routed yet; one from
@@ -248,7 +248,7 @@ class Speech:
         run.notices.append(texts.speech_held([self._shown(ref) for ref in competing]))
         log.info("speech.held.mid_turn", competing=[ref.qualified_name for ref in competing])
 
-    async def _carry_out(self, run: TurnRun, round_: int, segment: prose.Segment, prefix: str, log: Any) -> Delivery | None:
+    async def _carry_out(self, run: TurnRun, round_: int, segment: prose.Segment, prefix: str, log: Logger) -> Delivery | None:
         turn = run.turn
         action = segment.action
         if segment.again:
@@ -351,7 +351,7 @@ class Speech:
             run.notices.append(texts.delivery_failed(delivery.shown, ref.server_id, delivery.reason or texts.Reason.NOT_DELIVERED))
         return delivery
 
-    def _unsent_failed(self, run: TurnRun, delivery: Delivery, draft: Draft, prefix: str, log: Any) -> None:
+    def _unsent_failed(self, run: TurnRun, delivery: Delivery, draft: Draft, prefix: str, log: Logger) -> None:
         """A failed delivery of a bounced draft ({{unsent}}): say where and that it is still held."""
         turn = run.turn
         run.notices.append(texts.unsent_delivery_failed(
@@ -408,7 +408,7 @@ class Speech:
 
     def _bounce(
         self, run: TurnRun, text: str, target: str | None, why: str, why_text: str,
-        candidates: Sequence[str], prefix: str, log: Any, *, replaces: Draft | None = None,
+        candidates: Sequence[str], prefix: str, log: Logger, *, replaces: Draft | None = None,
     ) -> None:
         """Hold ``text`` as a bounced draft, with the notice. ``replaces``: the bounced draft
         ``{{unsent}}`` stood for; the new bounce takes its place instead of adding a copy (the
