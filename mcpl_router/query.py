@@ -15,18 +15,21 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from mcpl_router.exit_codes import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_UNREACHABLE, UsageError, fail
+
+if TYPE_CHECKING:
+    from mcpl_router.config import DaemonLocation
 
 
 class _Unreachable(Exception):
     """The daemon could not be reached; the message says where we looked and what to try."""
 
 
-def _target(args: argparse.Namespace) -> tuple[str, str, Any]:
+def _target(args: argparse.Namespace) -> tuple[str, str, str | None]:
     """Where to ask: ``("unix", path, None)``, ``("http", url, None)`` or ``("ws", url, token)``.
 
     Raises:
@@ -91,7 +94,7 @@ def _os_error_text(exc: OSError) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _read_token(args: argparse.Namespace, location: Any) -> str:
+def _read_token(args: argparse.Namespace, location: DaemonLocation | None) -> str:
     path = args.token_file or (location.token_file if location is not None else None)
     if path is None:
         raise UsageError("a ws:// --url needs the host token: give --token-file PATH (the daemon's host.tokenFile), or --config.")

@@ -6,9 +6,11 @@ so one malformed item is refused alone while the rest of its batch goes through.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
 import msgspec
+
+_Item = TypeVar("_Item")
 
 
 class RegisterParams(msgspec.Struct):
@@ -17,8 +19,8 @@ class RegisterParams(msgspec.Struct):
 
 class ChangedParams(msgspec.Struct):
     added: list[msgspec.Raw] = []
-    # Any: one malformed id is skipped (and logged by the registry), not the whole change.
-    removed: list[Any] = []
+    # Each id as sent: one malformed id is skipped (and logged by the registry), not the whole change.
+    removed: list[object] = []
     updated: list[msgspec.Raw] = []
 
 
@@ -33,7 +35,7 @@ class IncomingMessage(msgspec.Struct, rename="camel"):
     thread_id: str | None = None
     author: Author | None = None
     timestamp: str | None = None
-    content: list[Any] = []
+    content: list[object] = []
     metadata: object = None
     tags: list[str] = []
 
@@ -59,10 +61,12 @@ class PushParams(msgspec.Struct, rename="camel"):
     tags: list[str] = []
 
 
-def decode_item(raw: msgspec.Raw, item_type: type) -> Any:
+def decode_item(raw: msgspec.Raw, item_type: type[_Item]) -> _Item:
     """Decode one list item; raises :class:`msgspec.ValidationError` with its path."""
     return msgspec.json.decode(raw, type=item_type)
 
 
-def raw_to_plain(raw: msgspec.Raw) -> Any:
-    return msgspec.json.decode(raw)
+def raw_to_plain(raw: msgspec.Raw) -> object:
+    """The JSON value ``raw`` holds (dicts, lists, strings, numbers, bools, None)."""
+    decoded: object = msgspec.json.decode(raw)
+    return decoded
