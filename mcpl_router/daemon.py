@@ -45,6 +45,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.mcpl.liveness import Liveness
+from mcpl_router.mcpl.session import LinkSessions
 from mcpl_router.metrics import DaemonMetrics, ScrapedParts, StateScrape
 from mcpl_router.read_model import ReadModel
 from mcpl_router.reload_plan import plan_reload
@@ -127,6 +128,8 @@ class Daemon:
         is built; docs/architecture.md lists who publishes and who listens."""
         events = self.events
         router, links, journal, metrics = self.router, self.links, self.journal, self.metrics
+        # What the turns, tools and hosts send a server through: each link's session, by server id.
+        servers = LinkSessions(links)
         timings = TurnTimings()
         # Who the agents are and who owns each: read by the parts below the sessions.
         self.agents = AgentDirectory(agents=self.config.agents, journal=journal, router=router)
@@ -136,12 +139,12 @@ class Daemon:
                            hand_over=self.agents.hand_over_wakes, events=events)
         # Each agent's channel decisions, journaled; every registration is checked against them
         # (a server that keeps no subscriptions registers a channel closed again after a restart).
-        self.channel_decisions = ChannelLifecycle(router, links, journal, fork_home=self.forks.home_of, events=events)
+        self.channel_decisions = ChannelLifecycle(router, servers, journal, fork_home=self.forks.home_of, events=events)
         # Tune-outs (each agent's tuned-out channels; sessions ask them before sending a wake).
         # Saved in the journal and resumed by its run() before hosts or servers connect.
-        self.tune_outs = TuneOuts(router, links, timings, notify_agent=self.agents.notify_agent, journal=journal)
+        self.tune_outs = TuneOuts(router, servers, timings, notify_agent=self.agents.notify_agent, journal=journal)
         # Wake gates: each agent's rules delay or batch its admitted wakes (never admit one).
-        self.gates = WakeGates(router=router, agent_of=self.agents.agent, admitted=StillAdmitted(router.registry, links),
+        self.gates = WakeGates(router=router, agent_of=self.agents.agent, admitted=StillAdmitted(router.registry, servers),
                                deliver=self.agents.offer_batch, settle=JournalSettle(journal), count=metrics.wake_gated,
                                route_fence=self.forks, events=events)
         self.servers = ServersView(router=router, links=links, liveness=self.liveness, events=events)
@@ -159,11 +162,11 @@ class Daemon:
             events=events,
         )
         # What turns speak and type with: the tools below reach it, the turn manager is given it.
-        turn_parts = TurnParts.build(router=router, links=links, journal=journal, notify_agent=self.agents.notify_agent,
+        turn_parts = TurnParts.build(router=router, servers=servers, journal=journal, notify_agent=self.agents.notify_agent,
                                      timings=timings, tuned_out=self.tune_outs.tuned_out)
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
-            router, links, self.channel_decisions, turn_parts.stop_typing_in, timings, self.tune_outs,
+            router, servers, self.channel_decisions, turn_parts.stop_typing_in, timings, self.tune_outs,
             fork_home=self.forks.home_of, may_take=self.forks.may_take_route, events=events)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
         self.connector_tools = ConnectorTools(links, router, events, self.channel_decisions)
@@ -174,7 +177,7 @@ class Daemon:
                                on_clash=metrics.tool_name_clash, events=events)
         self.turns = TurnManager(
             router=router,
-            links=links,
+            servers=servers,
             journal=journal,
             sessions=self.sessions,
             tools=self.tools,
@@ -200,7 +203,7 @@ class Daemon:
         )
         self.host_services = HostServices(
             router=router,
-            links=links,
+            servers=servers,
             sessions=self.sessions,
             turns=self.turns,
             typing=self.turns.typing,

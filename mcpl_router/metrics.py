@@ -315,7 +315,7 @@ class StateScrape(Collector):
             missed.add_metric([server_id], float(alive.missed))
             for refusal, count in link.admission_refused.items():
                 refused.add_metric([server_id, refusal.value], float(count))
-            for (outcome, why), count in link.publishes.items():
+            for (outcome, why), count in link.session.publishes.items():
                 publishes.add_metric([server_id, outcome, why.value if why is not None else ""], float(count))
             stats = link.peer_statistics()
             if stats is not None:

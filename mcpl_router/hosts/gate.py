@@ -33,7 +33,6 @@ import trio
 
 from mcpl_router.events import EventBus, WakeDelivered
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing.gate_batches import AgentGate, Batch
 from mcpl_router.routing.gating import Decision, GateFacts, ResolvedRule, WakeGateSpec, decide, resolve_rules
 from mcpl_router.routing.names import Resolved
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.hosts.diversion import WakeDiversion
     from mcpl_router.turns.wakes import RouteFence
-    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.mcpl.session import ServerSession
     from mcpl_router.routing.registry import ChannelRegistry
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
@@ -74,15 +73,15 @@ class Diversions:
 class StillAdmitted:
     """Whether a held wake may still be delivered: None if so, else why not."""
 
-    def __init__(self, registry: ChannelRegistry, links: Mapping[str, ServerLink]) -> None:
+    def __init__(self, registry: ChannelRegistry, servers: Mapping[str, ServerSession]) -> None:
         self._registry = registry
-        self._links = links  # the daemon's own dict: a reload changes it in place
+        self._servers = servers  # a live view of the daemon's links: a reload changes it
 
     def __call__(self, wake: Wake, server_id: str) -> str | None:
-        link = self._links.get(server_id)
-        if link is None:
+        session = self._servers.get(server_id)
+        if session is None:
             return "server gone"
-        if not link.grant.allows(_FEATURE.get(wake.reason, _PUSH_FEATURE)):
+        if not session.allows(_FEATURE.get(wake.reason, _PUSH_FEATURE)):
             return "grant withdrawn"
         if wake.channel is not None:
             # A message's or a push's channel: its own server must still register it.
@@ -90,7 +89,7 @@ class StillAdmitted:
         if wake.reason == REASON_MESSAGE:
             return "channel withdrawn"
         # A push naming no channel: its server must still be connected (nothing else vouches).
-        return None if link.state is LinkState.READY else "server disconnected"
+        return None if session.ready else "server disconnected"
 
 
 class JournalSettle:

@@ -93,7 +93,7 @@ async def publish_for_agent(services: HostServices, params: HostPublishParams) -
 async def _publish(services: HostServices, params: HostPublishParams, ref: ChannelRef, text: str) -> dict[str, object]:
     shown = services.router.names.name_shown(ref)
     delivery = await publish_text(
-        services.links,
+        services.servers,
         ref,
         shown,
         text,

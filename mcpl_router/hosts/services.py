@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.hosts.sessions import SessionManager
     from mcpl_router.inference import InferenceBroker
-    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.mcpl.session import ServerSession
     from mcpl_router.routing.router import Router
     from mcpl_router.tools import ToolTable
     from mcpl_router.turns import TurnManager, TypingIndicators
@@ -40,7 +40,7 @@ class HostServices:
 
     Attributes:
         router: the registry and the one resolver (``channels/list``, ``channels/publish``).
-        links: the server links by id (a host publish goes through its channel's own server).
+        servers: each server's session by id (a host publish goes through its channel's own server).
         sessions: agents, ownership, wakes (``session/hello``, ``wake/ack``).
         turns: ``turn/*``.
         typing: ``channels/typing`` (hosts' own typing, with its lease).
@@ -56,7 +56,7 @@ class HostServices:
     """
 
     router: Router
-    links: Mapping[str, ServerLink]
+    servers: Mapping[str, ServerSession]
     sessions: SessionManager
     turns: TurnManager
     typing: TypingIndicators

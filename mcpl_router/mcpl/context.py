@@ -11,19 +11,29 @@ the grant current when the answer arrived; an unauthorized one is dropped with a
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import attrs
 import trio
 
-from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.link import CapabilityNotGranted, LinkState, LinkUnavailable
+from mcpl_router.mcpl.session import (
+    HOOKS,
+    INFERENCE_LIFECYCLE,
+    OBSERVE,
+    BeforeInferenceParams,
+    ChannelContext,
+    HookAnswered,
+    HookTimedOut,
+    IncomingContext,
+    LifecycleParams,
+    OutgoingContext,
+    Queued,
+    ServerSession,
+    Unsent,
+)
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import ChannelRegistry
-
-if TYPE_CHECKING:
-    from mcpl_router.mcpl.link import ServerLink
 
 __all__ = [
     "BEFORE_INFERENCE_TIMEOUT",
@@ -42,10 +52,8 @@ __all__ = [
 BEFORE_INFERENCE_TIMEOUT: Final = 5.0
 #: One lifecycle notification to one server; past it that server is logged and skipped.
 LIFECYCLE_SEND_TIMEOUT: Final = 2.0
-HOOK_PREFIX: Final = "contextHooks.beforeInference"
-OBSERVE: Final = "contextHooks.beforeInference.observe"
+HOOK_PREFIX: Final = HOOKS
 POSITIONS: Final = ("system", "beforeUser", "afterUser")
-LIFECYCLE: Final = "inferenceLifecycle"
 
 ServerOutcome = Literal["ok", "timeout", "error", "skipped"]
 
@@ -86,34 +94,31 @@ class ContextResult:
         return {"injections": self.injections, "servers": dict(self.servers)}
 
 
-def channel_context_for(server_id: str, facts: HookFacts, registry: ChannelRegistry) -> dict[str, Any]:
+def channel_context_for(server_id: str, facts: HookFacts, registry: ChannelRegistry) -> ChannelContext:
     """The ``channels`` member ``server_id`` is told: its own channels, and nothing else.
 
     ``incoming`` only when the turn's trigger is this server's; ``defaultOutgoing`` only when
     the locus is; ``candidates`` this server's open channels, by id (ids are unique within one
     server, so a bare id is a whole name here, and only here).
     """
-    context: dict[str, Any] = {}
     incoming = facts.incoming
-    if incoming is not None and incoming.server_id == server_id:
-        context["incoming"] = {
-            "channelId": incoming.channel_id,
-            "messageId": facts.incoming_message_id,
-            "threadId": facts.incoming_thread_id,
-        }
     outgoing = facts.default_outgoing
-    if outgoing is not None and outgoing.server_id == server_id:
-        context["defaultOutgoing"] = {"channelId": outgoing.channel_id}
-    context["candidates"] = [entry.ref.channel_id for entry in registry.channels_for(server_id) if entry.open]
-    return context
+    return ChannelContext(
+        incoming=IncomingContext(channel_id=incoming.channel_id, message_id=facts.incoming_message_id,
+                                 thread_id=facts.incoming_thread_id)
+        if incoming is not None and incoming.server_id == server_id else None,
+        default_outgoing=OutgoingContext(channel_id=outgoing.channel_id)
+        if outgoing is not None and outgoing.server_id == server_id else None,
+        candidates=[entry.ref.channel_id for entry in registry.channels_for(server_id) if entry.open],
+    )
 
 
-def _hooked(link: ServerLink) -> bool:
-    return link.state is LinkState.READY and link.grant.allows_any_under(HOOK_PREFIX)
+def _hooked(session: ServerSession) -> bool:
+    return session.ready and session.allows_any_under(HOOK_PREFIX)
 
 
 async def before_inference(
-    links: Iterable[ServerLink],
+    sessions: Iterable[ServerSession],
     facts: HookFacts,
     registry: ChannelRegistry,
     *,
@@ -127,45 +132,44 @@ async def before_inference(
     result = ContextResult()
     log = _lazy_logger(log_fields)
     answers: dict[str, list[dict[str, Any]]] = {}
-    links = list(links)
-    for link in links:
-        result.servers[link.server_id] = "skipped"
+    sessions = list(sessions)
+    for session in sessions:
+        result.servers[session.server_id] = "skipped"
 
-    async def ask(link: ServerLink) -> None:
-        server = link.server_id
+    async def ask(session: ServerSession) -> None:
+        server = session.server_id
         started = trio.current_time()
         try:
-            await _ask(link, server)
+            await _ask(session, server)
         finally:
             result.elapsed[server] = trio.current_time() - started
 
-    async def _ask(link: ServerLink, server: str) -> None:
+    async def _ask(session: ServerSession, server: str) -> None:
         try:
             # Built inside the task, so an exception building one server's context fails that
             # server alone.
-            params = {
-                "inferenceId": facts.inference_id,
-                "conversationId": facts.conversation_id,
-                "turnIndex": facts.turn_index,
-                "userMessage": facts.user_message if link.grant.allows(OBSERVE) else None,
-                "model": facts.model,
-                "channels": channel_context_for(server, facts, registry),
-            }
-            answer = await link.call("context/beforeInference", params, capability=HOOK_PREFIX + ".*", timeout=timeout)
-        except RequestTimeout:
-            result.servers[server] = "timeout"
-            log().warning("context.before_inference.timeout", server=server, timeout=timeout)
-            return
-        except (RpcError, PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
-            result.servers[server] = "error"
-            log().warning("context.before_inference.failed", server=server, error=str(exc))
-            return
+            params = BeforeInferenceParams(
+                inference_id=facts.inference_id,
+                conversation_id=facts.conversation_id,
+                turn_index=facts.turn_index,
+                user_message=facts.user_message if session.allows(OBSERVE) else None,
+                model=facts.model,
+                channels=channel_context_for(server, facts, registry),
+            )
+            outcome = await session.before_inference(params, timeout=timeout)
         except Exception:
             result.servers[server] = "error"
             log().exception("context.before_inference.crashed", server=server)
             return
-        # The grant current NOW, at receipt: one narrowed while we waited applies to this answer.
-        grant = link.grant
+        if isinstance(outcome, HookTimedOut):
+            result.servers[server] = "timeout"
+            log().warning("context.before_inference.timeout", server=server, timeout=timeout)
+            return
+        if not isinstance(outcome, HookAnswered):
+            result.servers[server] = "error"
+            log().warning("context.before_inference.failed", server=server, error=outcome.error)
+            return
+        answer = outcome.answer
         injections = answer.get("contextInjections") if isinstance(answer, dict) else None
         if not isinstance(injections, list):
             result.servers[server] = "error"
@@ -178,7 +182,8 @@ async def before_inference(
                 log().warning("context.injection.dropped", server=server, index=index, position=position, reason="unknown-position")
                 continue
             capability = f"{HOOK_PREFIX}.inject.{position}"
-            if not grant.allows(capability):
+            # The grant current NOW, at receipt: one narrowed while we waited applies to this answer.
+            if not session.allows(capability):
                 log().warning("context.injection.dropped", server=server, index=index, position=position, reason="not-granted", capability=capability)
                 continue
             if _another_channels(injection.get("namespace"), server, facts.fork_home, registry):
@@ -197,17 +202,17 @@ async def before_inference(
         answers[server] = kept
         result.servers[server] = "ok"
 
-    await _each_at_once([link for link in links if _hooked(link)], ask)
-    # Grouped in the links' (configuration) order, whatever order the answers came in.
-    for link in links:
-        for injection in answers.get(link.server_id, ()):
+    await _each_at_once([session for session in sessions if _hooked(session)], ask)
+    # Grouped in the servers' (configuration) order, whatever order the answers came in.
+    for session in sessions:
+        for injection in answers.get(session.server_id, ()):
             result.injections[injection.pop("position")].append(injection)
     return result
 
 
 async def send_lifecycle(
-    links: Iterable[ServerLink],
-    params: dict[str, Any],
+    sessions: Iterable[ServerSession],
+    params: LifecycleParams,
     *,
     only: dict[str, int] | None = None,
     told: dict[str, int] | None = None,
@@ -222,7 +227,7 @@ async def send_lifecycle(
     outbox has room this is no cancellation point: what it queues is recorded in ``told``.
 
     Args:
-        params: ``{inferenceId, conversationId, turnIndex, phase}`` (no content, ever).
+        params: the inference's ids and the phase (no content, ever).
         only: for a terminal phase, the servers (and their transport epochs) that were told
             ``started``: exactly those get the terminal, and only in that same epoch (a server
             that reconnected since never saw ``started`` on this connection).
@@ -233,66 +238,66 @@ async def send_lifecycle(
         ``told``: the servers told, with their epochs.
     """
     told = {} if told is None else told
-    waiting = queue_lifecycle(links, params, only=only, told=told, log_fields=log_fields)
+    waiting = queue_lifecycle(sessions, params, only=only, told=told, log_fields=log_fields)
     await wait_lifecycle(waiting, params, told=told, log_fields=log_fields, per_link_timeout=per_link_timeout)
     return told
 
 
 async def wait_lifecycle(
-    links: list[ServerLink],
-    params: dict[str, Any],
+    sessions: list[ServerSession],
+    params: LifecycleParams,
     *,
     told: dict[str, int],
     log_fields: Mapping[str, object] | None = None,
     per_link_timeout: float = LIFECYCLE_SEND_TIMEOUT,
 ) -> None:
-    """The part of :func:`send_lifecycle` that waits: ``links`` are those
+    """The part of :func:`send_lifecycle` that waits: ``sessions`` are those
     :func:`queue_lifecycle` found with no room (already in ``told``), each sent to with its own
     deadline, all at once. One that never left is taken out of ``told``."""
     log = _lazy_logger(log_fields)
 
-    async def send_one(link: ServerLink) -> None:
-        try:
-            with trio.move_on_after(per_link_timeout) as waited:
-                await link.send_notification("inference/lifecycle", params, capability=LIFECYCLE)
-            if waited.cancelled_caught:
-                log().warning("lifecycle.timeout", server=link.server_id, phase=params.get("phase"), timeout=per_link_timeout)
-        except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
-            _never_left(told, link, params, exc, log)
+    async def send_one(session: ServerSession) -> None:
+        unsent: Unsent | None = None
+        with trio.move_on_after(per_link_timeout) as waited:
+            unsent = await session.lifecycle(params)
+        if waited.cancelled_caught:
+            log().warning("lifecycle.timeout", server=session.server_id, phase=params.phase, timeout=per_link_timeout)
+        elif unsent is not None:
+            _never_left(told, session, params, unsent, log)
 
-    await _each_at_once(links, send_one)
+    await _each_at_once(sessions, send_one)
 
 
 def queue_lifecycle(
-    links: Iterable[ServerLink],
-    params: dict[str, Any],
+    sessions: Iterable[ServerSession],
+    params: LifecycleParams,
     *,
     told: dict[str, int],
     only: dict[str, int] | None = None,
     log_fields: Mapping[str, object] | None = None,
-) -> list[ServerLink]:
+) -> list[ServerSession]:
     """The part of :func:`send_lifecycle` that never waits: ``inference/lifecycle`` queued to
     every eligible server whose outbox has room now (each recorded in ``told`` first); the
     servers whose outbox had none, to be waited for (recorded too: their send is under way).
     """
     log = _lazy_logger(log_fields)
-    waiting: list[ServerLink] = []
-    for link in links:
-        if (only is not None and only.get(link.server_id) != link.epoch) or link.state is not LinkState.READY or not link.grant.allows(LIFECYCLE):
+    waiting: list[ServerSession] = []
+    for session in sessions:
+        if (only is not None and only.get(session.server_id) != session.epoch) or not session.ready or not session.allows(INFERENCE_LIFECYCLE):
             continue
-        told[link.server_id] = link.epoch
-        try:
-            if not link.send_notification_nowait("inference/lifecycle", params, capability=LIFECYCLE):
-                waiting.append(link)
-        except (PeerClosed, LinkUnavailable, CapabilityNotGranted) as exc:
-            _never_left(told, link, params, exc, log)
+        told[session.server_id] = session.epoch
+        queued = session.lifecycle_nowait(params)
+        if queued is Queued.FULL:
+            waiting.append(session)
+        elif isinstance(queued, Unsent):
+            _never_left(told, session, params, queued, log)
     return waiting
 
 
-def _never_left(told: dict[str, int], link: ServerLink, params: dict[str, Any], exc: Exception, log: Callable[[], Any]) -> None:
+def _never_left(told: dict[str, int], session: ServerSession, params: LifecycleParams, unsent: Unsent, log: Callable[[], Any]) -> None:
     """A lifecycle send that never left: its server is not counted as told (nothing to end there)."""
-    told.pop(link.server_id, None)
-    log().info("lifecycle.undeliverable", server=link.server_id, phase=params.get("phase"), error=str(exc))
+    told.pop(session.server_id, None)
+    log().info("lifecycle.undeliverable", server=session.server_id, phase=params.phase, error=unsent.error)
 
 
 def _lazy_logger(fields: Mapping[str, object] | None) -> Callable[[], Any]:
@@ -308,17 +313,17 @@ def _lazy_logger(fields: Mapping[str, object] | None) -> Callable[[], Any]:
     return log
 
 
-async def _each_at_once(links: list[ServerLink], send: Callable[[ServerLink], Awaitable[None]]) -> None:
-    """``send`` to every link at once, so one slow server holds up no other; with one link, in
+async def _each_at_once(sessions: list[ServerSession], send: Callable[[ServerSession], Awaitable[None]]) -> None:
+    """``send`` to every server at once, so one slow server holds up no other; with one, in
     this task (a nursery and a task a turn saved: the common case of one server)."""
-    if len(links) == 1:
-        await send(links[0])
+    if len(sessions) == 1:
+        await send(sessions[0])
         return
-    if not links:
+    if not sessions:
         return
     async with trio.open_nursery() as nursery:
-        for link in links:
-            nursery.start_soon(send, link)
+        for session in sessions:
+            nursery.start_soon(send, session)
 
 
 def _another_channels(namespace: object, server_id: str, home: ChannelRef | None, registry: ChannelRegistry) -> bool:

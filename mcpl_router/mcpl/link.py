@@ -149,10 +149,9 @@ class ServerLink(LinkHandshake, LinkRegrant):
         #: A stdio child's exit code and last stderr lines, from the latest epoch that had one.
         self.exit_code: int | None = None
         self.stderr_tail: tuple[str, ...] = ()
-        #: Counters ``/metrics`` reads: inbound refused at admission (by reason), publishes
-        #: (by outcome and reason).
+        #: Inbound refused at admission, by reason: ``/metrics`` reads it (and the session's
+        #: publishes, by outcome and reason).
         self.admission_refused: collections.Counter[texts.AdmissionRefusal] = collections.Counter()
-        self.publishes: collections.Counter[tuple[str, texts.Reason | None]] = collections.Counter()
         self._since = time.time()
         self._endpoint = ""
         self._peer: Peer | None = None

@@ -15,8 +15,9 @@ refusal switches that method to Notifications for the rest of the epoch.
 
 from __future__ import annotations
 
+import collections
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final, Literal, Protocol
 
 import attrs
@@ -30,17 +31,31 @@ from mcpl_router.routing import texts
 
 __all__ = [
     "ACKNOWLEDGE",
+    "HOOKS",
+    "INFERENCE_LIFECYCLE",
     "INFERENCE_STREAMING",
     "LIFECYCLE",
+    "OBSERVE",
     "PUBLISH",
     "STREAMING",
     "TOOLS",
     "TYPING",
+    "BeforeInferenceParams",
+    "ChannelContext",
+    "HookAnswered",
+    "HookFailed",
+    "HookOutcome",
+    "HookTimedOut",
+    "IncomingContext",
+    "LifecycleParams",
+    "LinkSessions",
+    "OutgoingContext",
     "Queued",
     "TypingOp",
     "PublishOutcome",
     "ServerPort",
     "ServerSession",
+    "Unsent",
     "ToolAnswered",
     "ToolNotSent",
     "ToolRefused",
@@ -54,6 +69,11 @@ TYPING: Final = "channels.typing"
 STREAMING: Final = "channels.streaming"
 TOOLS: Final = "tools"
 INFERENCE_STREAMING: Final = "inferenceRequest.streaming"
+INFERENCE_LIFECYCLE: Final = "inferenceLifecycle"
+#: ``context/beforeInference`` goes to a server granted any leaf under this.
+HOOKS: Final = "contextHooks.beforeInference"
+#: A server granted this is shown the user message in ``context/beforeInference``.
+OBSERVE: Final = "contextHooks.beforeInference.observe"
 
 
 class ServerPort(Protocol):
@@ -148,6 +168,50 @@ class ToolsListParams(_Params):
     cursor: str | None = None
 
 
+class LifecycleParams(_Params):
+    """``inference/lifecycle``: ids and the phase, never content; ``usage`` (the host's, as
+    it sent it) only on a terminal phase that has one."""
+
+    inference_id: str
+    conversation_id: str
+    turn_index: int
+    phase: str
+    usage: object = None
+
+
+class _AllSent(msgspec.Struct, rename="camel"):
+    """Params whose every field is sent, ``null`` included."""
+
+
+class IncomingContext(_AllSent):
+    channel_id: str
+    message_id: str | None
+    thread_id: str | None
+
+
+class OutgoingContext(_Params):
+    channel_id: str
+
+
+class ChannelContext(_Params, kw_only=True):
+    """The ``channels`` a server is told in ``context/beforeInference``: its own, no other's;
+    ``incoming`` and ``defaultOutgoing`` only when that channel is this server's."""
+
+    incoming: IncomingContext | None = None
+    default_outgoing: OutgoingContext | None = None
+    candidates: list[str]
+
+
+class BeforeInferenceParams(_AllSent):
+    inference_id: str
+    conversation_id: str
+    turn_index: int
+    #: None unless the server is granted :data:`OBSERVE`.
+    user_message: object
+    model: str | None
+    channels: ChannelContext
+
+
 # -- outcomes ----------------------------------------------------------------------------------
 
 
@@ -195,6 +259,37 @@ class ToolRefused:
 
 ToolOutcome = ToolAnswered | ToolNotSent | ToolUnconfirmed | ToolRefused
 
+
+@attrs.frozen
+class HookAnswered:
+    """``context/beforeInference`` answered: the answer as sent (read leniently by the caller,
+    one injection at a time)."""
+
+    answer: object
+
+
+@attrs.frozen
+class HookTimedOut:
+    """No answer within the deadline."""
+
+
+@attrs.frozen
+class HookFailed:
+    """Refused, or never able to leave; ``error`` as the link or the server said it."""
+
+    error: str
+
+
+HookOutcome = HookAnswered | HookTimedOut | HookFailed
+
+
+@attrs.frozen
+class Unsent:
+    """A notification that never left (the connection is gone, or the grant doesn't allow
+    it); ``error`` as the link said it."""
+
+    error: str
+
 _GONE_ERRORS: Final = (LinkUnavailable, CapabilityNotGranted, PeerClosed)
 
 
@@ -203,6 +298,8 @@ class ServerSession:
 
     def __init__(self, port: ServerPort) -> None:
         self._port = port
+        #: Every publish's outcome (and reason), counted here; ``/metrics`` reads it.
+        self.publishes: collections.Counter[tuple[str, texts.Reason | None]] = collections.Counter()
         # Methods this epoch's server answered -32601 as Requests: sent as Notifications now.
         self._notification_only: set[str] = set()
         self._notification_epoch = -1
@@ -232,6 +329,10 @@ class ServerSession:
         """Whether the current grant allows ``capability`` (whatever the state)."""
         return self._port.grant.allows(capability)
 
+    def allows_any_under(self, prefix: str) -> bool:
+        """Whether the current grant allows any leaf under ``prefix``."""
+        return self._port.grant.allows_any_under(prefix)
+
     def unusable(self, capability: str) -> texts.Reason | None:
         """Why nothing needing ``capability`` can go now (``server-unavailable``,
         ``not-permitted``), or None."""
@@ -243,11 +344,22 @@ class ServerSession:
 
     # -- channels ------------------------------------------------------------------------------
 
-    async def publish(self, params: PublishParams, *, timeout: float | None = None) -> PublishOutcome:
-        """``channels/publish`` (a Request; a Notification to a server that takes only those)."""
+    async def publish(self, params: PublishParams, *, timeout: float | None = None, registered: bool = True) -> PublishOutcome:
+        """``channels/publish`` (a Request; a Notification to a server that takes only those).
+
+        ``registered``: whether the channel is registered (nothing is sent to one that is not).
+        Each outcome is counted in :attr:`publishes`.
+        """
+        outcome = await self._publish(params, timeout=timeout, registered=registered)
+        self.publishes[(outcome.outcome, outcome.reason)] += 1
+        return outcome
+
+    async def _publish(self, params: PublishParams, *, timeout: float | None, registered: bool) -> PublishOutcome:
         unusable = self.unusable(PUBLISH)
         if unusable is not None:
-            return PublishOutcome("failed", texts.Reason.NO_LINK if unusable == texts.Reason.NO_LINK else unusable)
+            return PublishOutcome("failed", unusable)
+        if not registered:
+            return PublishOutcome("failed", texts.Reason.NOT_REGISTERED)
         deadline = self.request_timeout if timeout is None else timeout
         try:
             answer = await self._request_or_notify("channels/publish", params, capability=PUBLISH, timeout=deadline)
@@ -332,6 +444,35 @@ class ServerSession:
     def stream_complete_nowait(self, params: CompleteParams) -> Queued:
         return self._notify_nowait("channels/outgoing/complete", params, STREAMING)
 
+    # -- the inference's hooks and lifecycle ----------------------------------------------------
+
+    async def before_inference(self, params: BeforeInferenceParams, *, timeout: float) -> HookOutcome:
+        """``context/beforeInference``: answered, timed out, or failed (refused, or never sent)."""
+        try:
+            answer = await self._port.call("context/beforeInference", params, capability=HOOKS + ".*", timeout=timeout)
+        except RequestTimeout:
+            return HookTimedOut()
+        except (RpcError, *_GONE_ERRORS) as exc:
+            return HookFailed(str(exc))
+        return HookAnswered(answer)
+
+    async def lifecycle(self, params: LifecycleParams) -> Unsent | None:
+        """``inference/lifecycle``; None when sent."""
+        try:
+            await self._port.send_notification("inference/lifecycle", params, capability=INFERENCE_LIFECYCLE)
+        except _GONE_ERRORS as exc:
+            return Unsent(str(exc))
+        return None
+
+    def lifecycle_nowait(self, params: LifecycleParams) -> Queued | Unsent:
+        """``inference/lifecycle`` queued if the outbox has room now (``QUEUED``), else ``FULL``
+        (nothing queued: await :meth:`lifecycle`)."""
+        try:
+            queued = self._port.send_notification_nowait("inference/lifecycle", params, capability=INFERENCE_LIFECYCLE)
+        except _GONE_ERRORS as exc:
+            return Unsent(str(exc))
+        return Queued.QUEUED if queued else Queued.FULL
+
     # -- tools and inference -------------------------------------------------------------------
 
     async def list_tools(self, params: ToolsListParams, *, timeout: float) -> Any:
@@ -396,3 +537,27 @@ class ServerSession:
                 self._log.info("link.notification_only", method=method, epoch=self._port.epoch)
         await self._port.send_notification(method, params, capability=capability)
         return NOTIFIED
+
+
+class HasSession(Protocol):
+    """A server link as :class:`LinkSessions` sees it: its session."""
+
+    @property
+    def session(self) -> ServerSession: ...
+
+
+class LinkSessions(Mapping[str, ServerSession]):
+    """Each server's session by server id: a live view of the daemon's links (a reload adds
+    and removes servers in place), so the turns and tools depend on sessions, not on links."""
+
+    def __init__(self, links: Mapping[str, HasSession]) -> None:
+        self._links = links
+
+    def __getitem__(self, server_id: str) -> ServerSession:
+        return self._links[server_id].session
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._links)
+
+    def __len__(self) -> int:
+        return len(self._links)

@@ -36,11 +36,10 @@ from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN, DesiredChannels
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.mcpl.session import LIFECYCLE, CloseParams, HistoryParams, OpenParams
+from mcpl_router.mcpl.session import LIFECYCLE, CloseParams, HistoryParams, OpenParams, ServerSession
 from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 
 if TYPE_CHECKING:
-    from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
 
@@ -60,10 +59,10 @@ class ChannelLifecycle:
 
     timeout: float = LIFECYCLE_TIMEOUT
 
-    def __init__(self, router: Router, links: Mapping[str, ServerLink], journal: Journal, *,
+    def __init__(self, router: Router, servers: Mapping[str, ServerSession], journal: Journal, *,
                  fork_home: Callable[[str], ChannelRef | None] = lambda agent: None, events: EventBus | None = None) -> None:
         self._router = router
-        self._links = links
+        self._servers = servers
         self._journal = journal
         self._fork_home = fork_home
         self._log = get_logger()
@@ -124,19 +123,19 @@ class ChannelLifecycle:
         else:
             self._journal.record_channel_decision(agent, ref.server_id, ref.channel_id, state)
 
-    async def send_open(self, link: ServerLink, ref: ChannelRef, *, history: HistoryParams | None = None,
+    async def send_open(self, session: ServerSession, ref: ChannelRef, *, history: HistoryParams | None = None,
                         thread_id: str | None = None) -> texts.Reason | None:
         """``channels/open`` on ``ref``'s own server; None when answered (the channel is then
         open here too), else a stable reason."""
         params = OpenParams(channel_id=ref.channel_id, history=history, thread_id=thread_id)
-        reason = await link.session.open_channel(params, timeout=self.timeout)
+        reason = await session.open_channel(params, timeout=self.timeout)
         if reason is None:
             self._router.registry.set_open(ref, True)
         return reason
 
-    async def send_close(self, link: ServerLink, ref: ChannelRef) -> texts.Reason | None:
+    async def send_close(self, session: ServerSession, ref: ChannelRef) -> texts.Reason | None:
         """``channels/close`` on ``ref``'s own server; None when answered (then closed here too)."""
-        reason = await link.session.close_channel(CloseParams(channel_id=ref.channel_id), timeout=self.timeout)
+        reason = await session.close_channel(CloseParams(channel_id=ref.channel_id), timeout=self.timeout)
         if reason is None:
             self._router.registry.set_open(ref, False)
         return reason
@@ -186,20 +185,20 @@ class ChannelLifecycle:
         wanted = self.desired.wanted(ref)
         if entry is None or wanted is None or entry.open == wanted:
             return
-        link = self._links.get(ref.server_id)
-        if link is None or link.session.unusable(LIFECYCLE) is not None:
+        session = self._servers.get(ref.server_id)
+        if session is None or session.unusable(LIFECYCLE) is not None:
             # Without the lifecycle grant the server decides alone; a link not ready is checked
             # again when it is (link_ready).
             self._log.info("channel.reconcile.skipped", server=ref.server_id, channel=ref.channel_id,
-                           why="link-not-ready" if link is None or not link.session.ready else "not-granted")
+                           why="link-not-ready" if session is None or not session.ready else "not-granted")
             return
-        epoch = link.session.epoch
+        epoch = session.epoch
         if self._refused_on.get(ref) == epoch:
             self._log.info("channel.reconcile.skipped", server=ref.server_id, channel=ref.channel_id,
                            why="refused-this-epoch", epoch=epoch)
             return
         action = RECONCILE_OPEN if wanted else RECONCILE_CLOSE
-        reason = await (self.send_open(link, ref) if wanted else self.send_close(link, ref))
+        reason = await (self.send_open(session, ref) if wanted else self.send_close(session, ref))
         outcome = DONE if reason is None else FAILED
         self.counts[(ref.server_id, action, outcome)] += 1
         self._last[ref] = {"action": action, "outcome": outcome, "reason": reason, "at": trio.current_time()}

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Final
 
 from mcpl_router.events import EventBus, ServerWithdrawn, WakeDelivered
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.session import ACKNOWLEDGE, LIFECYCLE, HistoryParams
+from mcpl_router.mcpl.session import ACKNOWLEDGE, LIFECYCLE, HistoryParams, ServerSession
 from mcpl_router.routing import texts
 from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
 from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN
@@ -48,7 +48,6 @@ from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
-    from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.routing.wakes import Wake
     from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
@@ -97,7 +96,7 @@ class ChannelTools:
 
     Args:
         router: the registry (what is registered and open) and the one resolver.
-        links: the daemon's links by server id (its own dict: a reload changes it in place).
+        servers: each server's session by server id (a live view of the daemon's links: a reload changes it).
         channels: each agent's decisions per channel (journaled; the servers held to them).
         stop_typing_in: stops the typing of every turn typing in one channel (a close).
         timings: the publish deadline.
@@ -110,7 +109,7 @@ class ChannelTools:
     def __init__(
         self,
         router: Router,
-        links: Mapping[str, ServerLink],
+        servers: Mapping[str, ServerSession],
         channels: ChannelLifecycle,
         stop_typing_in: Callable[[ChannelRef], Awaitable[None]],
         timings: TurnTimings,
@@ -120,7 +119,7 @@ class ChannelTools:
         events: EventBus | None = None,
     ) -> None:
         self._router = router
-        self._links = links
+        self._servers = servers
         self._channels = channels
         self._stop_typing_in = stop_typing_in
         self._timings = timings
@@ -215,9 +214,10 @@ class ChannelTools:
     def _data(self, ref: ChannelRef, **extra: object) -> dict[str, object]:
         return {**ref.to_wire(), "shown": self._shown(ref), **extra}
 
-    def _link(self, ref: ChannelRef) -> ServerLink | None:
-        link = self._links.get(ref.server_id)
-        return link if link is not None and link.session.ready else None
+    def _session(self, ref: ChannelRef) -> ServerSession | None:
+        """``ref``'s own server's session, if that server is ready."""
+        session = self._servers.get(ref.server_id)
+        return session if session is not None and session.ready else None
 
     def _tuned_out(self, call: ToolCall, ref: ChannelRef, verb: str, not_done: str) -> dict[str, object] | None:
         """The refusal for a channel the calling agent tuned out, saying how the tune-out ends."""
@@ -291,11 +291,11 @@ class ChannelTools:
         shown = self._shown(ref)
         registry = self._router.registry
         entry = registry.get(ref)
-        link = self._link(ref)
-        if link is None:
+        session = self._session(ref)
+        if session is None:
             return tool_result(texts.lifecycle_failed("open", shown, texts.Reason.NO_LINK, not_done), error=True,
                                reason=texts.Reason.NO_LINK, data=self._data(ref))
-        if not link.session.allows(LIFECYCLE):
+        if not session.allows(LIFECYCLE):
             if entry is None or not entry.open:
                 return tool_result(texts.lifecycle_not_granted("open", shown, ref.server_id, not_done), error=True,
                                    reason=texts.Reason.NOT_PERMITTED, data=self._data(ref))
@@ -307,7 +307,7 @@ class ChannelTools:
             history = None
             if args.backscroll is not None or args.before_message_id is not None:
                 history = HistoryParams(limit=args.backscroll, before_message_id=args.before_message_id)
-            reason = await self._channels.send_open(link, ref, history=history, thread_id=args.thread_id)
+            reason = await self._channels.send_open(session, ref, history=history, thread_id=args.thread_id)
         if reason == texts.Reason.UNCONFIRMED:
             self._log_call(call, "channel_open.unconfirmed", ref)
             return tool_result(texts.lifecycle_unconfirmed("open", shown), error=True, reason=reason, data=self._data(ref))
@@ -339,14 +339,14 @@ class ChannelTools:
         if not isinstance(ref, ChannelRef):
             return ref
         shown = self._shown(ref)
-        link = self._link(ref)
-        if link is None:
+        session = self._session(ref)
+        if session is None:
             return tool_result(texts.lifecycle_failed("close", shown, texts.Reason.NO_LINK, not_done), error=True,
                                reason=texts.Reason.NO_LINK, data=self._data(ref))
-        if not link.session.allows(LIFECYCLE):
+        if not session.allows(LIFECYCLE):
             return tool_result(texts.lifecycle_not_granted("close", shown, ref.server_id, not_done), error=True,
                                reason=texts.Reason.NOT_PERMITTED, data=self._data(ref))
-        reason = await self._channels.send_close(link, ref)
+        reason = await self._channels.send_close(session, ref)
         if reason == texts.Reason.UNCONFIRMED:
             return tool_result(texts.lifecycle_unconfirmed("close", shown), error=True, reason=reason, data=self._data(ref))
         if reason is not None:
@@ -377,16 +377,16 @@ class ChannelTools:
             default = self.defaults.get(agent)
             if message_id is None and default is not None and default.ref == ref:
                 message_id = default.message_id
-            link = self._link(ref)
+            session = self._session(ref)
             if message_id is None:
                 acknowledged, note = False, texts.ACK_NO_MESSAGE
-            elif link is None:
+            elif session is None:
                 acknowledged, note = False, texts.ack_not_sent(texts.Reason.NO_LINK)
-            elif not link.session.allows(ACKNOWLEDGE):
+            elif not session.allows(ACKNOWLEDGE):
                 acknowledged, note = False, texts.ack_not_sent(texts.Reason.NOT_PERMITTED)
             else:
                 reason = await acknowledge_message(
-                    link, ref, message_id, intent=ACK_INTENT_DECLINED, value=emoji, timeout=self._channels.timeout
+                    session, ref, message_id, intent=ACK_INTENT_DECLINED, value=emoji, timeout=self._channels.timeout
                 )
                 acknowledged = reason is None
                 note = texts.ACK_SENT if reason is None else texts.ack_not_sent(reason)
@@ -431,7 +431,7 @@ class ChannelTools:
             thread_id = thread_id or target.thread_id
         shown = self._shown(ref)
         delivery = await publish_text(
-            self._links,
+            self._servers,
             ref,
             shown,
             content,

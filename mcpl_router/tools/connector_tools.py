@@ -459,7 +459,7 @@ class ConnectorTools:
         if link is None or link.session.unusable(LIFECYCLE) is not None:
             log.info("connector.send.left_closed", channel=channel.channel_id, why="not-granted")
             return []
-        reason = await self._channels.send_open(link, channel)
+        reason = await self._channels.send_open(link.session, channel)
         if reason is not None:
             log.warning("connector.send.open_failed", channel=channel.channel_id, reason=reason)
             return []

@@ -52,12 +52,11 @@ from mcpl_router.store.records import SavedTuneOut
 from mcpl_router.tools.arguments import SpeakArgs, SummaryArgs, TuneOutArgs
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
 from mcpl_router.turns import publish_text
-from mcpl_router.mcpl.session import LIFECYCLE, OpenParams
+from mcpl_router.mcpl.session import LIFECYCLE, OpenParams, ServerSession
 from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
-    from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
     from mcpl_router.turns import TurnRun, TurnTimings
 
@@ -154,7 +153,7 @@ class TuneOuts:
 
     Args:
         router: the registry (a tuned-out channel is marked open) and the one resolver.
-        links: the daemon's links by server id (its own dict: a reload changes it in place).
+        servers: each server's session by server id (a live view of the daemon's links: a reload changes it).
         timings: ``speak_in_channel``'s publish deadline.
         notify_agent: how a summary wake reaches the agent's host (the sessions', wired by the
             daemon; the sessions in turn ask :meth:`divert` and :meth:`holds` of every wake).
@@ -164,14 +163,14 @@ class TuneOuts:
     def __init__(
         self,
         router: Router,
-        links: Mapping[str, ServerLink],
+        servers: Mapping[str, ServerSession],
         timings: TurnTimings,
         notify_agent: NotifyAgent,
         *,
         journal: TuneOutJournal,
     ) -> None:
         self._router = router
-        self._links = links
+        self._servers = servers
         self._timings = timings
         self._notify_agent = notify_agent
         self._journal = journal
@@ -238,7 +237,7 @@ class TuneOuts:
         for saved in saved_rows:
             ref = ChannelRef(saved.server_id, saved.channel_id)
             fields = {"agent": saved.agent, "server": saved.server_id, "channel": saved.channel_id, "held": len(saved.held)}
-            if saved.server_id not in self._links:
+            if saved.server_id not in self._servers:
                 # Nothing could reach it again: no traffic to hold, and cancel_tuneout can't name
                 # a channel no server registers. What it held goes to the host as its backlog.
                 self._journal.forget_tune_out(saved.agent, saved.server_id, saved.channel_id)
@@ -369,9 +368,9 @@ class TuneOuts:
         # one is opened on its own server first (where the server lets the daemon open it), so
         # its transport actually brings that traffic in.
         entry = registry.get(ref)
-        link = self._links.get(ref.server_id)
-        if entry is not None and not entry.open and link is not None and link.session.unusable(LIFECYCLE) is None:
-            reason = await link.session.open_channel(OpenParams(channel_id=ref.channel_id), timeout=LIFECYCLE_TIMEOUT)
+        session = self._servers.get(ref.server_id)
+        if entry is not None and not entry.open and session is not None and session.unusable(LIFECYCLE) is None:
+            reason = await session.open_channel(OpenParams(channel_id=ref.channel_id), timeout=LIFECYCLE_TIMEOUT)
             if reason is not None:
                 self._log.info("tuneout.open_failed", agent=owner, server=ref.server_id, channel=ref.channel_id, reason=reason)
                 return tool_result(texts.lifecycle_failed("open", self._shown(ref), reason, texts.NOTHING_TUNED),
@@ -419,7 +418,7 @@ class TuneOuts:
             return ref
         shown = self._shown(ref)
         delivery = await publish_text(
-            self._links, ref, shown, text,
+            self._servers, ref, shown, text,
             conversation_id=call.run.turn.conversation_id, round_=call.run.turn.round,
             registered=self._router.registry.is_registered(ref),
             timeout=self._timings.publish_timeout,

@@ -10,20 +10,17 @@ model provider refused also marks the message it answered, on that message's own
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import trio
 
 from mcpl_router.host_notices import HostNotice, InferenceStartedNotice
-from mcpl_router.mcpl.session import ACKNOWLEDGE
+from mcpl_router.mcpl.session import ACKNOWLEDGE, LifecycleParams, ServerSession
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle, wait_lifecycle
 from mcpl_router.turns.run import FINISH_GRACE, TurnRun
 from mcpl_router.turns.sends import ACK_INTENT_REFUSED, acknowledge_message
 from mcpl_router.turns.streams import OutgoingStreams
-
-if TYPE_CHECKING:
-    from mcpl_router.mcpl.link import ServerLink
 
 __all__ = ["REFUSAL_REACTION", "InferenceLifecycle"]
 
@@ -39,8 +36,8 @@ NotifyAgent = Callable[[str, HostNotice], Awaitable[bool]]
 class InferenceLifecycle:
     """Tells servers when a turn's inference starts and ends (``inference/lifecycle``)."""
 
-    def __init__(self, *, links: Mapping[str, ServerLink], streams: OutgoingStreams, notify_agent: NotifyAgent) -> None:
-        self._links = links
+    def __init__(self, *, servers: Mapping[str, ServerSession], streams: OutgoingStreams, notify_agent: NotifyAgent) -> None:
+        self._servers = servers
         self._streams = streams
         self._notify_agent = notify_agent
         self._log = get_logger()
@@ -52,17 +49,13 @@ class InferenceLifecycle:
         run.started = {}  # set before any await: started goes out once, whoever comes first
         turn = run.turn
         try:
-            params = {
-                "inferenceId": turn.inference_id,
-                "conversationId": turn.conversation_id,
-                "turnIndex": turn.turn_index,
-                "phase": "started",
-            }
+            params = LifecycleParams(inference_id=turn.inference_id, conversation_id=turn.conversation_id,
+                                     turn_index=turn.turn_index, phase="started")
             log_fields = {"agent": turn.agent, "turn": turn.turn_id}
             # Recorded server by server, and what must wait for room waits shielded: a host
             # dropping mid-call must not leave a server told "started" that the turn then
             # forgets to end. Queued at once where there is room (no scope to enter).
-            waiting = queue_lifecycle(self._links.values(), params, told=run.started, log_fields=log_fields)
+            waiting = queue_lifecycle(self._servers.values(), params, told=run.started, log_fields=log_fields)
             if waiting:
                 with trio.CancelScope(shield=True, deadline=trio.current_time() + FINISH_GRACE):
                     await wait_lifecycle(waiting, params, told=run.started, log_fields=log_fields)
@@ -85,7 +78,7 @@ class InferenceLifecycle:
         if not run.started_done.is_set():
             await run.started_done.wait()
         turn = run.turn
-        await send_lifecycle(list(self._links.values()), _terminal(run, outcome, usage), only=run.started,
+        await send_lifecycle(list(self._servers.values()), _terminal(run, outcome, usage), only=run.started,
                              log_fields={"agent": turn.agent, "turn": turn.turn_id})
 
     def end_nowait(self, run: TurnRun, outcome: str, usage: object) -> bool:
@@ -101,9 +94,9 @@ class InferenceLifecycle:
             return False
         turn = run.turn
         ended: dict[str, int] = {}
-        waiting = queue_lifecycle(self._links.values(), _terminal(run, outcome, usage), told=ended, only=run.started,
+        waiting = queue_lifecycle(self._servers.values(), _terminal(run, outcome, usage), told=ended, only=run.started,
                                   log_fields={"agent": turn.agent, "turn": turn.turn_id})
-        left = {link.server_id for link in waiting}
+        left = {session.server_id for session in waiting}
         # Queued, or never able to leave (gone, not granted): either way not to be sent again.
         run.started = {server: epoch for server, epoch in run.started.items() if server in left}
         return not left
@@ -116,13 +109,13 @@ class InferenceLifecycle:
         if not run.mode.reacts_to_refusal or ref is None or message_id is None:
             log.info("refusal.reaction.skipped", why="no-inbound-message" if run.mode.reacts_to_refusal else run.mode.name)
             return
-        link = self._links.get(ref.server_id)
-        if link is None or link.session.unusable(ACKNOWLEDGE) is not None:
+        session = self._servers.get(ref.server_id)
+        if session is None or session.unusable(ACKNOWLEDGE) is not None:
             log.info("refusal.reaction.skipped", why="not-permitted", server=ref.server_id)
             return
         reason = await acknowledge_message(
-            link, ref, message_id, intent=ACK_INTENT_REFUSED, value=reaction,
-            timeout=min(REFUSAL_REACTION_TIMEOUT, link.session.request_timeout),
+            session, ref, message_id, intent=ACK_INTENT_REFUSED, value=reaction,
+            timeout=min(REFUSAL_REACTION_TIMEOUT, session.request_timeout),
         )
         if reason is not None:
             log.info("refusal.reaction.failed", server=ref.server_id, channel=ref.channel_id, reason=reason)
@@ -130,15 +123,9 @@ class InferenceLifecycle:
         log.info("refusal.reaction.sent", server=ref.server_id, channel=ref.channel_id, message=message_id)
 
 
-def _terminal(run: TurnRun, outcome: str, usage: object) -> dict[str, object]:
-    """The terminal ``inference/lifecycle`` params of ``run``'s inference."""
+def _terminal(run: TurnRun, outcome: str, usage: object) -> LifecycleParams:
+    """The terminal ``inference/lifecycle`` params of ``run``'s inference (``usage`` only when
+    the host gave one)."""
     turn = run.turn
-    params: dict[str, object] = {
-        "inferenceId": turn.inference_id,
-        "conversationId": turn.conversation_id,
-        "turnIndex": turn.turn_index,
-        "phase": outcome,
-    }
-    if usage is not None:
-        params["usage"] = usage
-    return params
+    return LifecycleParams(inference_id=turn.inference_id, conversation_id=turn.conversation_id, turn_index=turn.turn_index,
+                           phase=outcome, usage=usage)

@@ -44,7 +44,7 @@ from mcpl_router.turns.run import DAEMON_DRAINING, FINISH_GRACE, TURN_NOT_OPEN, 
 from mcpl_router.turns.wakes import NO_FENCE, RouteFence, fenced, wake_facts
 
 if TYPE_CHECKING:
-    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.mcpl.session import ServerSession
     from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
@@ -69,7 +69,7 @@ class TurnManager:
 
     Args:
         router: the registry and the one resolver.
-        links: the server links by server id (the daemon's own mapping: reloads change it).
+        servers: the servers' sessions by server id (a live view of the daemon's links: reloads change it).
         journal: wakes read mid-turn, drafts kept.
         sessions: who owns which agent, the wakes, and the agents' specs.
         tools: the one name table of the tools offered and called.
@@ -88,7 +88,7 @@ class TurnManager:
         self,
         *,
         router: Router,
-        links: Mapping[str, ServerLink],
+        servers: Mapping[str, ServerSession],
         journal: Journal,
         sessions: Owners,
         tools: ToolListing,
@@ -100,7 +100,7 @@ class TurnManager:
         events: EventBus | None = None,
     ) -> None:
         self._router = router
-        self._links = links
+        self._servers = servers
         self._journal = journal
         self._sessions = sessions
         self._metrics = metrics
@@ -109,7 +109,7 @@ class TurnManager:
         # in): given at its next turn/open, once.
         self._notices_for = notices_for
         if parts is None:
-            parts = TurnParts.build(router=router, links=links, journal=journal, notify_agent=sessions.notify_agent)
+            parts = TurnParts.build(router=router, servers=servers, journal=journal, notify_agent=sessions.notify_agent)
         self.parts = parts
         self.timings = parts.timings
         self.table = TurnTable()
@@ -350,7 +350,7 @@ class TurnManager:
             fork_home=self.route_fence.home_of(turn.agent),
         )
         result = await before_inference(
-            list(self._links.values()),
+            list(self._servers.values()),
             facts,
             self._router.registry,
             timeout=self.context_timeout,

@@ -22,7 +22,7 @@ from mcpl_router.turns.streams import OutgoingStreams
 from mcpl_router.turns.typing import TypingIndicators
 
 if TYPE_CHECKING:
-    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.mcpl.session import ServerSession
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
 
@@ -48,19 +48,19 @@ class TurnParts:
         cls,
         *,
         router: Router,
-        links: Mapping[str, ServerLink],
+        servers: Mapping[str, ServerSession],
         journal: Journal,
         notify_agent: NotifyAgent,
         timings: TurnTimings | None = None,
         tuned_out: Callable[[str], Collection[ChannelRef]] = lambda _agent: (),
     ) -> TurnParts:
         timings = timings if timings is not None else TurnTimings()
-        typing = TypingIndicators(links=links, router=router, timings=timings)
+        typing = TypingIndicators(servers=servers, router=router, timings=timings)
         drafts = DraftBook(journal=journal, names=router.names)
-        streams = OutgoingStreams(links)
-        speech = Speech(router=router, links=links, journal=journal, drafts=drafts, typing=typing, streams=streams, timings=timings,
+        streams = OutgoingStreams(servers)
+        speech = Speech(router=router, servers=servers, journal=journal, drafts=drafts, typing=typing, streams=streams, timings=timings,
                         tuned_out=tuned_out)
-        lifecycle = InferenceLifecycle(links=links, streams=streams, notify_agent=notify_agent)
+        lifecycle = InferenceLifecycle(servers=servers, streams=streams, notify_agent=notify_agent)
         return cls(timings=timings, typing=typing, drafts=drafts, speech=speech, lifecycle=lifecycle)
 
     async def stop_typing_in(self, ref: ChannelRef) -> None:

@@ -26,7 +26,7 @@ from mcpl_router.turns.streams import OutgoingStreams
 from mcpl_router.turns.typing import TypingIndicators
 
 if TYPE_CHECKING:
-    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.mcpl.session import ServerSession
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
 
@@ -43,7 +43,7 @@ class Speech:
         self,
         *,
         router: Router,
-        links: Mapping[str, ServerLink],
+        servers: Mapping[str, ServerSession],
         journal: Journal,
         drafts: DraftBook,
         typing: TypingIndicators,
@@ -52,7 +52,7 @@ class Speech:
         tuned_out: Callable[[str], Collection[ChannelRef]] = lambda _agent: (),
     ) -> None:
         self._router = router
-        self._links = links
+        self._servers = servers
         self._journal = journal
         self._drafts = drafts
         self._typing = typing
@@ -366,9 +366,9 @@ class Speech:
     # -- publishing --------------------------------------------------------------------------
 
     async def publish(self, run: TurnRun, ref: ChannelRef, text: str, round_: int | None = None) -> Delivery:
-        """Publish ``text`` for ``run``'s turn to ``ref``, through ``ref``'s own server's link."""
+        """Publish ``text`` for ``run``'s turn to ``ref``, through ``ref``'s own server's session."""
         return await publish_text(
-            self._links,
+            self._servers,
             ref,
             self._shown(ref),
             text,
@@ -385,7 +385,7 @@ class Speech:
         """The longest a publish may take now (the bound on waiting for one at a turn's end)."""
         if self._timings.publish_timeout is not None:
             return self._timings.publish_timeout
-        return max((link.config.request_timeout for link in self._links.values()), default=PUBLISH_TIMEOUT)
+        return max((session.request_timeout for session in self._servers.values()), default=PUBLISH_TIMEOUT)
 
     async def resend_draft(self, run: TurnRun, draft: Draft, ref: ChannelRef) -> Delivery:
         """Send ``draft`` to ``ref``: the attempt is journaled before the publish goes out.

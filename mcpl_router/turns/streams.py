@@ -10,24 +10,19 @@ whichever way the turn ends.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
 from mcpl_router.logs import get_logger
-from mcpl_router.mcpl.session import STREAMING, ChunkParams, CompleteParams, Queued
+from mcpl_router.mcpl.session import STREAMING, ChunkParams, CompleteParams, Queued, ServerSession
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.turns.run import TurnRun
-
-if TYPE_CHECKING:
-    from mcpl_router.mcpl.link import ServerLink
 
 __all__ = ["OutgoingStreams"]
 
 
 class OutgoingStreams:
-    """Sends each turn's chunks and completes its streams, over the links."""
+    """Sends each turn's chunks and completes its streams, over the servers' sessions."""
 
-    def __init__(self, links: Mapping[str, ServerLink]) -> None:
-        self._links = links
+    def __init__(self, servers: Mapping[str, ServerSession]) -> None:
+        self._servers = servers
         self._log = get_logger()
 
     async def chunk(self, run: TurnRun, ref: ChannelRef, text: str) -> None:
@@ -35,11 +30,11 @@ class OutgoingStreams:
 
         ``index`` counts per inference across channels.
         """
-        link = self._links.get(ref.server_id)
-        if link is None or link.session.unusable(STREAMING) is not None:
+        session = self._servers.get(ref.server_id)
+        if session is None or session.unusable(STREAMING) is not None:
             return
         stream = run.streams.get(ref)
-        if stream is not None and stream[0] != link.session.epoch:
+        if stream is not None and stream[0] != session.epoch:
             return
         turn = run.turn
         index = run.stream_index
@@ -50,9 +45,9 @@ class OutgoingStreams:
                              index=index, delta=delta)
         # Recorded before the send: whoever completes the streams meanwhile completes this one.
         if stream is None:
-            run.streams[ref] = stream = (link.session.epoch, [])
+            run.streams[ref] = stream = (session.epoch, [])
         stream[1].append(delta)
-        if not await link.session.stream_chunk(params):
+        if not await session.stream_chunk(params):
             self._log.info("stream.chunk.failed", agent=turn.agent, turn=turn.turn_id, server=ref.server_id, channel=ref.channel_id)
             if delta in stream[1]:
                 stream[1].remove(delta)
@@ -66,8 +61,8 @@ class OutgoingStreams:
             sendable = self._completion(run, ref, stream)
             if sendable is None:
                 continue
-            link, params = sendable
-            if not await link.session.stream_complete(params):
+            session, params = sendable
+            if not await session.stream_complete(params):
                 self._complete_failed(run, ref)
 
     def complete_nowait(self, run: TurnRun) -> bool:
@@ -77,8 +72,8 @@ class OutgoingStreams:
         for ref, stream in list(run.streams.items()):
             sendable = self._completion(run, ref, stream)
             if sendable is not None:
-                link, params = sendable
-                queued = link.session.stream_complete_nowait(params)
+                session, params = sendable
+                queued = session.stream_complete_nowait(params)
                 if queued is Queued.FULL:
                     return False
                 if queued is Queued.GONE:
@@ -86,15 +81,15 @@ class OutgoingStreams:
             del run.streams[ref]
         return True
 
-    def _completion(self, run: TurnRun, ref: ChannelRef, stream: tuple[int, list[str]]) -> tuple[ServerLink, CompleteParams] | None:
-        """The link and params of ``ref``'s ``complete``; None when its server can't hear it (gone,
+    def _completion(self, run: TurnRun, ref: ChannelRef, stream: tuple[int, list[str]]) -> tuple[ServerSession, CompleteParams] | None:
+        """The session and params of ``ref``'s ``complete``; None when its server can't hear it (gone,
         not ready, or reconnected since the stream's first chunk)."""
         epoch, parts = stream
-        link = self._links.get(ref.server_id)
-        if link is None or link.session.epoch != epoch or not link.session.ready:
+        session = self._servers.get(ref.server_id)
+        if session is None or session.epoch != epoch or not session.ready:
             return None
         turn = run.turn
-        return link, CompleteParams(inference_id=turn.inference_id, conversation_id=turn.conversation_id, channel_id=ref.channel_id,
+        return session, CompleteParams(inference_id=turn.inference_id, conversation_id=turn.conversation_id, channel_id=ref.channel_id,
                                     content="".join(parts))
 
     def _complete_failed(self, run: TurnRun, ref: ChannelRef) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from mcpl_router.mcpl.session import TYPING, Queued, TypingOp, TypingParams
+from mcpl_router.mcpl.session import TYPING, Queued, ServerSession, TypingOp, TypingParams
 from mcpl_router.jsonrpc import INVALID_PARAMS, RpcError
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
@@ -27,7 +27,6 @@ from mcpl_router.turns.run import CHANNEL_REFUSED, TurnRun, TurnTimings
 
 if TYPE_CHECKING:
     from mcpl_router.turns.run import HostLink
-    from mcpl_router.mcpl.link import ServerLink
     from mcpl_router.routing.router import Router
 
 __all__ = ["TypingIndicators"]
@@ -36,8 +35,8 @@ __all__ = ["TypingIndicators"]
 class TypingIndicators:
     """Every typing indicator the daemon holds, and the sends that start and stop them."""
 
-    def __init__(self, *, links: Mapping[str, ServerLink], router: Router, timings: TurnTimings) -> None:
-        self._links = links
+    def __init__(self, *, servers: Mapping[str, ServerSession], router: Router, timings: TurnTimings) -> None:
+        self._servers = servers
         self._router = router
         self._timings = timings
         self._log = get_logger()
@@ -59,11 +58,11 @@ class TypingIndicators:
 
     # -- one send ---------------------------------------------------------------------------
 
-    def _unsendable(self, ref: ChannelRef, link: ServerLink | None) -> str | None:
-        """Why no ``channels/typing`` can go to ``ref`` on ``link`` (its own server's), or None."""
-        if link is None:
+    def _unsendable(self, ref: ChannelRef, session: ServerSession | None) -> str | None:
+        """Why no ``channels/typing`` can go to ``ref`` on ``session`` (its own server's), or None."""
+        if session is None:
             return texts.Reason.NO_LINK
-        unusable = link.session.unusable(TYPING)
+        unusable = session.unusable(TYPING)
         if unusable is not None:
             return unusable
         if not self._router.registry.is_registered(ref):
@@ -73,12 +72,12 @@ class TypingIndicators:
 
     async def send(self, ref: ChannelRef, op: TypingOp) -> str | None:
         """Send one ``channels/typing`` to ``ref``'s own server; None when sent, else why not."""
-        link = self._links.get(ref.server_id)
-        reason = self._unsendable(ref, link)
+        session = self._servers.get(ref.server_id)
+        reason = self._unsendable(ref, session)
         if reason is not None:
             return reason
-        assert link is not None
-        if not await link.session.typing(TypingParams(channel_id=ref.channel_id, op=op)):
+        assert session is not None
+        if not await session.typing(TypingParams(channel_id=ref.channel_id, op=op)):
             return texts.Reason.NO_LINK
         return None
 
@@ -93,12 +92,12 @@ class TypingIndicators:
             await self.stop(run)
         if ref is None:
             return
-        link = self._links.get(ref.server_id)
+        session = self._servers.get(ref.server_id)
         previous = run.typing_sent
         # Recorded before the send: a turn ending while the start is in flight still stops it
         # (a stop where no start landed is harmless; a start never stopped is not).
-        run.typing_sent = (ref, link.session.epoch if link else 0)
-        if await self.send(ref, "start") is not None and run.typing_sent == (ref, link.session.epoch if link else 0):
+        run.typing_sent = (ref, session.epoch if session else 0)
+        if await self.send(ref, "start") is not None and run.typing_sent == (ref, session.epoch if session else 0):
             run.typing_sent = previous
 
     def start_nowait(self, run: TurnRun) -> bool:
@@ -110,12 +109,12 @@ class TypingIndicators:
         ref = run.turn.routing.typing_channel
         if ref is None or run.typing_sent is not None:
             return False
-        link = self._links.get(ref.server_id)
-        if self._unsendable(ref, link) is not None:
+        session = self._servers.get(ref.server_id)
+        if self._unsendable(ref, session) is not None:
             return True
-        assert link is not None
-        run.typing_sent = (ref, link.session.epoch)  # before the send, as in refresh
-        queued = link.session.typing_nowait(TypingParams(channel_id=ref.channel_id, op="start"))
+        assert session is not None
+        run.typing_sent = (ref, session.epoch)  # before the send, as in refresh
+        queued = session.typing_nowait(TypingParams(channel_id=ref.channel_id, op="start"))
         if queued is not Queued.QUEUED:
             run.typing_sent = None
         return queued is not Queued.FULL
@@ -126,9 +125,9 @@ class TypingIndicators:
         if sent is None:
             return
         ref, epoch = sent
-        link = self._links.get(ref.server_id)
+        session = self._servers.get(ref.server_id)
         # A server that reconnected since never saw the start on this connection.
-        if link is not None and link.session.epoch == epoch:
+        if session is not None and session.epoch == epoch:
             await self.send(ref, "stop")
 
     def stop_nowait(self, run: TurnRun) -> bool:
@@ -138,12 +137,12 @@ class TypingIndicators:
         if sent is None:
             return True
         ref, epoch = sent
-        link = self._links.get(ref.server_id)
-        if link is None or link.session.epoch != epoch or self._unsendable(ref, link) is not None:
+        session = self._servers.get(ref.server_id)
+        if session is None or session.epoch != epoch or self._unsendable(ref, session) is not None:
             run.typing_sent = None  # as in stop: nothing this connection could hear
             return True
         # Gone meanwhile counts as queued: as in stop, nothing to wait for.
-        queued = link.session.typing_nowait(TypingParams(channel_id=ref.channel_id, op="stop")) is not Queued.FULL
+        queued = session.typing_nowait(TypingParams(channel_id=ref.channel_id, op="stop")) is not Queued.FULL
         if queued:
             run.typing_sent = None
         return queued

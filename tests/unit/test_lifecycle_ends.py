@@ -14,11 +14,10 @@ import msgspec
 import trio
 import trio.testing
 
-from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import PeerClosed
 from mcpl_router.mcpl.context import queue_lifecycle, send_lifecycle
 from mcpl_router.mcpl.link import LinkState
-from mcpl_router.mcpl.session import ServerSession
+from mcpl_router.mcpl.session import LifecycleParams, ServerSession
 from mcpl_router.routing.modes import mode_named
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.registry import RegistrationPolicy
@@ -33,7 +32,9 @@ class _AllGranted:
         return True
 
 
-class StandInLink:
+class StandInPort:
+    """A server connection (the session's port) whose sends take ``send_delay``."""
+
     def __init__(self, server_id: str, *, send_delay: float = 0.0, gone: bool = False) -> None:
         self.server_id = server_id
         self.send_delay = send_delay
@@ -42,18 +43,16 @@ class StandInLink:
         self.grant = _AllGranted()
         self.epoch = 1
         self.phases: list[str] = []
-        self.config = ServerConfig(id=server_id, transport="stdio", command="true")
-        self.session = ServerSession(self)
 
     @property
     def request_timeout(self) -> float:
-        return self.config.request_timeout
+        return 30.0
 
     async def send_notification(self, method: str, params: dict[str, Any], capability: str | None = None) -> None:
         if self.gone:
             raise PeerClosed("connection closed")
         await trio.sleep(self.send_delay)
-        self.phases.append(params["phase"])
+        self.phases.append(msgspec.to_builtins(params)["phase"])
 
     def send_notification_nowait(self, method: str, params: dict[str, Any], capability: str | None = None) -> bool:
         if self.gone:
@@ -61,7 +60,7 @@ class StandInLink:
         # A slow stand-in has no room now: the send waits, under its deadline.
         if self.send_delay:
             return False
-        self.phases.append(params["phase"])
+        self.phases.append(msgspec.to_builtins(params)["phase"])
         return True
 
 
@@ -80,9 +79,18 @@ class _NoTools:
         return False
 
 
-def _manager(links: dict[str, StandInLink]) -> TurnManager:
-    # Starting and ending inference reads only the links and the sessions' trace notify.
-    return TurnManager(router=Router(), links=links, journal=types.SimpleNamespace(), sessions=_Sessions(), tools=_NoTools())  # type: ignore[arg-type]
+def _servers(*ports: StandInPort) -> list[ServerSession]:
+    return [ServerSession(port) for port in ports]  # type: ignore[arg-type]
+
+
+def _phase(phase: str) -> LifecycleParams:
+    return LifecycleParams(inference_id="i1", conversation_id="ann", turn_index=0, phase=phase)
+
+
+def _manager(ports: dict[str, StandInPort]) -> TurnManager:
+    # Starting and ending inference reads only the servers' sessions and the sessions' trace notify.
+    servers = {server_id: ServerSession(port) for server_id, port in ports.items()}  # type: ignore[arg-type]
+    return TurnManager(router=Router(), servers=servers, journal=types.SimpleNamespace(), sessions=_Sessions(), tools=_NoTools())  # type: ignore[arg-type]
 
 
 def _open_run(manager: TurnManager, index: int = 1) -> TurnRun:
@@ -94,14 +102,14 @@ def _open_run(manager: TurnManager, index: int = 1) -> TurnRun:
 
 
 async def test_a_stuck_server_does_not_cost_another_its_terminal(autojump_clock: trio.abc.Clock) -> None:
-    stuck, healthy = StandInLink("a", send_delay=60), StandInLink("b")
+    stuck, healthy = StandInPort("a", send_delay=60), StandInPort("b")
     with trio.CancelScope(shield=True, deadline=trio.current_time() + 5):
-        await send_lifecycle([stuck, healthy], {"phase": "completed"}, only={"a": 1, "b": 1})
+        await send_lifecycle(_servers(stuck, healthy), _phase("completed"), only={"a": 1, "b": 1})
     assert healthy.phases == ["completed"]
 
 
 async def test_started_is_remembered_even_when_the_host_call_is_cancelled(autojump_clock: trio.abc.Clock) -> None:
-    fast, slow = StandInLink("a"), StandInLink("b", send_delay=0.5)
+    fast, slow = StandInPort("a"), StandInPort("b", send_delay=0.5)
     manager = _manager({"a": fast, "b": slow})
     run = _open_run(manager)
     with trio.move_on_after(0.1):  # the host drops while turn/context is still sending "started"
@@ -112,7 +120,7 @@ async def test_started_is_remembered_even_when_the_host_call_is_cancelled(autoju
 
 
 async def test_shutdown_drain_takes_one_bound_not_one_per_turn(autojump_clock: trio.abc.Clock) -> None:
-    stuck = StandInLink("a", send_delay=60)
+    stuck = StandInPort("a", send_delay=60)
     manager = _manager({"a": stuck})
     for index in range(4):
         run = _open_run(manager, index)
@@ -125,24 +133,25 @@ async def test_shutdown_drain_takes_one_bound_not_one_per_turn(autojump_clock: t
 
 
 def test_a_server_with_room_is_told_at_once_and_one_without_is_left_to_wait_for() -> None:
-    roomy, full = StandInLink("a"), StandInLink("b", send_delay=0.5)
+    roomy, full = StandInPort("a"), StandInPort("b", send_delay=0.5)
     told: dict[str, int] = {}
-    waiting = queue_lifecycle([roomy, full], {"phase": "started"}, told=told)
+    servers = _servers(roomy, full)
+    waiting = queue_lifecycle(servers, _phase("started"), told=told)
     assert roomy.phases == ["started"] and full.phases == []
-    assert waiting == [full]
+    assert waiting == [servers[1]]
     # Both recorded before their send: each may see "started", so each must get a terminal.
     assert told == {"a": 1, "b": 1}
 
 
 def test_a_server_whose_connection_is_gone_is_not_counted_as_told() -> None:
-    gone, healthy = StandInLink("a", gone=True), StandInLink("b")
+    gone, healthy = StandInPort("a", gone=True), StandInPort("b")
     told: dict[str, int] = {}
-    assert queue_lifecycle([gone, healthy], {"phase": "started"}, told=told) == []
+    assert queue_lifecycle(_servers(gone, healthy), _phase("started"), told=told) == []
     assert told == {"b": 1}
 
 
 async def test_a_turn_whose_servers_have_room_or_not_gets_started_and_one_terminal_on_each(autojump_clock: trio.abc.Clock) -> None:
-    roomy, full = StandInLink("a"), StandInLink("b", send_delay=0.5)
+    roomy, full = StandInPort("a"), StandInPort("b", send_delay=0.5)
     manager = _manager({"a": roomy, "b": full})
     run = _open_run(manager)
     await manager.lifecycle.start(run)  # a's queued at once, b's waited for
@@ -154,7 +163,7 @@ async def test_a_turn_whose_servers_have_room_or_not_gets_started_and_one_termin
 # -- the end queued at once, and what doesn't fit sent in order by the waiting path ----------
 
 
-class RecordingLink(StandInLink):
+class RecordingPort(StandInPort):
     """Every notification in the order it reached the server; ``room`` is how many more its
     outbox takes now (None: always room). A send that must wait goes after a checkpoint."""
 
@@ -195,13 +204,13 @@ END_IN_ORDER = [
 ]
 
 
-def _ending_turn(room: int | None) -> tuple[TurnManager, TurnRun, RecordingLink]:
+def _ending_turn(room: int | None) -> tuple[TurnManager, TurnRun, RecordingPort]:
     """A turn typing in a:general, with a stream there and ``started`` told to a: all its end
     goes to one server, whose outbox takes ``room`` more messages."""
-    link = RecordingLink("a")
+    link = RecordingPort("a")
     router = Router()
     router.registry.register("a", [{"id": "general"}], RegistrationPolicy.permissive())
-    manager = TurnManager(router=router, links={"a": link}, journal=types.SimpleNamespace(), sessions=_Sessions(), tools=_NoTools())  # type: ignore[arg-type]
+    manager = TurnManager(router=router, servers={"a": ServerSession(link)}, journal=types.SimpleNamespace(), sessions=_Sessions(), tools=_NoTools())  # type: ignore[arg-type]
     run = _open_run(manager)
     run.typing_sent = (GENERAL_A, link.epoch)
     run.streams[GENERAL_A] = (link.epoch, ["hello"])

@@ -102,8 +102,8 @@ def test_each_reason_enum_labels_its_series_by_the_values_dashboards_read(daemon
     # strings (the dashboards' and docs/operations.md's), never an enum's name or its sentence.
     link = daemon.links["a"]
     for reason in texts.Reason:
-        link.publishes[("failed", reason)] += 1
-    link.publishes[("delivered", None)] += 1
+        link.session.publishes[("failed", reason)] += 1
+    link.session.publishes[("delivered", None)] += 1
     for refusal in texts.AdmissionRefusal:
         link.admission_refused[refusal] += 1
     for inference in InferenceRefusal:

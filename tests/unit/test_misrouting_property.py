@@ -28,7 +28,6 @@ tests/unit/test_misrouting_property.py`` is the long run (docs/reliability.md).
 
 from __future__ import annotations
 
-import collections
 import itertools
 import os
 import tempfile
@@ -80,7 +79,6 @@ class RecordingLink:
     epoch: int = 1
     grant: _Granted = attrs.field(factory=_Granted)
     sent: list[tuple[str, dict[str, Any]]] = attrs.field(factory=list)
-    publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
     config: ServerConfig = attrs.field(init=False)
     _ids: itertools.count[int] = attrs.field(factory=itertools.count)
     _nowait_calls: int = 0
@@ -253,7 +251,7 @@ async def do_host_publish(world: World, name: str) -> None:
     expected = oracle_name(world.daemon, name)
     params = HostPublishParams(agent="ag-locus", channel=name, content=f"{marker} from the host")
     try:
-        await publish_for_agent(world.daemon, params)
+        await publish_for_agent(world.daemon.host_services, params)
     except RpcError:
         pass
     expect_posts(world, marker, expected, f"host channels/publish {name!r}")

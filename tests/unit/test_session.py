@@ -16,11 +16,19 @@ from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.link import LinkState
 from mcpl_router.mcpl.session import (
     AcknowledgeParams,
+    BeforeInferenceParams,
+    ChannelContext,
     ChunkParams,
     CloseParams,
     CompleteParams,
     HistoryParams,
+    HookAnswered,
+    HookFailed,
+    HookTimedOut,
+    IncomingContext,
+    LifecycleParams,
     OpenParams,
+    OutgoingContext,
     PublishOutcome,
     PublishParams,
     Queued,
@@ -33,10 +41,11 @@ from mcpl_router.mcpl.session import (
     ToolsListParams,
     ToolUnconfirmed,
     TypingParams,
+    Unsent,
 )
 
 EVERYTHING = frozenset({"channels.publish", "channels.acknowledge", "channels.lifecycle", "channels.typing", "channels.streaming",
-                        "tools", "inferenceRequest.streaming"})
+                        "tools", "inferenceRequest.streaming", "inferenceLifecycle", "contextHooks.beforeInference.observe"})
 
 
 @attrs.define
@@ -192,3 +201,79 @@ async def test_queued_notifications_say_queued_full_or_gone() -> None:
 async def test_a_tool_call_outcome_is_a_value(answer: Any, outcome: Any) -> None:
     session = ServerSession(RecordingPort(answer=answer))
     assert await session.call_tool(ToolCallParams(name="send_message", arguments={}), timeout=1) == outcome
+
+
+async def test_the_inference_hooks_and_lifecycle_go_byte_for_byte_as_the_dicts_they_replaced() -> None:
+    # The bytes the daemon sent before these were typed: the same keys, in the same order,
+    # null where a value is absent but the key is always sent, no key where it is omitted.
+    port = RecordingPort(answer={"contextInjections": []})
+    session = ServerSession(port)
+    hook = BeforeInferenceParams(
+        inference_id="i", conversation_id="ann", turn_index=2, user_message={"role": "user", "content": "hi"}, model=None,
+        channels=ChannelContext(incoming=IncomingContext(channel_id="general", message_id="m1", thread_id=None),
+                                default_outgoing=OutgoingContext(channel_id="general"), candidates=["general"]),
+    )
+    assert msgspec.json.encode(hook) == msgspec.json.encode({
+        "inferenceId": "i", "conversationId": "ann", "turnIndex": 2, "userMessage": {"role": "user", "content": "hi"},
+        "model": None,
+        "channels": {"incoming": {"channelId": "general", "messageId": "m1", "threadId": None},
+                     "defaultOutgoing": {"channelId": "general"}, "candidates": ["general"]},
+    })
+    unobserved = BeforeInferenceParams(inference_id="i", conversation_id="ann", turn_index=0, user_message=None, model="m",
+                                       channels=ChannelContext(candidates=[]))
+    assert msgspec.json.encode(unobserved) == msgspec.json.encode({
+        "inferenceId": "i", "conversationId": "ann", "turnIndex": 0, "userMessage": None, "model": "m", "channels": {"candidates": []},
+    })
+    started = LifecycleParams(inference_id="i", conversation_id="ann", turn_index=2, phase="started")
+    ended = LifecycleParams(inference_id="i", conversation_id="ann", turn_index=2, phase="completed", usage={"outputTokens": 3})
+    assert msgspec.json.encode(started) == msgspec.json.encode({"inferenceId": "i", "conversationId": "ann", "turnIndex": 2, "phase": "started"})
+    assert msgspec.json.encode(ended) == msgspec.json.encode(
+        {"inferenceId": "i", "conversationId": "ann", "turnIndex": 2, "phase": "completed", "usage": {"outputTokens": 3}})
+
+    assert await session.before_inference(hook, timeout=1) == HookAnswered({"contextInjections": []})
+    assert session.lifecycle_nowait(started) is Queued.QUEUED
+    assert await session.lifecycle(ended) is None
+    assert [(form, method) for form, method, _ in port.wire] == [
+        ("request", "context/beforeInference"), ("notification", "inference/lifecycle"), ("notification", "inference/lifecycle"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome"),
+    [
+        (RequestTimeout("context/beforeInference", 1, sent=True), HookTimedOut()),
+        (RpcError(-32603, "hook exploded"), HookFailed("JSON-RPC error -32603: hook exploded")),
+        (PeerClosed("gone"), HookFailed("gone")),
+    ],
+)
+async def test_a_hook_outcome_is_a_value(answer: Any, outcome: Any) -> None:
+    session = ServerSession(RecordingPort(answer=answer))
+    params = BeforeInferenceParams(inference_id="i", conversation_id="ann", turn_index=0, user_message=None, model=None,
+                                   channels=ChannelContext(candidates=[]))
+    assert await session.before_inference(params, timeout=1) == outcome
+
+
+async def test_a_lifecycle_notice_that_cannot_leave_says_why() -> None:
+    port = RecordingPort(answer=PeerClosed("connection closed"))
+    session = ServerSession(port)
+    params = LifecycleParams(inference_id="i", conversation_id="ann", turn_index=0, phase="started")
+    assert session.lifecycle_nowait(params) == Unsent("connection closed")
+    assert await session.lifecycle(params) == Unsent("connection closed")
+    port.answer, port.room = {}, False
+    assert session.lifecycle_nowait(params) is Queued.FULL
+    assert port.wire == []
+
+
+async def test_every_publish_outcome_is_counted_on_its_session() -> None:
+    # /metrics reads these counts: the refusals decided before sending count too.
+    params = PublishParams(conversation_id="ann", channel_id="general", content=(TextContent(type="text", text="hi"),))
+    port = RecordingPort(answer={"delivered": True, "messageId": "m1"})
+    session = ServerSession(port)
+    await session.publish(params)
+    await session.publish(params, registered=False)
+    port.state = LinkState.RETRYING
+    await session.publish(params)
+    assert dict(session.publishes) == {
+        ("delivered", None): 1, ("failed", "channel-not-registered"): 1, ("failed", "server-unavailable"): 1,
+    }
+    assert len(port.wire) == 1  # only the registered one, on a ready link, left

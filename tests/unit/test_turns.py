@@ -4,13 +4,11 @@ test-double link."""
 
 from __future__ import annotations
 
-import collections
 
 import attrs
 import pytest
 import trio
 
-from mcpl_router.config import ServerConfig
 from mcpl_router.jsonrpc import RequestTimeout, RpcError
 from mcpl_router.mcpl.grants import Grant
 from mcpl_router.mcpl.link import LinkState
@@ -233,17 +231,23 @@ def test_host_typing_by_ref_or_qualified_name_types_there_alone(shared: ChannelR
 # ---------------------------------------------------------------------- speech outcomes (shell)
 
 @attrs.define
-class PublishLink:
-    """A stand-in for a ServerLink: answers a publish request as told; records notifications."""
+class PublishPort:
+    """A server connection (the session's port): answers a publish request as told; records
+    notifications. The real typed session runs over it (its Request-then-Notification rule too)."""
 
     answer: object
     grant: Grant = attrs.field(factory=lambda: Grant(effective=frozenset({"channels.publish"})))
     state: LinkState = LinkState.READY
     notified: list[tuple[str, object]] = attrs.field(factory=list)
-    publishes: collections.Counter[tuple[str, str]] = attrs.field(factory=collections.Counter)
-    config: ServerConfig = attrs.field(factory=lambda: ServerConfig(id="b", transport="stdio", command="true"))
+    epoch: int = 1
+    server_id: str = "b"
 
-    async def call(self, method: str, params: object = None, *, capability: str | None, timeout: float | None = None) -> object:
+    @property
+    def request_timeout(self) -> float:
+        return 30.0
+
+    async def call(self, method: str, params: object = None, *, capability: str | None, timeout: float | None = None,
+                   result_type: type | None = None) -> object:
         await trio.lowlevel.checkpoint()
         if isinstance(self.answer, Exception):
             raise self.answer
@@ -256,21 +260,14 @@ class PublishLink:
         self.notified.append((method, params))
         return True
 
-    epoch: int = 1
-    server_id: str = "b"
-    #: The real typed session over this stand-in port (its Request-then-Notification rule too).
-    session: ServerSession = attrs.field(init=False)
 
-    def __attrs_post_init__(self) -> None:
-        self.session = ServerSession(self)
-
-    @property
-    def request_timeout(self) -> float:
-        return self.config.request_timeout
+def session_of(answer: object, **port: object) -> ServerSession:
+    return ServerSession(PublishPort(answer, **port))  # type: ignore[arg-type]
 
 
-async def publish(link: PublishLink | None, *, registered: bool = True) -> Delivery:
-    return await publish_text({"b": link}, B_GENERAL, "b:general", "hi", conversation_id="ann", round_=1, registered=registered)  # type: ignore[arg-type]
+async def publish(session: ServerSession | None, *, registered: bool = True) -> Delivery:
+    servers = {"b": session} if session is not None else {}
+    return await publish_text(servers, B_GENERAL, "b:general", "hi", conversation_id="ann", round_=1, registered=registered)
 
 
 @pytest.mark.parametrize(
@@ -286,28 +283,29 @@ async def publish(link: PublishLink | None, *, registered: bool = True) -> Deliv
     ],
 )
 async def test_a_publish_is_delivered_only_on_an_explicit_receipt(answer: object, outcome: str, reason: str | None) -> None:
-    delivery = await publish(PublishLink(answer))
+    delivery = await publish(session_of(answer))
     assert (delivery.outcome, delivery.reason) == (outcome, reason)
     assert delivery.ref == B_GENERAL
 
 
 async def test_a_notification_only_server_gets_the_publish_as_a_notification_with_unknown_outcome() -> None:
-    link = PublishLink(RpcError(-32601, "as a notification please"))
-    delivery = await publish(link)
+    port = PublishPort(RpcError(-32601, "as a notification please"))
+    session = ServerSession(port)
+    delivery = await publish(session)
     assert delivery.outcome == "unknown" and delivery.reason == "no-receipt"
-    assert [method for method, _ in link.notified] == ["channels/publish"]
+    assert [method for method, _ in port.notified] == ["channels/publish"]
     # Learned: the next one goes as a Notification without asking again.
-    link.answer = AssertionError("asked again")
-    assert (await publish(link)).reason == "no-receipt"
-    assert [method for method, _ in link.notified] == ["channels/publish", "channels/publish"]
+    port.answer = AssertionError("asked again")
+    assert (await publish(session)).reason == "no-receipt"
+    assert [method for method, _ in port.notified] == ["channels/publish", "channels/publish"]
 
 
 async def test_nothing_leaves_for_a_link_down_ungranted_or_unregistered_channel() -> None:
     ok = {"delivered": True}
     assert (await publish(None)).reason == "server-unavailable"
-    assert (await publish(PublishLink(ok, state=LinkState.RETRYING))).outcome == "failed"
-    assert (await publish(PublishLink(ok, grant=Grant()))).reason == "not-permitted"
-    assert (await publish(PublishLink(ok), registered=False)).reason == "channel-not-registered"
+    assert (await publish(session_of(ok, state=LinkState.RETRYING))).outcome == "failed"
+    assert (await publish(session_of(ok, grant=Grant()))).reason == "not-permitted"
+    assert (await publish(session_of(ok), registered=False)).reason == "channel-not-registered"
 
 
 def test_a_wakes_message_ids_come_from_its_payload() -> None:
