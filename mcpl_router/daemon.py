@@ -35,7 +35,8 @@ from mcpl_router.hosts.admission import HostAdmission
 from mcpl_router.hosts.connection import HostConnection
 from mcpl_router.hosts.directory import AgentDirectory
 from mcpl_router.hosts.forks import Forks
-from mcpl_router.hosts.gate import Diversions, JournalSettle, StillAdmitted, WakeGates
+from mcpl_router.hosts.diversion import WakeHolds
+from mcpl_router.hosts.gate import JournalSettle, StillAdmitted, WakeGates
 from mcpl_router.hosts.services import HostServices
 from mcpl_router.hosts.sessions import SessionManager
 from mcpl_router.inference import InferenceBroker
@@ -158,7 +159,7 @@ class Daemon:
             metrics=metrics,
             invitations=Invitations(router, self.channel_decisions.has_open),
             servers_list=self.servers.servers_list,
-            diversion=Diversions(self.tune_outs, self.gates),
+            diversion=WakeHolds(self.tune_outs.table, self.gates),
             events=events,
         )
         # What turns speak and type with: the tools below reach it, the turn manager is given it.

@@ -3,8 +3,10 @@
 The rules and decisions are pure (:mod:`mcpl_router.routing.gating`, what matches;
 :mod:`mcpl_router.routing.gate_batches`, what is held and when it goes). This module runs them:
 
-- **Where.** The sessions ask their diversion of every wake (:class:`Diversions`: the tune-outs
-  first, then the gate). A wake the gate holds is not sent; one it lets through goes out as
+- **Where.** The sessions ask their diversion of every wake (``hosts/diversion.py``
+  :class:`~mcpl_router.hosts.diversion.WakeHolds`; the order, a tune-out first and then the
+  gate, is the core's: :mod:`mcpl_router.routing.held`). This module gives the agent's gate
+  and its rules' decision (:meth:`WakeGates.ask`) and carries out what the gate decided. A wake the gate holds is not sent; one it lets through goes out as
   before. The wake policy admitted the wake before the gate saw it: a gate never wakes anyone.
 - **Batches.** Held wakes go out as one ``wake`` with ``reason: "batch"`` through the owner's
   outbox (paced by acks like any wake): see :func:`batch_params` and docs/host-api.md.
@@ -18,7 +20,7 @@ The rules and decisions are pure (:mod:`mcpl_router.routing.gating`, what matche
   and batches are in memory, at most ``maxHeld`` per agent (the wake that reaches it flushes its
   bucket at once, cause ``full``). A batch whose agent has no owner when it falls due is
   forgotten here; its wakes stay unacked. A replay (``session/hello``, a restart) reads unacked
-  wakes back in seq order and asks :meth:`WakeGates.holds` of each: held ones stay held, the
+  wakes back in seq order and asks the diversion of each (``routing.held.replayed``): held ones stay held, the
   rest are gated again as if they had just arrived (timers start at the replay).
 """
 
@@ -34,6 +36,7 @@ import trio
 from mcpl_router.events import EventBus, WakeDelivered
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.gate_batches import AgentGate, Batch
+from mcpl_router.routing.held import GateAsked, Held
 from mcpl_router.routing.gating import Decision, GateFacts, ResolvedRule, WakeGateSpec, decide, resolve_rules
 from mcpl_router.routing.names import Resolved
 from mcpl_router.routing.refs import ChannelRef
@@ -44,7 +47,6 @@ from mcpl_router.turns.wakes import NO_FENCE
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
-    from mcpl_router.hosts.diversion import WakeDiversion
     from mcpl_router.turns.wakes import RouteFence
     from mcpl_router.mcpl.session import ServerSession
     from mcpl_router.routing.registry import ChannelRegistry
@@ -55,19 +57,6 @@ REASON_BATCH: Final = "batch"
 #: What each wake kind came by (the grant's feature), checked again at delivery.
 _FEATURE: Final = {REASON_MESSAGE: "channels.incoming"}
 _PUSH_FEATURE: Final = "pushEvents"
-
-
-class Diversions:
-    """Several diversions asked in order (the sessions' one): the first that holds a wake keeps it."""
-
-    def __init__(self, *diversions: WakeDiversion) -> None:
-        self._diversions = diversions
-
-    def divert(self, wake: Wake) -> bool:
-        return any(diversion.divert(wake) for diversion in self._diversions)
-
-    def holds(self, wake: Wake) -> bool:
-        return any(diversion.holds(wake) for diversion in self._diversions)
 
 
 class StillAdmitted:
@@ -158,19 +147,35 @@ class WakeGates:
         self.counters: dict[str, int] = {}
         self._log = get_logger()
 
-    # -- the diversion (asked by the sessions) -------------------------------------------------
+    # -- the gate's part of the diversion (hosts/diversion.py asks, routing/held.py decides) ------
 
-    def divert(self, wake: Wake) -> bool:
-        """A new wake: whether the gate holds it (or sends it in a batch) instead of alone."""
-        return self._take(wake)
+    def gate_of(self, agent: str) -> AgentGate | None:
+        """The agent's gate as it stands (None until a wake of it met an active gate)."""
+        return self._gates.get(agent)
 
-    def holds(self, wake: Wake) -> bool:
-        """A wake read back from the journal (a replay): held ones stay held; others are gated
-        as if new (those decided before and sent alone are not decided again)."""
+    def ask(self, wake: Wake) -> GateAsked | None:
+        """The agent's gate and the decision of its rules for ``wake``; None when ungated (a
+        gate turned off by a reload still lets what it holds go through its buckets)."""
+        spec = self._agent_of(wake.agent)
         gate = self._gates.get(wake.agent)
-        if gate is not None and (gate.holds(wake.seq) or gate.passed(wake.seq)):
-            return gate.holds(wake.seq)
-        return self._take(wake)
+        if spec is None or (not spec.wake_gate.active and (gate is None or not gate.held_count)):
+            return None
+        if gate is None:
+            gate = self._gates[wake.agent] = AgentGate(wake.agent, spec.wake_gate.max_held)
+        gate.max_held = max(1, spec.wake_gate.max_held)
+        return GateAsked(gate, self._decide(wake, spec.wake_gate, _server_of(wake)))
+
+    def carry_out(self, wake: Wake, fate: Held) -> None:
+        """What the gate decided for ``wake``: count a hold, send the batches it made due."""
+        if not fate.sent:
+            behaviour = None if fate.decision is None else fate.decision.behaviour.kind
+            rule = None if fate.decision is None else fate.decision.rule
+            self._bump(wake.agent, "held")
+            self._log.debug("gate.held", agent=wake.agent, seq=wake.seq, behaviour=behaviour, rule=rule)
+        gate = self._gates[wake.agent]
+        for batch in fate.batches:
+            self._send(batch, gate)
+        self._changed.set()
 
     def statistics(self) -> dict[str, object]:
         """What each agent's gate holds now, and the counters (held, batches, dropped, unowned)."""
@@ -195,25 +200,6 @@ class WakeGates:
                 await self._settle(agent, seqs)
 
     # -- helpers -------------------------------------------------------------------------------
-
-    def _take(self, wake: Wake) -> bool:
-        spec = self._agent_of(wake.agent)
-        gate = self._gates.get(wake.agent)
-        if spec is None or (not spec.wake_gate.active and (gate is None or not gate.held_count)):
-            return False  # ungated (a gate turned off by a reload still lets what it holds go)
-        if gate is None:
-            gate = self._gates[wake.agent] = AgentGate(wake.agent, spec.wake_gate.max_held)
-        gate.max_held = max(1, spec.wake_gate.max_held)
-        server_id = _server_of(wake)
-        decision = self._decide(wake, spec.wake_gate, server_id)
-        offer = gate.offer(wake, decision, trio.current_time(), server_id=server_id)
-        if not offer.alone:
-            self._bump(wake.agent, "held")
-            self._log.debug("gate.held", agent=wake.agent, seq=wake.seq, behaviour=decision.behaviour.kind, rule=decision.rule)
-        for batch in offer.batches:
-            self._send(batch, gate)
-        self._changed.set()
-        return not offer.alone
 
     def _decide(self, wake: Wake, spec: WakeGateSpec, server_id: str) -> Decision:
         generation = self._router.registry.generation

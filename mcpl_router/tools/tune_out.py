@@ -3,8 +3,9 @@
 
 The rules live in :mod:`mcpl_router.routing.tuneout` (pure); this module runs them:
 
-- **Diversion.** :meth:`TuneOuts.divert` is asked by the sessions for every wake as it is sent
-  (``SessionManager.accepted``): a wake from a channel its agent tuned out is *held* (it stays
+- **Diversion.** The sessions' diversion (``hosts/diversion.py``, in the order
+  :mod:`mcpl_router.routing.held` decides) asks :attr:`TuneOuts.table` of every wake as it is
+  sent (``SessionManager.accepted``): a wake from a channel its agent tuned out is *held* (it stays
   a durable, unacked delivery in the journal) instead of sent. Wakes re-sent at a
   ``session/hello`` are not diverted: a host that reconnects gets its backlog.
 - **Summary wakes.** :meth:`TuneOuts.run` sends, at each tune-out's cadence while anything is
@@ -193,20 +194,6 @@ class TuneOuts:
             return None
         settings = tune_out.settings
         return texts.tuneout_ends(settings.duration, settings.max_wakes, self._shown(ref))
-
-    # ------------------------------------------------------------------ diversion
-
-    def divert(self, wake: Wake) -> bool:
-        """Whether a wake is held for its channel's summary (the sessions then don't send it)."""
-        channel = wake.channel
-        held = self.table.divert(wake.agent, channel, wake.seq)
-        if held and channel is not None:
-            self._log.info("tuneout.held", agent=wake.agent, server=channel.server_id, channel=channel.channel_id, seq=wake.seq)
-        return held
-
-    def holds(self, wake: Wake) -> bool:
-        """Whether a wake read back from the journal is one a tune-out holds (not to be sent)."""
-        return self.table.holds(wake.agent, wake.channel, wake.seq)
 
     # ------------------------------------------------------------------ summary wakes
 

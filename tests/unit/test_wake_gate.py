@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import trio
 
-from mcpl_router.hosts.gate import Diversions, WakeGates
+from mcpl_router.hosts.diversion import WakeHolds
+from mcpl_router.hosts.gate import WakeGates
+from mcpl_router.routing.tuneout import TuneOutTable
 from mcpl_router.routing.gate_batches import CAUSE_FULL, CAUSE_QUIET, CAUSE_RATE, CAUSE_WAKE, AgentGate
 from mcpl_router.routing.gating import (
     DEBOUNCE,
@@ -176,9 +178,9 @@ async def test_the_shell_holds_by_the_pair_and_logs_a_bare_id_with_the_servers_t
     with capture_logs() as logs:
         async with trio.open_nursery() as nursery:
             await nursery.start(parts.gates.run)
-            assert not parts.gates.divert(wake(1, ChannelRef("a", "discord:1:2")))  # a bare id: not held
-            assert not parts.gates.divert(wake(2, A_GENERAL))
-            assert parts.gates.divert(wake(3, B_GENERAL))
+            assert not parts.holds.divert(wake(1, ChannelRef("a", "discord:1:2")))  # a bare id: not held
+            assert not parts.holds.divert(wake(2, A_GENERAL))
+            assert parts.holds.divert(wake(3, B_GENERAL))
             nursery.cancel_scope.cancel()
     [unresolved] = [log for log in logs if log["event"] == "gate.channel.unresolved"]
     assert unresolved["name"] == "discord:1:2" and unresolved["kind"] == "unknown" and unresolved["idOn"] == ["a"]
@@ -238,6 +240,8 @@ class StandIns:
             settle=self.settle,
             count=lambda agent, outcome: self.counts.append((agent, outcome)),
         )
+        #: What the sessions ask of each wake: no tune-outs here, so the gate's decision alone.
+        self.holds = WakeHolds(TuneOutTable(), self.gates)
 
     def admitted(self, wake: Wake, server_id: str) -> str | None:
         if wake.reason == REASON_MESSAGE and (wake.channel is None or not self.router.registry.is_registered(wake.channel)):
@@ -260,9 +264,9 @@ async def test_debounce_sends_one_batch_once_the_source_is_quiet(autojump_clock:
         await nursery.start(parts.gates.run)
         start = trio.current_time()
         for seq in (1, 2, 3):
-            assert parts.gates.divert(wake(seq, B_GENERAL if seq != 2 else B_GENERAL, addressed=seq == 2))
+            assert parts.holds.divert(wake(seq, B_GENERAL if seq != 2 else B_GENERAL, addressed=seq == 2))
             await trio.sleep(0.3)  # never quiet for 500 ms while they come
-        assert parts.gates.divert(wake(4, A_GENERAL))  # another source: its own bucket
+        assert parts.holds.divert(wake(4, A_GENERAL))  # another source: its own bucket
         await trio.sleep(0.1)
         assert parts.delivered == []
         await trio.sleep(1)
@@ -284,19 +288,19 @@ async def test_rate_limit_holds_past_the_limit_and_batches_into_the_next_allowed
     async with trio.open_nursery() as nursery:
         await nursery.start(parts.gates.run)
         start = trio.current_time()
-        assert not parts.gates.divert(wake(1))  # under the limit: sent alone, as ungated
+        assert not parts.holds.divert(wake(1))  # under the limit: sent alone, as ungated
         await trio.sleep(1)
-        assert not parts.gates.divert(wake(2))
+        assert not parts.holds.divert(wake(2))
         await trio.sleep(1)
-        assert parts.gates.divert(wake(3))  # over: held
-        assert parts.gates.divert(wake(4))
+        assert parts.holds.divert(wake(3))  # over: held
+        assert parts.holds.divert(wake(4))
         await trio.sleep(7.5)
         assert parts.delivered == []
         await trio.sleep(1)  # at 10 s the first slot frees
         (at, seqs, params) = parts.delivered[0]
         assert seqs == (3, 4) and at - start == pytest.approx(10) and params["gate"]["cause"] == CAUSE_RATE
         # The batch counted one wake: the window (1 s and 10 s) is full again until 11 s.
-        assert parts.gates.divert(wake(5))
+        assert parts.holds.divert(wake(5))
         await trio.sleep(5)
         nursery.cancel_scope.cancel()
     assert [d[1] for d in parts.delivered] == [(3, 4), (5,)]
@@ -308,11 +312,11 @@ async def test_defer_waits_for_a_later_wake_on_the_virtual_clock(autojump_clock:
     parts = StandIns(spec)
     async with trio.open_nursery() as nursery:
         await nursery.start(parts.gates.run)
-        assert parts.gates.divert(wake(1, tags=("chat:ambient",)))
-        assert parts.gates.divert(wake(2, A_GENERAL, tags=("chat:ambient",)))
+        assert parts.holds.divert(wake(1, tags=("chat:ambient",)))
+        assert parts.holds.divert(wake(2, A_GENERAL, tags=("chat:ambient",)))
         await trio.sleep(3600)
         assert parts.delivered == []  # no timer: deferred work waits for a wake
-        assert parts.gates.divert(wake(3, tags=("chat:mention", "chat:addressed"), addressed=True))
+        assert parts.holds.divert(wake(3, tags=("chat:mention", "chat:addressed"), addressed=True))
         await trio.sleep(0)
         nursery.cancel_scope.cancel()
     (_, seqs, params) = parts.delivered[0]
@@ -324,8 +328,8 @@ async def test_a_held_message_whose_channel_was_withdrawn_wakes_no_one_and_is_se
     parts = StandIns(WakeGateSpec(default=Behaviour(DEBOUNCE, ms=200)), order)
     async with trio.open_nursery() as nursery:
         await nursery.start(parts.gates.run)
-        assert parts.gates.divert(wake(1, B_GENERAL))
-        assert parts.gates.divert(wake(2, B_GENERAL))
+        assert parts.holds.divert(wake(1, B_GENERAL))
+        assert parts.holds.divert(wake(2, B_GENERAL))
         parts.router.registry.withdraw("b", ["general"])  # a still registers general
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
@@ -336,7 +340,7 @@ async def test_a_held_message_whose_channel_was_withdrawn_wakes_no_one_and_is_se
 
 async def test_a_replay_keeps_held_wakes_held_and_gates_the_rest_again(autojump_clock: trio.abc.Clock) -> None:
     parts = StandIns(WakeGateSpec(default=Behaviour(DEFER)))
-    diversions = Diversions(parts.gates)
+    diversions = parts.holds
     async with trio.open_nursery() as nursery:
         await nursery.start(parts.gates.run)
         assert diversions.divert(wake(1))
