@@ -1,4 +1,4 @@
-"""Scale: memory per registered channel, ``channels/list`` pages and resolution at 1k/10k/100k.
+"""Scale: memory per registered channel, ``channels/list`` pages, resolution and ``servers/list`` at 1k/10k/100k.
 
     python bench/bench_scale.py [--sizes 1000,10000,100000]
 
@@ -7,7 +7,9 @@ Each size runs in a fresh process (so its RSS is its own): the daemon's registry
 (batches of 500 descriptors); the RSS growth per channel is measured, then a full
 ``channels/list`` walk in pages of 1,000 (the host API's pages), one page, and resolution
 (``channels_named``, ``name_shown``) of names that pick one channel, that are shared, and that
-answer to none. Nothing is asserted.
+answer to none; and ``servers/list`` (the daemon's own :class:`ServersView` over 4 configured
+links), timed once the first channel is registered and again at N in the same process: its
+cost at N ÷ at 1 channel (issue 30's target: ≤ 1.5). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -24,15 +26,47 @@ from typing import Any
 from harness import ROOT, rss_kib
 
 PAGE = 1000
+#: ``servers/list`` answers timed at each point (the median is kept).
+LIST_CALLS = 200
+
+
+class _NoDelegate:
+    """The links are never run: nothing of theirs reaches a delegate."""
+
+    def link_state_changed(self, link: Any, old: Any, new: Any) -> None: ...
+
+    def link_epoch_ended(self, link: Any) -> None: ...
+
+    async def handle_server_message(self, link: Any, inbound: Any) -> object:
+        raise AssertionError("never called")
+
+
+def servers_list_us(view: Any) -> float:
+    """The median µs of one ``servers/list`` answer."""
+    import statistics
+
+    timings = []
+    for _ in range(LIST_CALLS):
+        started = time.perf_counter()
+        view.servers_list()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings) * 1e6
 
 
 def measure(size: int) -> dict[str, Any]:
     """In this process: register ``size`` channels and time what a host and an agent ask."""
     import os
 
+    import tempfile
+
+    from mcpl_router.config import parse_config
+    from mcpl_router.events import EventBus
+    from mcpl_router.mcpl.link import ServerLink
+    from mcpl_router.mcpl.liveness import Liveness
     from mcpl_router.routing.refs import ChannelRef
     from mcpl_router.routing.registry import RegistrationPolicy
     from mcpl_router.routing.router import Router
+    from mcpl_router.servers_view import ServersView
 
     policy = RegistrationPolicy.permissive()
     # Descriptors as servers send them, built before the baseline (they are the wire's, not ours).
@@ -47,8 +81,18 @@ def measure(size: int) -> dict[str, Any]:
     for server, descriptors in batches:
         if server != "server0":
             descriptors.extend({"id": d["id"], "type": "channel", "label": d["label"]} for d in batches[0][1][: max(1, size // 200)])
-    gc.collect()
     router = Router()
+    # servers/list as the daemon answers it: its ServersView over 4 links (never connected).
+    config = parse_config(
+        {"mcplServers": {server: {"command": "server"} for server, _ in batches}, "host": {"unixSocket": False}},
+        source="<bench>",
+        base_dir=Path(tempfile.gettempdir()),
+    )
+    links = {server_id: ServerLink(server, _NoDelegate()) for server_id, server in config.servers.items()}
+    view = ServersView(router=router, links=links, liveness=Liveness(), events=EventBus())
+    router.registry.register(batches[0][0], batches[0][1][:1], policy)
+    list_at_one = servers_list_us(view)
+    gc.collect()
     before = rss_kib(os.getpid())
     started = time.perf_counter()
     for server, descriptors in batches:
@@ -87,6 +131,7 @@ def measure(size: int) -> dict[str, Any]:
     for ref in refs:
         names.name_shown(ref)
     shown_us = (time.perf_counter() - started) / len(refs) * 1e6
+    list_at_n = servers_list_us(view)
     return {
         "channels": registered,
         "rss_bytes_per_channel": (after - before) * 1024 / registered,
@@ -97,6 +142,8 @@ def measure(size: int) -> dict[str, Any]:
         "resolve_shared_us": timings["shared"],
         "resolve_none_us": timings["none"],
         "name_shown_us": shown_us,
+        "servers_list_us": list_at_n,
+        "servers_list_ratio": list_at_n / list_at_one,
     }
 
 
@@ -113,11 +160,21 @@ def scale(sizes: list[int]) -> list[dict[str, Any]]:
 
 def print_scale(rows: list[dict[str, Any]]) -> None:
     print("\nScale: the registry and resolver, per registered channel (4 servers, some ids shared)")
-    print(f"{'channels':>10}{'B/channel':>11}{'page ms':>9}{'all pages ms':>14}{'unique µs':>11}{'shared µs':>11}{'none µs':>9}{'shown µs':>10}")
+    print(
+        f"{'channels':>10}{'B/channel':>11}{'page ms':>9}{'all pages ms':>14}{'unique µs':>11}{'shared µs':>11}{'none µs':>9}{'shown µs':>10}"
+        f"{'servers/list µs':>17}{'÷ at 1':>8}"
+    )
     for row in rows:
         print(
             f"{row['channels']:>10,}{row['rss_bytes_per_channel']:>11.0f}{row['list_page_ms']:>9.2f}{row['list_all_pages_ms']:>14.1f}"
             f"{row['resolve_unique_us']:>11.2f}{row['resolve_shared_us']:>11.2f}{row['resolve_none_us']:>9.2f}{row['name_shown_us']:>10.2f}"
+            f"{row['servers_list_us']:>17.1f}{row['servers_list_ratio']:>8.2f}"
+        )
+    if rows:
+        largest = max(rows, key=lambda row: row["channels"])
+        print(
+            f"servers/list at {largest['channels']:,} channels ÷ at 1 channel (same process, 4 servers): "
+            f"{largest['servers_list_ratio']:.2f} (target ≤ 1.5)"
         )
 
 
