@@ -7,7 +7,6 @@ statusPreview`` characters, none by default) and no secret.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Final
 
@@ -99,9 +98,5 @@ def channel_page(names: ChannelNames, page: int = 0, filter_text: str = "") -> d
 
 
 def journal_row(journal: Journal) -> dict[str, object]:
-    """The journal's statistics, with its backend, file and size."""
-    try:
-        size = os.stat(journal.path).st_size
-    except OSError:
-        size = None
-    return {**journal.statistics().to_wire(), "backend": "sqlite", "path": str(journal.path), "sizeBytes": size}
+    """The journal's statistics, with its backend, where it is and (a file's) size."""
+    return {**journal.statistics().to_wire(), "backend": journal.backend, "path": journal.where, "sizeBytes": journal.size_bytes()}

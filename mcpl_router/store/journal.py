@@ -1,11 +1,12 @@
 """The journal: inbound events committed before the server is told ``accepted``, off the event loop.
 
-SQLite in WAL mode with ``synchronous=FULL``. All writes go through one writer task
-(:meth:`Journal.run`) that takes whatever has queued up and commits it in **one transaction**
-in a worker thread (group commit): inbound batches, acks, drafts, declines. Each inbound batch
-learns its seqs only once the transaction holding it has committed, so ``accepted`` is still
-answered only after the commit; everything that arrived meanwhile shares the next one. The
-trio thread never waits on SQLite or fsync.
+On a SQLite file (the embedded default: :mod:`~mcpl_router.store.sqlite_backend`) or on
+PostgreSQL (:mod:`~mcpl_router.store.postgres_backend`), with the same promises on both. All
+writes go through one writer task (:meth:`Journal.run`) that takes whatever has queued up and
+commits it in **one transaction** in a worker thread (group commit): inbound batches, acks,
+drafts, declines. Each inbound batch learns its seqs only once the transaction holding it has
+committed, so ``accepted`` is still answered only after the commit; everything that arrived
+meanwhile shares the next one. The trio thread never waits on the database or fsync.
 
 Every per-message statement is an indexed search (:mod:`mcpl_router.store.schema`; a test
 asserts the query plans), and what was acked or settled is pruned after ``retention`` seconds, so the cost
@@ -13,35 +14,30 @@ of a message does not grow with the journal's history. Counts the daemon reads o
 agent's unacked wakes, the last seq) and the drafts and declines the turn code reads are kept
 in memory and written behind, in order, by the same writer.
 
-The file is locked (``<journal>.lock``, holding the owner's pid): a second daemon on the same
-journal is refused at start with :class:`JournalLocked`.
+A second daemon on the same journal is refused at start with :class:`JournalLocked` (a
+file's lock; a PostgreSQL database's advisory lock).
 
 :class:`Journal` is assembled from its parts, one module each: the writer task and its queue
 (:mod:`~mcpl_router.store.writer`), pruning (:mod:`~mcpl_router.store.pruning`) and the reads
 (:mod:`~mcpl_router.store.reads`); the values it takes and gives are in
-:mod:`~mcpl_router.store.records`. This module opens the file (lock, migration, what is loaded
-into memory), keeps that in-memory state, and writes it behind; every name the journal's users
+:mod:`~mcpl_router.store.records`. This module opens the backend (which locks and migrates
+it), loads what is kept in memory, keeps that state, and writes it behind; every name the journal's users
 import is importable from here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
-from urllib.parse import quote
 from typing import Final
 
 import msgspec
-import trio
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.drafts import DraftRow
-from mcpl_router.store.integrity import FileIdentity, check_before_open, check_opened, disk_is_full, refusal_of, write_marker
+from mcpl_router.store.backend import Connection, JournalBackend
 from mcpl_router.store.pruning import DEFAULT_RETENTION, PRUNE_CHUNK, PRUNE_INTERVAL, JournalPruning
 from mcpl_router.store.reads import JournalReads
 from mcpl_router.store.records import (
@@ -69,10 +65,8 @@ from mcpl_router.store.schema import (
     SQL_TUNE_OUT_SUMMARY,
     JournalLocked,  # raised here (at open), so importable from here
     JournalRefused,
-    is_current,
-    lock,
-    migrate,
 )
+from mcpl_router.store.sqlite_backend import SqliteBackend
 from mcpl_router.store.writer import MAX_BATCH_OPS, SHUTDOWN_COMMIT_TIMEOUT, WRITE_QUEUE, JournalWriter, _WriteOp
 
 __all__ = [
@@ -101,75 +95,47 @@ _SETTLED_STATES: Final = frozenset({"delivered", "dismissed"})
 
 
 class Journal(JournalWriter, JournalPruning, JournalReads):
-    """The daemon's journal file. Opened once (and locked), written by :meth:`run`, closed last.
+    """The daemon's journal. Opened once (and locked), written by :meth:`run`, closed last.
 
     Args:
-        path: the SQLite file (its directory is created 0700; the file is 0600).
+        where: a SQLite file's path (the embedded default), or an opened backend
+            (:class:`~mcpl_router.store.postgres_backend.PostgresBackend`).
         retention: seconds an acked event, or a settled draft, is kept before it is pruned. A
             server re-sending a message older than this is taken as a new message.
     """
 
-    def __init__(self, path: str | Path, *, retention: float = DEFAULT_RETENTION) -> None:
-        self.path = Path(path)
+    def __init__(self, where: str | Path | JournalBackend, *, retention: float = DEFAULT_RETENTION) -> None:
         self.retention = retention
-        self._log = get_logger(journal=str(self.path))
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        except OSError as exc:
-            raise refusal_of(self.path, exc) from None
-        check_before_open(self.path)
-        try:
-            self._lock_file = lock(self.path)
-        except OSError as exc:
-            raise refusal_of(self.path, exc) from None
-        #: Why the journal is open read-only (a full disk at start), or None: nothing new is
-        #: accepted until space comes back; the backlog is read and delivered meanwhile.
-        self.read_only: str | None = None
-        try:
-            try:
-                self._db = self._connect()
-            except sqlite3.OperationalError:
-                if not disk_is_full(self.path):
-                    raise
-                self.read_only = (
-                    f"the disk holding the journal {self.path} is full: nothing new is accepted until space is"
-                    " freed (the backlog is delivered meanwhile)"
-                )
-                self._db = self._connect()
-            check_opened(self._db, self.path)
-            if self.read_only is not None and not is_current(self._db):
-                raise JournalRefused(self.path, "needs migrating to this version's schema, and its disk is full.", "Free some space, then start again.")
-            migrate(self._db, self._log)
-            # The trio thread's own connection: reads for start-up, status and tests only.
-            self._reader = self._connect()
-            #: The file as opened: a path that names another file (or none) fails every commit.
-            self.identity = FileIdentity.of(self.path)
-        except JournalRefused:
-            self._lock_file.close()
-            raise
-        except (sqlite3.Error, OSError) as exc:
-            self._lock_file.close()
-            raise refusal_of(self.path, exc) from None
-        except BaseException:
-            self._lock_file.close()
-            raise
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.chmod(f"{self.path}{suffix}", 0o600)
+        if isinstance(where, (str, Path)):
+            path = Path(where)
+            self._log = get_logger(journal=str(path))
+            self._backend: JournalBackend = SqliteBackend(path, self._log)
+        else:
+            self._backend = where
+            self._log = get_logger(journal=where.where)
+        backend = self._backend
+        #: The SQLite file, or None on a backend that is no file.
+        self.path: Path | None = backend.path if isinstance(backend, SqliteBackend) else None
+        self._dialect = backend.dialect
         self._encoder = msgspec.json.Encoder()
-        self._thread_reader: sqlite3.Connection | None = None
-        self._read_limiter = trio.CapacityLimiter(1)
         self._init_writer()
-        if self.read_only is not None:
-            self.failing = self.read_only
-            self._log.error("journal.read_only", reason=self.read_only)
+        if backend.read_only is not None:
+            self.failing = backend.read_only
+            self._log.error("journal.read_only", reason=backend.read_only)
         self._closed = False
-        db = self._db
+        try:
+            self._load(backend.writer())
+        except BaseException:
+            backend.close()
+            raise
+
+    def _load(self, db: Connection) -> None:
+        """What is kept in memory, read once at open; interrupted drafts settled."""
         self._last_seq = int(db.execute("SELECT COALESCE(MAX(seq), 0) FROM inbound").fetchone()[0])
         self._marked_seq = 0
         self.mark_held()
         self._unacked: Counter[str] = Counter(
-            dict(db.execute("SELECT agent, COUNT(*) FROM deliveries WHERE acked = 0 GROUP BY agent").fetchall())
+            {str(agent): int(count) for agent, count in db.execute("SELECT agent, COUNT(*) FROM deliveries WHERE acked = 0 GROUP BY agent")}
         )
         self._declines: dict[tuple[str, str, str], float] = {
             (agent, server, channel): at
@@ -184,7 +150,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         self._drafts: dict[str, DraftRow] = {}
         # Each agent's draft ids, oldest first: a turn reads its agent's drafts, not everyone's.
         self._agent_drafts: dict[str, dict[str, None]] = {}
-        cutoff = time.time() - retention
+        cutoff = time.time() - self.retention
         for raw, settled_at in db.execute("SELECT row, settled_at FROM drafts ORDER BY created_at, id").fetchall():
             if settled_at is not None and settled_at < cutoff:
                 continue  # pruned at the writer's first pass
@@ -193,72 +159,42 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
                 row["settledAt"] = settled_at
             self._drafts[row["id"]] = row
             self._agent_drafts.setdefault(row["agent"], {})[row["id"]] = None
-        self._settle_interrupted_drafts()
+        self._settle_interrupted_drafts(db)
 
-    def _connect(self) -> sqlite3.Connection:
-        if self.read_only is not None:
-            # Read as it stands, with no -shm to make (a full disk can't hold one). Complete:
-            # a -wal left by a crash leaves its -shm too, and then the file opens writable.
-            return sqlite3.connect(f"file:{quote(str(self.path))}?immutable=1", uri=True, isolation_level=None, check_same_thread=False)
-        return self._connect_writable()
+    @property
+    def backend(self) -> str:
+        """Which backend holds the journal: ``sqlite`` or ``postgres``."""
+        return self._dialect.name
 
-    def _connect_writable(self) -> sqlite3.Connection:
-        db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
-        # Set once, when the file is made: asked again on a full disk, it would fail a start that
-        # only needs to read (the backlog can still be delivered).
-        if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            db.execute("PRAGMA journal_mode=WAL")
-        # FULL: a commit is on disk before we answer "accepted", across a power loss too
-        # (NORMAL in WAL mode survives a process crash but may roll back on an OS crash).
-        db.execute("PRAGMA synchronous=FULL")
-        db.execute("PRAGMA busy_timeout=5000")
-        # 64 MiB of page cache: the indexes a message touches stay in memory as the file grows.
-        db.execute("PRAGMA cache_size=-65536")
-        return db
+    @property
+    def where(self) -> str:
+        """Where the journal is (a path; a DSN without its password)."""
+        return self._backend.where
 
-    def writable_again(self) -> sqlite3.Connection | None:
-        """In a worker thread, while :attr:`read_only`: the writer's connection once the file
-        opens writable again (space came back), or None while it still can't."""
-        if self.read_only is None:
-            return None
-        try:
-            db = self._connect_writable()
-            db.execute("BEGIN IMMEDIATE")
-            db.execute("ROLLBACK")
-        except sqlite3.Error:
-            return None
-        return db
+    @property
+    def read_only(self) -> str | None:
+        """Why nothing new can be written (a full disk at start), or None."""
+        return self._backend.read_only
+
+    def size_bytes(self) -> int | None:
+        """How big the journal is on disk, if its backend knows."""
+        return self._backend.size_bytes()
 
     async def leave_read_only(self) -> bool:
-        """Open the journal writable again if the disk has room now; True when it did."""
-        db = await trio.to_thread.run_sync(self.writable_again)
-        if db is None:
+        """Writable again if the disk has room now; True when it is."""
+        if not await self._backend.leave_read_only():
             return False
-        # The readers too: held the read limiter, so no read is in a thread meanwhile.
-        async with self._read_limiter:
-            self.read_only = None
-            old = [self._db, self._reader, self._thread_reader]
-            self._db = db
-            self._reader = self._connect()
-            self._thread_reader = None
-            for connection in old:
-                if connection is not None:
-                    connection.close()
         self._log.info("journal.writable_again")
         self.failing = None
         return True
 
     def mark_held(self) -> None:
-        """Write the marker that says this journal holds messages (once it does): a start that
-        then finds the file gone or empty refuses instead of starting afresh
-        (store/integrity.py). A disk too full to write it keeps the previous one."""
+        """Note that this journal holds messages (once it does): on a file, a start that then
+        finds it gone or empty refuses instead of starting afresh (store/integrity.py)."""
         if self._last_seq <= 0 or self._marked_seq == self._last_seq:
             return
-        try:
-            write_marker(self.path, self._last_seq)
+        if self._backend.mark_held(self._last_seq):
             self._marked_seq = self._last_seq
-        except OSError as exc:
-            self._log.warning("journal.marker.unwritten", error=f"{exc.strerror or exc}")
 
     # -- what is kept in memory (start-up, status; never a read of the file) -------------------
 
@@ -342,7 +278,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
 
     def fork_generations(self) -> list[tuple[str, str, str, int]]:
         """Every conversation fork counter as ``(agent, server, channel, generation)`` (start-up)."""
-        rows = self._reader.execute("SELECT agent, server, channel, generation FROM fork_generations").fetchall()
+        rows = self._backend.reader().execute("SELECT agent, server, channel, generation FROM fork_generations").fetchall()
         return [(str(a), str(s), str(c), int(g)) for a, s, c, g in rows]
 
     def raise_fork_generation(self, agent: str, server_id: str, channel_id: str, generation: int) -> None:
@@ -357,10 +293,10 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         Committed when it returns. The caller makes sure nothing new is written for
         ``from_agent`` meanwhile (a released fork's name is never decided again).
         """
-        first, count = await self._read(lambda db: db.execute(SQL_OWED_RANGE, (from_agent,)).fetchone())
+        first, count = await self._backend.read(lambda db: db.execute(SQL_OWED_RANGE, (from_agent,)).fetchone())
         if not count:
             return 0, 0
-        self._submit_nowait(_WriteOp(sql=SQL_HAND_OVER, args=(to_agent, from_agent)))
+        self._submit_nowait(_WriteOp(sql=SQL_HAND_OVER, args=(to_agent, from_agent, to_agent)))
         self._submit_nowait(_WriteOp(sql=SQL_ACK_ALL_OF, args=(from_agent,)))
         await self.flush()
         self._unacked.pop(from_agent, None)
@@ -428,7 +364,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         """One draft row by id."""
         return self._drafts.get(draft_id)
 
-    def _settle_interrupted_drafts(self) -> list[str]:
+    def _settle_interrupted_drafts(self, db: Connection) -> list[str]:
         """At open (daemon start): a draft whose last attempt is still ``sending`` was cut off
         by a stop or crash mid-publish; its outcome is unknown, so it becomes ``unconfirmed``
         (never stuck "being sent"; resending needs confirmDuplicate). The ids settled."""
@@ -443,7 +379,7 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
                 fixed["state"] = "unconfirmed"
             self._drafts[row["id"]] = fixed
             # Written now, synchronously: the writer isn't running yet.
-            self._db.execute(
+            db.execute(
                 SQL_SAVE_DRAFT,
                 (fixed["id"], fixed["agent"], float(fixed["createdAt"]), self._encoder.encode(fixed), None),
             )
@@ -451,14 +387,11 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         return settled
 
     def close(self) -> None:
-        """Close the files (after :meth:`run` ended) and release the lock."""
+        """Close the connections (after :meth:`run` ended) and release the lock."""
         if self._closed:
             return
         self._closed = True
         self.mark_held()
         if self._backlog:
             self._log.error("journal.closed_with_unwritten", ops=len(self._backlog))
-        for connection in (self._reader, self._thread_reader, self._db):
-            if connection is not None:
-                connection.close()
-        self._lock_file.close()
+        self._backend.close()

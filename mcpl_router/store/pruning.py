@@ -10,7 +10,6 @@ follow the file, is a policy of its own; the writer only decides when.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Final
 
@@ -18,6 +17,7 @@ import trio
 
 from mcpl_router.logs import Logger
 from mcpl_router.routing.drafts import DraftRow
+from mcpl_router.store.backend import Dialect, JournalBackend
 from mcpl_router.store.schema import (
     SQL_PRUNABLE_EVENTS,
     SQL_PRUNE_DELIVERIES,
@@ -40,7 +40,8 @@ class JournalPruning:
 
     # The journal's, set when it opens.
     retention: float
-    _db: sqlite3.Connection
+    _backend: JournalBackend
+    _dialect: Dialect
     _log: Logger
     _stats: dict[str, int]
     _drafts: dict[str, DraftRow]
@@ -71,17 +72,21 @@ class JournalPruning:
             pass
 
     def _prune_chunk(self, cutoff: float) -> tuple[int, int]:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        db = self._backend.writer()
+        db.execute(self._dialect.begin)
         try:
             last = last_seq_before(db, cutoff)
             seqs = [(seq,) for (seq,) in db.execute(SQL_PRUNABLE_EVENTS, (last, PRUNE_CHUNK)).fetchall()]
             db.executemany(SQL_PRUNE_DELIVERIES, seqs)
             db.executemany(SQL_PRUNE_EVENT, seqs)
             drafts = db.execute(SQL_PRUNE_DRAFTS, (cutoff,)).rowcount
-            db.execute("COMMIT")
+            self._backend.commit(db)
         except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            try:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+            except Exception:  # noqa: S110 - a connection that broke rolled back with it; the first error says why
+                pass
+            self._backend.writer_failed()
             raise
         return len(seqs), drafts

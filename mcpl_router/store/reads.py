@@ -2,70 +2,47 @@
 
 Reads that happen while the daemon serves (a turn's context, a page of backlog replayed to a
 host), and the saved tune-outs read back at start-up, run in a worker thread on a connection of
-their own, one at a time, so the trio thread never waits on SQLite. The synchronous reads are
+their own (one at a time on SQLite; a bounded pool on PostgreSQL), so the trio thread never waits on the database. The synchronous reads are
 for start-up, status, tests and tools, never a per-message path. Apart from the writer because
-nothing here writes or waits for a commit: a read sees what was committed, through WAL, while
-the writer goes on.
+nothing here writes or waits for a commit: a read sees what was committed while the writer goes on.
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
-
 import msgspec
-import trio
 
+from mcpl_router.store.backend import Connection, JournalBackend, Row
 from mcpl_router.store.records import Delivery, SavedTuneOut, StoredDelivery, StoredEvent
 from mcpl_router.store.schema import SQL_DELIVERY, SQL_EVENT, SQL_TUNE_OUT_HELD, SQL_UNACKED_DELIVERIES
 
 __all__ = ["JournalReads"]
-
-_Read = TypeVar("_Read")
 
 
 class JournalReads:
     """The reads; a part of :class:`~mcpl_router.store.journal.Journal`."""
 
     # The journal's, set when it opens.
-    _reader: sqlite3.Connection
-    _thread_reader: sqlite3.Connection | None
-    _read_limiter: trio.CapacityLimiter
-
-    if TYPE_CHECKING:
-
-        def _connect(self) -> sqlite3.Connection: ...
-
-    # -- reads in a thread (per turn, per replay page) ------------------------------------------
-
-    async def _read(self, fn: Callable[[sqlite3.Connection], _Read]) -> _Read:
-        def run() -> _Read:
-            if self._thread_reader is None:
-                self._thread_reader = self._connect()
-            return fn(self._thread_reader)
-
-        return await trio.to_thread.run_sync(run, limiter=self._read_limiter)
+    _backend: JournalBackend
 
     async def unacked_deliveries(self, agent: str, *, after_seq: int = 0, limit: int = 1000) -> list[StoredDelivery]:
         """``agent``'s unacked deliveries with their events, in seq order, at most ``limit``."""
-        rows = await self._read(lambda db: db.execute(SQL_UNACKED_DELIVERIES, (agent, after_seq, limit)).fetchall())
+        rows = await self._backend.read(lambda db: db.execute(SQL_UNACKED_DELIVERIES, (agent, after_seq, limit)).fetchall())
         return [_stored_delivery(row) for row in rows]
 
     async def delivery(self, seq: int, agent: str) -> StoredDelivery | None:
         """One delivery (acked or not) with its event."""
-        return await self._read(lambda db: _read_delivery(db, seq, agent))
+        return await self._backend.read(lambda db: _read_delivery(db, seq, agent))
 
     async def saved_tune_outs(self) -> list[SavedTuneOut]:
         """Every saved tune-out with the wakes it holds (read once, at start-up, in a thread)."""
-        return await self._read(_saved_tune_outs)
+        return await self._backend.read(_saved_tune_outs)
 
     # -- synchronous reads (start-up, status, tests; never per message) -------------------------
 
     def events(self, *, after_seq: int = 0, limit: int = 1000, unacked_only: bool = False) -> list[StoredEvent]:
         """Recorded events in seq order (not yet pruned); ``unacked_only``: those still owed to
         an agent. For tests and tools, not the daemon's per-message paths."""
-        rows = self._reader.execute(
+        rows = self._backend.reader().execute(
             "SELECT seq, server, channel, kind, payload, received_at FROM inbound"
             f" WHERE seq > ?{' AND acked = 0' if unacked_only else ''} ORDER BY seq LIMIT ?",
             (after_seq, limit),
@@ -74,15 +51,15 @@ class JournalReads:
 
     def delivery_now(self, seq: int, agent: str) -> StoredDelivery | None:
         """:meth:`delivery` on the calling thread (tests)."""
-        return _read_delivery(self._reader, seq, agent)
+        return _read_delivery(self._backend.reader(), seq, agent)
 
     def saved_agents(self) -> dict[str, object]:
         """Every remembered host-declared agent's spec, by name (read at start)."""
-        rows = self._reader.execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
+        rows = self._backend.reader().execute("SELECT name, spec FROM agents ORDER BY name").fetchall()
         return {name: msgspec.json.decode(spec) for name, spec in rows}
 
 
-def _stored_delivery(row: tuple[Any, ...]) -> StoredDelivery:
+def _stored_delivery(row: Row) -> StoredDelivery:
     agent, reason, tags, addressed, seq, server, channel, kind, payload, received_at = row
     return StoredDelivery(
         Delivery(agent, reason, tuple(msgspec.json.decode(tags)), bool(addressed)),
@@ -90,7 +67,7 @@ def _stored_delivery(row: tuple[Any, ...]) -> StoredDelivery:
     )
 
 
-def _read_delivery(db: sqlite3.Connection, seq: int, agent: str) -> StoredDelivery | None:
+def _read_delivery(db: Connection, seq: int, agent: str) -> StoredDelivery | None:
     row = db.execute(SQL_DELIVERY, (agent, seq)).fetchone()
     event = db.execute(SQL_EVENT, (seq,)).fetchone()
     if row is None or event is None:
@@ -99,7 +76,7 @@ def _read_delivery(db: sqlite3.Connection, seq: int, agent: str) -> StoredDelive
     return _stored_delivery((agent, reason, tags, addressed, *event))
 
 
-def _saved_tune_outs(db: sqlite3.Connection) -> list[SavedTuneOut]:
+def _saved_tune_outs(db: Connection) -> list[SavedTuneOut]:
     rows = db.execute(
         "SELECT agent, server, channel, cadence, backlog_cap, max_wakes, duration, started_at, ends_at, wakes,"
         " handed_through, summary FROM tune_outs ORDER BY started_at"

@@ -58,6 +58,11 @@ class InboundEvent:
     #: the same digest is a duplicate, a different one a new message. None: the whole payload's.
     digest: bytes | None = None
 
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What a re-send shares with it: its server, kind and id."""
+        return (self.server_id, self.kind.value, self.dedup_key)
+
 
 @attrs.frozen
 class Delivery:

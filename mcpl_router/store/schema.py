@@ -1,7 +1,10 @@
-"""The journal's file: its schema and migration, the statements run on it, and its lock.
+"""The journal's statements, and its SQLite file's schema, migration and lock.
 
-Every statement run per message, per ack or per turn is in :data:`HOT_STATEMENTS`, and
-``tests/unit/test_journal.py`` asserts that each is an indexed search.
+The statements are written once, in SQL both backends understand, with ``?`` placeholders;
+the few that differ are each backend's :class:`~mcpl_router.store.backend.Dialect` (the
+SQLite texts are here, PostgreSQL's in :mod:`~mcpl_router.store.postgres_backend`). Every
+statement run per message, per ack or per turn is in :data:`HOT_STATEMENTS`, and
+``tests/unit/test_journal.py`` asserts that each is an indexed search, on both backends.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from mcpl_router.logs import Logger
+from mcpl_router.store.backend import Connection
 
 
 class JournalRefused(Exception):
@@ -141,9 +145,6 @@ CREATE TABLE IF NOT EXISTS tune_outs (
 
 # The statements run once per message or per ack: each must be an indexed search.
 SQL_FIND_DUPLICATE: Final = "SELECT seq, digest FROM inbound WHERE server = ? AND kind = ? AND dedup = ? ORDER BY seq DESC LIMIT 1"
-SQL_INSERT_EVENT: Final = (
-    "INSERT INTO inbound (server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-)
 #: The latest row under each of many dedup keys (a JSON array) of one server and kind: a commit's
 #: duplicate check in one statement (each key an index search; ``digest`` is the latest row's).
 SQL_FIND_DUPLICATES: Final = (
@@ -158,7 +159,9 @@ SQL_LAST_SEQ_GIVEN: Final = (
 SQL_INSERT_EVENT_AT: Final = (
     "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-SQL_INSERT_DELIVERY: Final = "INSERT OR IGNORE INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?)"
+SQL_INSERT_DELIVERY: Final = (
+    "INSERT INTO deliveries (agent, seq, reason, tags, addressed) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
 #: An ack of many seqs (a JSON array) in one statement: each seq is an index lookup.
 SQL_ACK_DELIVERIES: Final = (
     "UPDATE deliveries SET acked = 1 WHERE agent = ? AND acked = 0 AND seq IN (SELECT value FROM json_each(?))"
@@ -188,12 +191,18 @@ SQL_PRUNE_DRAFTS: Final = "DELETE FROM drafts WHERE settled_at IS NOT NULL AND s
 SQL_RAISE_FORK_GENERATION: Final = (
     "UPDATE fork_generations SET generation = ? WHERE agent = ? AND server = ? AND channel = ? AND generation < ?"
 )
-SQL_ADD_FORK_GENERATION: Final = "INSERT OR IGNORE INTO fork_generations (agent, server, channel, generation) VALUES (?, ?, ?, ?)"
+SQL_ADD_FORK_GENERATION: Final = (
+    "INSERT INTO fork_generations (agent, server, channel, generation) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
 #: A fork whose spawn failed: what it is owed (its first seq and how many), handed to its trunk;
 #: a row the trunk has already (never, in practice: a fork's delivery replaced the trunk's) is
 #: acked for the fork instead, so nothing stays owed to an agent that does not exist.
 SQL_OWED_RANGE: Final = "SELECT MIN(seq), COUNT(*) FROM deliveries WHERE agent = ? AND acked = 0"
-SQL_HAND_OVER: Final = "UPDATE OR IGNORE deliveries SET agent = ? WHERE agent = ? AND acked = 0"
+#: (to, from, to): a row the trunk already has for that seq is left to SQL_ACK_ALL_OF.
+SQL_HAND_OVER: Final = (
+    "UPDATE deliveries SET agent = ? WHERE agent = ? AND acked = 0"
+    " AND NOT EXISTS (SELECT 1 FROM deliveries mine WHERE mine.seq = deliveries.seq AND mine.agent = ?)"
+)
 SQL_ACK_ALL_OF: Final = "UPDATE deliveries SET acked = 1 WHERE agent = ? AND acked = 0"
 #: tune_out (entering again replaces the row: new settings and start, what it holds kept).
 SQL_SAVE_TUNE_OUT: Final = (
@@ -236,7 +245,7 @@ HOT_STATEMENTS: Final = {
     "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
     "raise fork generation": (SQL_RAISE_FORK_GENERATION, (2, "kai", "b", "general", 2)),
     "owed range": (SQL_OWED_RANGE, ("kai-a-dm-1",)),
-    "hand over": (SQL_HAND_OVER, ("kai", "kai-a-dm-1")),
+    "hand over": (SQL_HAND_OVER, ("kai", "kai-a-dm-1", "kai")),
     "ack all of": (SQL_ACK_ALL_OF, ("kai-a-dm-1",)),
     "tune-out progress": (SQL_TUNE_OUT_PROGRESS, (1, 10, None, "kai", "b", "general")),
     "tune-out summary": (SQL_TUNE_OUT_SUMMARY, ("text", "kai", "b", "general")),
@@ -314,7 +323,7 @@ def migrate(db: sqlite3.Connection, log: Logger) -> None:
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def last_seq_before(db: sqlite3.Connection, cutoff: float) -> int:
+def last_seq_before(db: Connection, cutoff: float) -> int:
     """The newest seq received before ``cutoff`` (0 if none), in O(log n) primary-key probes.
 
     Seqs are assigned in commit order and ``received_at`` at commit, so it grows with seq.

@@ -2,7 +2,7 @@
 
 Every write goes through here (group commit): inbound batches, acks, drafts, declines, agents.
 Each is an operation (``_Op``) queued for :meth:`JournalWriter.run`, which takes what has queued
-up (at most :data:`MAX_BATCH_OPS`) and applies it in one ``BEGIN IMMEDIATE`` … ``COMMIT`` in a
+up (at most :data:`MAX_BATCH_OPS`) and applies it in one ``BEGIN`` … ``COMMIT`` in a
 worker thread, each operation in a savepoint of its own so one's failure stays its own. An
 operation's ``committed`` runs afterwards on the trio thread, in commit order: an inbound batch
 learns its seqs only then, so ``accepted`` is answered only once it is durable, and everything
@@ -17,7 +17,6 @@ the journal's (:meth:`JournalWriter._init_writer` sets its own part).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,19 +27,10 @@ import msgspec
 import trio
 
 from mcpl_router.logs import Logger
-from mcpl_router.store.integrity import FileIdentity
+from mcpl_router.store.backend import Connection, Dialect, JournalBackend
 from mcpl_router.store.pruning import PRUNE_INTERVAL
 from mcpl_router.store.records import CommitDurations, Delivery, InboundEvent, JournalFailure, Recorded, content_digest
-from mcpl_router.store.schema import (
-    SQL_ACK_DELIVERIES,
-    SQL_ACK_EVENTS,
-    SQL_FIND_DUPLICATE,
-    SQL_FIND_DUPLICATES,
-    SQL_INSERT_DELIVERY,
-    SQL_INSERT_EVENT,
-    SQL_INSERT_EVENT_AT,
-    SQL_LAST_SEQ_GIVEN,
-)
+from mcpl_router.store.schema import SQL_FIND_DUPLICATE, SQL_INSERT_DELIVERY, SQL_INSERT_EVENT_AT
 
 __all__ = ["MAX_BATCH_OPS", "SHUTDOWN_COMMIT_TIMEOUT", "WRITE_QUEUE", "JournalWriter"]
 
@@ -50,6 +40,9 @@ WRITE_QUEUE: Final = 4096
 MAX_BATCH_OPS: Final = 2048
 #: How long the last commit at shutdown may take before the daemon exits without it.
 SHUTDOWN_COMMIT_TIMEOUT: Final = 10.0
+#: Events remembered from commits that failed (their rows may be there all the same): past
+#: this many, the oldest are forgotten (logged); a re-send of one is then a plain duplicate.
+UNCONFIRMED_KEPT: Final = 65536
 
 
 def _one_per_agent(deliveries: Sequence[Delivery]) -> list[Delivery]:
@@ -58,6 +51,10 @@ def _one_per_agent(deliveries: Sequence[Delivery]) -> list[Delivery]:
     for delivery in deliveries:
         seen.setdefault(delivery.agent, delivery)
     return list(seen.values())
+
+
+def _delivery_rows(seq: int, deliveries: Sequence[Delivery], encode: Callable[[object], bytes]) -> list[tuple[object, ...]]:
+    return [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries)]
 
 
 # -- the writer's operations ---------------------------------------------------------------------
@@ -80,7 +77,7 @@ class _Op:
     #: op in its savepoint (``apply`` starts from scratch each time).
     isolated: ClassVar[bool] = True
 
-    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+    def apply(self, db: Connection, journal: JournalWriter) -> None:
         raise NotImplementedError
 
     def committed(self, journal: JournalWriter) -> None:
@@ -99,32 +96,38 @@ class _InboundOp(_Op):
     results: list[Recorded] = attrs.field(factory=list)
     isolated: ClassVar[bool] = False
 
-    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+    def apply(self, db: Connection, journal: JournalWriter) -> None:
         now = time.time()
         encode = journal._encoder.encode
+        dialect = journal._dialect
         self.results = []
         for event, deliveries in self.events:
             digest = event.digest if event.digest is not None else content_digest(event.payload)
             row = db.execute(SQL_FIND_DUPLICATE, (event.server_id, event.kind, event.dedup_key)).fetchone()
-            if row is not None and (row[1] is None or row[1] == digest):
+            if row is not None and (row[1] is None or bytes(row[1]) == digest):
                 # A journal from before digests were kept counts a re-used id as a re-send.
-                self.results.append(Recorded(seq=row[0], duplicate=True))
+                if not journal._unconfirmed_row(event, int(row[0])):
+                    self.results.append(Recorded(seq=int(row[0]), duplicate=True))
+                    continue
+                # Written by a commit this daemon could not confirm: recorded by this one.
+                seq = int(row[0])
+                db.executemany(SQL_INSERT_DELIVERY, _delivery_rows(seq, deliveries, encode))
+                self.results.append(Recorded(seq=seq, duplicate=False))
                 continue
-            cursor = db.execute(
-                SQL_INSERT_EVENT,
-                (event.server_id, event.channel_id, event.kind, event.dedup_key, digest, encode(event.payload), now,
+            seq = int(db.execute(dialect.last_seq_given).fetchone()[0]) + 1
+            db.execute(
+                SQL_INSERT_EVENT_AT,
+                (seq, event.server_id, event.channel_id, event.kind, event.dedup_key, digest, encode(event.payload), now,
                  # An event that woke nobody is owed to nobody: acked as it is written.
                  0 if deliveries else 1),
             )
-            seq = int(cursor.lastrowid or 0)
-            db.executemany(
-                SQL_INSERT_DELIVERY,
-                [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries)],
-            )
+            if dialect.set_last_seq_given is not None:
+                db.execute(dialect.set_last_seq_given, (seq,))
+            db.executemany(SQL_INSERT_DELIVERY, _delivery_rows(seq, deliveries, encode))
             self.results.append(Recorded(seq=seq, duplicate=False, reused_id=row is not None))
 
     @staticmethod
-    def apply_together(ops: Sequence[_InboundOp], db: sqlite3.Connection, journal: JournalWriter) -> None:
+    def apply_together(ops: Sequence[_InboundOp], db: Connection, journal: JournalWriter) -> None:
         """A commit's inbound ops at once: what :meth:`apply` does for each, in a handful of
         statements for the whole group instead of three per event (each a trip through the
         GIL the trio thread holds): one duplicate lookup per server and kind, the events
@@ -133,6 +136,7 @@ class _InboundOp(_Op):
         """
         now = time.time()
         encode = journal._encoder.encode
+        dialect = journal._dialect
         keys: dict[tuple[str, str], set[str]] = {}
         for op in ops:
             op.results = []
@@ -140,9 +144,12 @@ class _InboundOp(_Op):
                 keys.setdefault((event.server_id, event.kind), set()).add(event.dedup_key)
         latest: dict[tuple[str, str, str], tuple[int, bytes | None]] = {}
         for (server, kind), dedups in keys.items():
-            for dedup, seq, digest in db.execute(SQL_FIND_DUPLICATES, (server, kind, encode(sorted(dedups)))):
-                latest[(server, kind, dedup)] = (int(seq), digest)
-        seq = int(db.execute(SQL_LAST_SEQ_GIVEN).fetchone()[0])
+            for dedup, seq, digest in db.execute(dialect.find_duplicates, (server, kind, dialect.array(sorted(dedups)))):
+                latest[(server, kind, dedup)] = (int(seq), None if digest is None else bytes(digest))
+        seq = int(db.execute(dialect.last_seq_given).fetchone()[0])
+        given = seq
+        # Seqs this transaction gives: a second event under one of their keys is a re-send.
+        fresh: set[int] = set()
         events: list[tuple[object, ...]] = []
         deliveries_rows: list[tuple[object, ...]] = []
         for op in ops:
@@ -151,19 +158,30 @@ class _InboundOp(_Op):
                 key = (event.server_id, event.kind, event.dedup_key)
                 prior = latest.get(key)
                 if prior is not None and (prior[1] is None or prior[1] == digest):
-                    op.results.append(Recorded(seq=prior[0], duplicate=True))
+                    if prior[0] in fresh or not journal._unconfirmed_row(event, prior[0]):
+                        op.results.append(Recorded(seq=prior[0], duplicate=True))
+                        continue
+                    # Written by a commit this daemon could not confirm (it failed, yet the row
+                    # is there): recorded by this one, its wakes going out from this commit.
+                    deliveries_rows.extend(_delivery_rows(prior[0], deliveries, encode))
+                    fresh.add(prior[0])
+                    op.results.append(Recorded(seq=prior[0], duplicate=False))
                     continue
                 seq += 1
+                fresh.add(seq)
                 events.append((seq, event.server_id, event.channel_id, event.kind, event.dedup_key, digest,
                                encode(event.payload), now, 0 if deliveries else 1))
-                deliveries_rows.extend((d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries))
+                deliveries_rows.extend(_delivery_rows(seq, deliveries, encode))
                 latest[key] = (seq, digest)
                 op.results.append(Recorded(seq=seq, duplicate=False, reused_id=prior is not None))
         db.executemany(SQL_INSERT_EVENT_AT, events)
         db.executemany(SQL_INSERT_DELIVERY, deliveries_rows)
+        if seq != given and dialect.set_last_seq_given is not None:
+            db.execute(dialect.set_last_seq_given, (seq,))
 
     def committed(self, journal: JournalWriter) -> None:
-        for (_event, deliveries), recorded in zip(self.events, self.results, strict=True):
+        for (event, deliveries), recorded in zip(self.events, self.results, strict=True):
+            journal._unconfirmed.pop(event.key, None)
             if not recorded.duplicate:
                 journal._last_seq = max(journal._last_seq, recorded.seq)
                 for delivery in _one_per_agent(deliveries):
@@ -179,14 +197,15 @@ class _AckOp(_Op):
     newly: Counter[str] = attrs.field(factory=Counter)
     isolated: ClassVar[bool] = False
 
-    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+    def apply(self, db: Connection, journal: JournalWriter) -> None:
         # One statement per agent and one for the events, whatever the batch's size: the seqs
         # go in as one JSON array (SQLite walks it; each seq is a key lookup).
         self.newly = Counter()
-        seqs = journal._encoder.encode(sorted(set(self.seqs)))
+        dialect = journal._dialect
+        seqs = dialect.array(sorted(set(self.seqs)))
         for agent in self.agents:
-            self.newly[agent] += db.execute(SQL_ACK_DELIVERIES, (agent, seqs)).rowcount
-        db.execute(SQL_ACK_EVENTS, (seqs,))
+            self.newly[agent] += db.execute(dialect.ack_deliveries, (agent, seqs)).rowcount
+        db.execute(dialect.ack_events, (seqs,))
 
     def committed(self, journal: JournalWriter) -> None:
         for agent, count in self.newly.items():
@@ -231,7 +250,7 @@ class _WriteOp(_Op):
     sql: str = ""
     args: tuple[object, ...] = ()
 
-    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+    def apply(self, db: Connection, journal: JournalWriter) -> None:
         db.execute(self.sql, self.args)
 
 
@@ -241,7 +260,7 @@ class _BarrierOp(_Op):
 
     isolated: ClassVar[bool] = False
 
-    def apply(self, db: sqlite3.Connection, journal: JournalWriter) -> None:
+    def apply(self, db: Connection, journal: JournalWriter) -> None:
         return None
 
 
@@ -252,7 +271,8 @@ class JournalWriter:
     """The writer task and its queue; a part of :class:`~mcpl_router.store.journal.Journal`."""
 
     # The journal's, set when it opens.
-    _db: sqlite3.Connection
+    _backend: JournalBackend
+    _dialect: Dialect
     _log: Logger
     _encoder: msgspec.json.Encoder
     _closed: bool
@@ -267,10 +287,10 @@ class JournalWriter:
     _stats: dict[str, int]
     _last_commit_seconds: float
     _commit_durations: CommitDurations
-    identity: FileIdentity
     _marked_seq: int
-    read_only: str | None
     failing: str | None
+    #: Events of commits that failed, by key, with the seq they were given (see _unconfirmed_row).
+    _unconfirmed: dict[tuple[str, str, str], int]
 
     if TYPE_CHECKING:
 
@@ -279,6 +299,9 @@ class JournalWriter:
         def mark_held(self) -> None: ...
 
         async def leave_read_only(self) -> bool: ...
+
+        @property
+        def read_only(self) -> str | None: ...
 
     def _init_writer(self) -> None:
         """The queue (bounded: :data:`WRITE_QUEUE`), its overflow, and the writer's counters."""
@@ -290,6 +313,29 @@ class JournalWriter:
         self._last_commit_seconds = 0.0
         self._commit_durations = CommitDurations()
         self.failing = None
+        self._unconfirmed = {}
+
+    def _unconfirmed_row(self, event: InboundEvent, seq: int) -> bool:
+        """Whether the row ``seq`` found under ``event``'s key was written by a commit of this
+        daemon that failed (PostgreSQL: a cancelled wait for the standby, a connection lost
+        at COMMIT): it is there, yet no one was told, so it is recorded again by the commit
+        that finds it, and its wakes go out then. Read in the writer's thread; changed only on
+        the trio thread, between commits."""
+        return self._unconfirmed.get(event.key) == seq
+
+    def _remember_unconfirmed(self, batch: Sequence[_Op]) -> None:
+        """A commit of ``batch`` failed: what its inbound ops numbered may be in the database."""
+        for op in batch:
+            if not isinstance(op, _InboundOp):
+                continue
+            for (event, _deliveries), recorded in zip(op.events, op.results, strict=False):
+                if not recorded.duplicate:
+                    self._unconfirmed[event.key] = recorded.seq
+        excess = len(self._unconfirmed) - UNCONFIRMED_KEPT
+        if excess > 0:
+            for key in list(self._unconfirmed)[:excess]:
+                del self._unconfirmed[key]
+            self._log.warning("journal.unconfirmed.forgotten", events=excess, kept=UNCONFIRMED_KEPT)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Commit queued writes in groups until cancelled; prune every :data:`PRUNE_INTERVAL`.
@@ -313,7 +359,7 @@ class JournalWriter:
                 if trio.current_time() >= next_look:
                     # Idle too: a removed file shows in /readyz without waiting for a message.
                     next_look = trio.current_time() + IDENTITY_CHECK_INTERVAL
-                    gone = await trio.to_thread.run_sync(self.identity.problem)
+                    gone = await trio.to_thread.run_sync(self._backend.problem)
                     if gone is not None and self.failing is None:
                         self.failing = str(JournalGone(gone))
                         self._log.error("journal.file.gone", error=self.failing)
@@ -380,7 +426,9 @@ class JournalWriter:
                 self._log.error("journal.file.gone" if isinstance(exc, JournalGone) else "journal.read_only", error=str(exc))
             self.failing = str(exc)
             kept = _fail(batch, exc)
-        except Exception as exc:  # sqlite3.Error, OSError: the whole transaction rolled back
+        except Exception as exc:  # the database's error, OSError: the transaction rolled back, or its outcome is unknown
+            self._backend.writer_failed()
+            self._remember_unconfirmed(batch)
             self.failing = f"{type(exc).__name__}: {exc}"
             self._log.error("journal.commit.failed", ops=len(batch), error=self.failing)
             kept = _fail(batch, exc)
@@ -421,7 +469,7 @@ class JournalWriter:
 
     def _commit_in_thread(self, batch: list[_Op]) -> None:
         # A removed or replaced file: what this commit writes no restart would read.
-        gone = self.identity.problem()
+        gone = self._backend.problem()
         if gone is not None:
             raise JournalGone(gone)
         try:
@@ -432,8 +480,9 @@ class JournalWriter:
             self._transaction(batch, isolate_all=True)
 
     def _transaction(self, batch: list[_Op], *, isolate_all: bool) -> None:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        db = self._backend.writer()
+        integrity_errors = self._dialect.integrity_errors
+        db.execute(self._dialect.begin)
         try:
             if not isolate_all:
                 # The inbound ops first, together: none fails alone, and one that fails makes
@@ -444,7 +493,7 @@ class JournalWriter:
                 if inbound:
                     try:
                         _InboundOp.apply_together(inbound, db, self)
-                    except sqlite3.IntegrityError as exc:
+                    except integrity_errors as exc:
                         raise _Unisolated from exc
             for op in batch:
                 op.error = None
@@ -453,21 +502,24 @@ class JournalWriter:
                 if not (isolate_all or op.isolated):
                     try:
                         op.apply(db, self)
-                    except sqlite3.IntegrityError as exc:
+                    except integrity_errors as exc:
                         raise _Unisolated from exc
                     continue
                 # Each op in its own savepoint: one op's failure is its own, not the batch's.
                 db.execute("SAVEPOINT op")
                 try:
                     op.apply(db, self)
-                except sqlite3.IntegrityError as exc:
+                except integrity_errors as exc:
                     db.execute("ROLLBACK TO op")
                     op.error = exc
                 db.execute("RELEASE op")
-            db.execute("COMMIT")
+            self._backend.commit(db)
         except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            try:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+            except Exception:  # noqa: S110 - a connection that broke rolled back with it; the first error says why
+                pass
             raise
 
 

@@ -246,11 +246,10 @@ def _write_config(data: Path, lines: list[str]) -> None:
         conf.write("\n# mcpl-router tests\n" + "\n".join(lines) + "\n")
 
 
-def _start_pair(root: Path) -> PostgresPair:
+def _start_primary(root: Path, *, synchronous: bool) -> Server:
     bindir = bin_dir()
     assert bindir is not None
     primary = Server("primary", root / "primary", free_port(), root / "primary.log")
-    standby = Server("standby", root / "standby", free_port(), root / "standby.log")
     _run_as_server_user(
         [str(bindir / "initdb"), "-D", str(primary.data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]
     )
@@ -263,7 +262,7 @@ def _start_pair(root: Path) -> PostgresPair:
             "wal_level = replica",
             "max_wal_senders = 5",
             "max_connections = 50",
-            f"synchronous_standby_names = 'FIRST 1 ({STANDBY_NAME})'",
+            f"synchronous_standby_names = '{f'FIRST 1 ({STANDBY_NAME})' if synchronous else ''}'",
             "synchronous_commit = on",
             "shared_buffers = 32MB",
             "logging_collector = off",
@@ -272,6 +271,14 @@ def _start_pair(root: Path) -> PostgresPair:
     with (primary.data / "pg_hba.conf").open("a") as hba:
         hba.write("host replication postgres 127.0.0.1/32 trust\n")
     primary.start()
+    return primary
+
+
+def _start_pair(root: Path) -> PostgresPair:
+    bindir = bin_dir()
+    assert bindir is not None
+    primary = _start_primary(root, synchronous=True)
+    standby = Server("standby", root / "standby", free_port(), root / "standby.log")
     _run_as_server_user(
         [
             str(bindir / "pg_basebackup"),
@@ -303,9 +310,7 @@ def _wait_synchronous(primary: Server) -> None:
             time.sleep(0.05)
 
 
-@contextlib.contextmanager
-def postgres_pair() -> Iterator[PostgresPair]:
-    """A running primary + synchronous standby, stopped and removed on exit."""
+def _server_root() -> Path:
     reason = missing_reason()
     if reason is not None:
         raise RuntimeError(reason)
@@ -313,6 +318,20 @@ def postgres_pair() -> Iterator[PostgresPair]:
     account = pwd.getpwnam(SERVER_USER)
     os.chown(root, account.pw_uid, account.pw_gid)
     os.chmod(root, 0o700)
+    return root
+
+
+def _remove(root: Path) -> None:
+    for pid in _processes_using(root / "primary") + _processes_using(root / "standby"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def postgres_pair() -> Iterator[PostgresPair]:
+    """A running primary + synchronous standby, stopped and removed on exit."""
+    root = _server_root()
     pair: PostgresPair | None = None
     try:
         pair = _start_pair(root)
@@ -320,8 +339,29 @@ def postgres_pair() -> Iterator[PostgresPair]:
     finally:
         if pair is not None:
             pair.stop()
-        else:
-            for pid in _processes_using(root / "primary") + _processes_using(root / "standby"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(root, ignore_errors=True)
+        _remove(root)
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[Server]:
+    """One running server (no standby), stopped and removed on exit: for the journal's
+    contract tests, each in a database of its own (:func:`fresh_database`)."""
+    root = _server_root()
+    server: Server | None = None
+    try:
+        server = _start_primary(root, synchronous=False)
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        _remove(root)
+
+
+def fresh_database(server: Server, name: str) -> str:
+    """Make an empty database ``name`` on ``server``; its DSN."""
+    import psycopg
+
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    return server.dsn.replace("dbname=postgres", f"dbname={name}")

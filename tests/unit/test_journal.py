@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 from mcpl_router.mcpl.inbound import substance_digest
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, JournalLocked, SavedTuneOut
 from mcpl_router.store.schema import HOT_STATEMENTS, SCHEMA_VERSION
-from mcpl_router.testing.journal import open_journal
+from mcpl_router.testing.journal import JournalPlace, open_journal
 from mcpl_router.testing.scheduling import scheduler_passes
 
 KAI = Delivery("kai", "message", ("chat:mention",), True)
@@ -42,8 +42,79 @@ def test_every_per_message_statement_is_an_indexed_search(tmp_path: Path, name: 
     assert any("USING" in step for step in plan), f"{name}: {plan}"
 
 
-async def test_batches_that_arrive_together_share_one_commit(tmp_path: Path) -> None:
-    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+def _postgres_hot_statements() -> dict[str, tuple[str, tuple[object, ...]]]:
+    """HOT_STATEMENTS as PostgreSQL runs them: the dialect's own texts, lists as arrays."""
+    from mcpl_router.store.postgres_backend import _dialect
+
+    dialect = _dialect()
+    own = {
+        "find duplicates": (dialect.find_duplicates, ("s", "message", ["k", "l"])),
+        "ack deliveries": (dialect.ack_deliveries, ("kai", [1, 2])),
+        "ack events": (dialect.ack_events, ([1, 2],)),
+    }
+    return {name: own.get(name, statement) for name, statement in HOT_STATEMENTS.items()}
+
+
+def _plan_nodes(node: dict[str, object]) -> list[dict[str, object]]:
+    children = node.get("Plans", [])
+    assert isinstance(children, list)
+    return [node, *(found for child in children for found in _plan_nodes(child))]
+
+
+#: Statements that walk a range of an index by design (from a point, a chunk at a time).
+_RANGE_WALKS = frozenset({"prunable events", "prune cutoff probe", "prune drafts"})
+
+
+@pytest.mark.parametrize("name", sorted(HOT_STATEMENTS))
+def test_every_per_message_statement_is_an_indexed_search_on_postgres(postgres_server: object, name: str) -> None:
+    """The same statements on PostgreSQL: with sequential scans priced out, a statement with an
+    index to use uses it; one without shows a Seq Scan, or an index walked whole (its first
+    column not held to a value), and fails here."""
+    from mcpl_router.testing import postgres
+
+    assert isinstance(postgres_server, postgres.Server)
+    place = JournalPlace(dsn=postgres.fresh_database(postgres_server, f"plans_{name.replace(' ', '_').replace('-', '_')}"))
+    place.open().close()  # the schema
+    sql, args = _postgres_hot_statements()[name]
+    with place.database() as db:
+        # A history to plan against (an empty table's plans are guesses): 20,000 events, most
+        # acked, two agents woken by each, then the planner's statistics.
+        db.execute(
+            "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked)"
+            " SELECT n, 's' || (n % 3), 'general', 'message', 'm-' || n, NULL, '\\x7b7d', n, (n < 19900)::int"
+            " FROM generate_series(1, 20000) AS n"
+        )
+        db.execute(
+            "INSERT INTO deliveries (seq, agent, reason, tags, addressed, acked)"
+            " SELECT n, agent, 'message', '\\x5b5d', 0, (n < 19900)::int FROM generate_series(1, 20000) AS n,"
+            " (VALUES ('kai'), ('mo')) AS agents (agent)"
+        )
+        db.execute("ANALYZE")
+        db.execute("SET enable_seqscan = off")
+        [[plan]] = db.execute(f"EXPLAIN (FORMAT JSON) {sql}", args).fetchall()
+        nodes = _plan_nodes(plan[0]["Plan"])
+        first_column = {
+            str(node["Index Name"]): db.execute(
+                "SELECT a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] WHERE c.relname = ?",
+                (node["Index Name"],),
+            ).fetchone()[0]
+            for node in nodes
+            if "Index Name" in node
+        }
+    scans = [node for node in nodes if node["Node Type"] == "Seq Scan"]
+    assert not scans, f"{name}: {plan}"
+    searches = [node for node in nodes if "Index Name" in node]
+    assert searches, f"{name}: {plan}"
+    for node in searches:
+        column = first_column[str(node["Index Name"])]
+        condition = str(node.get("Index Cond", ""))
+        held = f"{column} " if name in _RANGE_WALKS else f"{column} = "
+        assert held in condition, f"{name}: {node['Index Name']} is walked, not searched ({condition or 'no condition'})"
+
+
+async def test_batches_that_arrive_together_share_one_commit(journal_place: JournalPlace) -> None:
+    async with open_journal(journal_place) as journal:
         waits = []
         for n in range(50):
             waits.append(await journal.submit_inbound([(message(f"m-{n}"), [KAI])]))
@@ -54,11 +125,11 @@ async def test_batches_that_arrive_together_share_one_commit(tmp_path: Path) -> 
     assert stats.commits - before < 50 and stats.largest_batch > 1
 
 
-async def test_a_submission_with_room_lets_no_other_task_run_and_a_cancelled_one_queues_nothing(tmp_path: Path) -> None:
+async def test_a_submission_with_room_lets_no_other_task_run_and_a_cancelled_one_queues_nothing(journal_place: JournalPlace) -> None:
     """Submitting is a cancellation point but, while the queue has room, no scheduling point:
     an inbound request's handler goes on to the next message without a trip through the
     scheduler (and what arrives meanwhile joins the same commit)."""
-    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+    async with open_journal(journal_place) as journal:
         async with scheduler_passes() as passes:
             before = passes.count
             waits = [await journal.submit_inbound([(message(f"m-{n}"), [KAI])]) for n in range(20)]
@@ -73,8 +144,8 @@ async def test_a_submission_with_room_lets_no_other_task_run_and_a_cancelled_one
         assert journal.unacked_count("kai") == 20  # the cancelled submission was never queued
 
 
-async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_is_new(tmp_path: Path) -> None:
-    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_is_new(journal_place: JournalPlace) -> None:
+    async with open_journal(journal_place) as journal:
         [first] = await journal.record_inbound([(message("in-1", "hello", timestamp="t1", sentAt=1.0), [KAI])])
         # A retry: the same message (this copy's send time may differ) is the same message.
         [again] = await journal.record_inbound([(message("in-1", "hello", timestamp="t1", sentAt=2.0), [KAI])])
@@ -88,8 +159,8 @@ async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_
         assert journal.unacked_count("kai") == 3
 
 
-async def test_acked_events_and_settled_drafts_are_pruned_and_live_ones_kept(tmp_path: Path) -> None:
-    async with open_journal(tmp_path / "journal.sqlite3", retention=0.05) as journal:
+async def test_acked_events_and_settled_drafts_are_pruned_and_live_ones_kept(journal_place: JournalPlace) -> None:
+    async with open_journal(journal_place, retention=0.05) as journal:
         [done, owed] = await journal.record_inbound([(message("m-1"), [KAI]), (message("m-2"), [KAI])])
         await journal.ack_deliveries(["kai"], [done.seq])
         journal.save_draft({"id": "d-aaaaa", "agent": "kai", "createdAt": 1.0, "text": "x", "state": "dismissed"})
@@ -103,13 +174,12 @@ async def test_acked_events_and_settled_drafts_are_pruned_and_live_ones_kept(tmp
         assert [s.event.seq for s in await journal.unacked_deliveries("kai")] == [owed.seq]
 
 
-async def test_a_failed_commit_keeps_written_behind_drafts_and_the_flush_says_so(tmp_path: Path) -> None:
+async def test_a_failed_commit_keeps_written_behind_drafts_and_the_flush_says_so(journal_place: JournalPlace) -> None:
     """A passing I/O error must not drop a draft: it is written at the next try, and a flush
     that covered the failed commit fails rather than claim the draft is on disk."""
-    path = tmp_path / "journal.sqlite3"
-    async with open_journal(path) as journal:
+    async with open_journal(journal_place) as journal:
         real = journal._commit_in_thread
-        failures = [sqlite3.OperationalError("disk I/O error")]
+        failures = [OSError("disk I/O error")]
 
         def flaky(batch: list) -> None:  # type: ignore[type-arg]
             if failures:
@@ -121,13 +191,12 @@ async def test_a_failed_commit_keeps_written_behind_drafts_and_the_flush_says_so
         with pytest.raises(JournalFailure):
             await journal.flush()
         await journal.flush()  # the retry went through
-    db = sqlite3.connect(str(path))
-    assert [row for (row,) in db.execute("SELECT id FROM drafts")] == ["d-aaaaa"]
-    db.close()
+    with journal_place.database() as db:
+        assert [row for (row,) in db.execute("SELECT id FROM drafts")] == ["d-aaaaa"]
 
 
-async def test_pruning_a_large_history_does_not_hold_up_the_next_commit(tmp_path: Path) -> None:
-    async with open_journal(tmp_path / "journal.sqlite3", retention=0.01) as journal:
+async def test_pruning_a_large_history_does_not_hold_up_the_next_commit(journal_place: JournalPlace) -> None:
+    async with open_journal(journal_place, retention=0.01) as journal:
         events = [(message(f"m-{n}"), [KAI]) for n in range(3 * 5000 + 10)]
         recorded = await journal.record_inbound(events)
         await journal.ack_deliveries(["kai"], [r.seq for r in recorded])
@@ -189,11 +258,10 @@ def tune_out(**fields: object) -> SavedTuneOut:
     return SavedTuneOut(**{**values, **fields})  # type: ignore[arg-type]
 
 
-async def test_a_tune_out_round_trips_and_reads_back_the_wakes_it_holds(tmp_path: Path) -> None:
+async def test_a_tune_out_round_trips_and_reads_back_the_wakes_it_holds(journal_place: JournalPlace) -> None:
     """A saved tune-out comes back as saved, each server's ``general`` its own row, with what it
     holds: the agent's unacked wakes from that one channel after what it handed over."""
-    path = tmp_path / "journal.sqlite3"
-    async with open_journal(path) as journal:
+    async with open_journal(journal_place) as journal:
         [before] = await journal.record_inbound([(on("b", "m-0"), [KAI])])  # sent before the tune-out
         journal.save_tune_out(tune_out(handed_through=before.seq))
         journal.save_tune_out(tune_out(server_id="a", max_wakes=None, duration=None, ends_at=None))
@@ -206,19 +274,18 @@ async def test_a_tune_out_round_trips_and_reads_back_the_wakes_it_holds(tmp_path
         journal.save_tune_out_summary("kai", "b", "general", "quiet, mostly")
         await journal.ack_deliveries(["kai"], [b2])
         await journal.flush()
-    async with open_journal(path) as journal:
+    async with open_journal(journal_place) as journal:
         saved = {row.server_id: row for row in await journal.saved_tune_outs()}
         assert saved["b"] == tune_out(wakes=1, handed_through=b1, summary="quiet, mostly", held=(b3,))
         assert saved["a"] == tune_out(server_id="a", max_wakes=None, duration=None, ends_at=None, held=(a1,))
         journal.forget_tune_out("kai", "b", "general")
         await journal.flush()
-    async with open_journal(path) as journal:
+    async with open_journal(journal_place) as journal:
         assert [row.server_id for row in await journal.saved_tune_outs()] == ["a"]
 
 
-async def test_channel_decisions_survive_a_restart_one_per_agent_and_channel_pair(tmp_path: Path) -> None:
-    path = tmp_path / "journal.sqlite3"
-    async with open_journal(path) as journal:
+async def test_channel_decisions_survive_a_restart_one_per_agent_and_channel_pair(journal_place: JournalPlace) -> None:
+    async with open_journal(journal_place) as journal:
         journal.record_channel_decision("kai", "a", "general", "open")
         journal.record_channel_decision("kai", "b", "general", "closed")  # same id, other server: its own row
         journal.record_channel_decision("mo", "a", "general", "closed")
@@ -227,7 +294,7 @@ async def test_channel_decisions_survive_a_restart_one_per_agent_and_channel_pai
         journal.record_decline("mo", "b", "general")
         journal.record_channel_decision("mo", "b", "general", "open")  # and an open replaces a decline
         await journal.flush()
-    async with open_journal(path) as journal:
+    async with open_journal(journal_place) as journal:
         assert sorted(journal.channel_decisions()) == [
             ("kai", "a", "general", "open"),
             ("kai", "b", "general", "closed"),
@@ -272,24 +339,28 @@ async def test_a_version_2_journal_is_migrated_to_the_current_version_keeping_wh
         assert [row.held for row in await journal.saved_tune_outs()] == [(owed.seq,)]
 
 
-def test_a_second_journal_on_the_same_file_is_refused_naming_the_file_and_pid(tmp_path: Path) -> None:
-    path = tmp_path / "journal.sqlite3"
-    journal = Journal(path)
+def test_a_second_journal_on_the_same_file_is_refused_naming_the_file_and_pid(journal_place: JournalPlace) -> None:
+    journal = journal_place.open()
     try:
         with pytest.raises(JournalLocked) as refused:
-            Journal(path)
+            journal_place.open()
         import os
 
-        assert str(path) in str(refused.value) and f"pid {os.getpid()}" in str(refused.value)
+        refusal = str(refused.value)
+        if journal_place.path is not None:
+            assert str(journal_place.path) in refusal and f"pid {os.getpid()}" in refusal
+        else:
+            # The database's advisory lock: the DSN (without a password) and who holds it.
+            assert journal.where in refusal and "backend pid" in refusal
     finally:
         journal.close()
-    Journal(path).close()  # released with the first
+    journal_place.open().close()  # released with the first
 
 
-async def test_a_failed_commit_is_an_error_for_its_callers_not_silence(tmp_path: Path) -> None:
+async def test_a_failed_commit_is_an_error_for_its_callers_not_silence(journal_place: JournalPlace) -> None:
     with capture_logs() as logs:
-        async with open_journal(tmp_path / "journal.sqlite3") as journal:
-            journal._db.execute("DROP TABLE deliveries")  # the disk "fails" under the next commit
+        async with open_journal(journal_place) as journal:
+            journal._backend.writer().execute("DROP TABLE deliveries")  # the disk "fails" under the next commit
             with pytest.raises(Exception) as failed:
                 await journal.record_inbound([(message("m-1"), [KAI])])
             assert "deliveries" in str(failed.value)
@@ -297,7 +368,7 @@ async def test_a_failed_commit_is_an_error_for_its_callers_not_silence(tmp_path:
     assert [entry for entry in logs if entry["event"] == "journal.commit.failed"]
 
 
-async def test_an_op_run_outside_a_savepoint_that_fails_fails_alone(tmp_path: Path) -> None:
+async def test_an_op_run_outside_a_savepoint_that_fails_fails_alone(journal_place: JournalPlace) -> None:
     """The hot ops run bare; should one meet a constraint, the batch runs again isolated."""
     import sqlite3 as _sqlite3
     from typing import ClassVar
@@ -313,7 +384,7 @@ async def test_an_op_run_outside_a_savepoint_that_fails_fails_alone(tmp_path: Pa
         def apply(self, db: _sqlite3.Connection, journal: object) -> None:
             db.execute("INSERT INTO agents (name, spec) VALUES ('x', NULL)")  # NOT NULL
 
-    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+    async with open_journal(journal_place) as journal:
         before = await journal.submit_inbound([(message("m-1"), [KAI])])
         broken = await journal._submit(_Breaks())
         after = await journal.submit_inbound([(message("m-2"), [KAI])])
@@ -324,11 +395,11 @@ async def test_an_op_run_outside_a_savepoint_that_fails_fails_alone(tmp_path: Pa
         assert journal.unacked_count("kai") == 2
 
 
-async def test_one_commit_sees_its_own_events_and_never_gives_a_pruned_seq_again(tmp_path: Path) -> None:
+async def test_one_commit_sees_its_own_events_and_never_gives_a_pruned_seq_again(journal_place: JournalPlace) -> None:
     """A commit's inbound events are written together: a re-send within it is a duplicate of
     the first, a new message under its id is new, and the newest seq, acked and pruned, is
     not given to the next message."""
-    async with open_journal(tmp_path / "journal.sqlite3", retention=0.05) as journal:
+    async with open_journal(journal_place, retention=0.05) as journal:
         first, again, reused, other = await journal.record_inbound(
             [(message("m-1"), [KAI]), (message("m-1"), [KAI]), (message("m-1", "other words"), [KAI]), (message("m-2"), [])]
         )
@@ -344,10 +415,10 @@ async def test_one_commit_sees_its_own_events_and_never_gives_a_pruned_seq_again
         assert later.seq == other.seq + 1
 
 
-async def test_an_acks_on_done_is_told_once_durable_nothing_to_ack_or_not_queued(tmp_path: Path) -> None:
+async def test_an_acks_on_done_is_told_once_durable_nothing_to_ack_or_not_queued(journal_place: JournalPlace) -> None:
     """The outbox forgets an ack it remembers on this callback, so it comes in every case, once."""
     told: list[str] = []
-    async with open_journal(tmp_path / "journal.sqlite3") as journal:
+    async with open_journal(journal_place) as journal:
         seq = (await (await journal.submit_inbound([(message("m-1"), [KAI])]))())[0].seq
         wait = await journal.submit_ack(["kai"], [seq], on_done=lambda failure: told.append(f"durable {failure}"))
         assert told == [] and await wait() == 1 and told == ["durable None"]

@@ -1,0 +1,382 @@
+"""The journal on PostgreSQL: the same promises on a replicated store.
+
+psycopg 3's synchronous client, only ever in worker threads (its async API is asyncio's): the
+writer's one connection commits the group commits, a bounded pool serves the reads, and one
+more connection the trio thread's start-up and status reads. Every connection is in autocommit
+mode with the writer's transactions opened and closed by the journal itself, as on SQLite.
+
+What PostgreSQL asks of a journal that SQLite did not:
+
+- **A commit is durable only when it says so.** With a synchronous standby, a commit whose
+  wait for the standby is cancelled (the primary restarting, an operator's cancel) returns
+  with only a warning, the row on the primary alone. :meth:`PostgresBackend.commit` takes that
+  warning as a failure: the ops fail (no ``accepted``), the write-behind ones are retried, and a
+  server's re-send finds the row and is recorded then (``JournalWriter._unconfirmed_row``). A
+  commit has no timeout.
+- **Seqs in commit order.** Each commit numbering events takes the one ``journal_meta`` row
+  ``FOR UPDATE`` and numbers after its ``last_seq``: a commit that numbers later commits later,
+  so a reader following seqs skips nothing (a ``bigserial`` alone gives no such order).
+- **The primary lost.** A connection that breaks is made again at the next commit; with a
+  multi-host DSN (``target_session_attrs=read-write``) that is whichever server takes writes
+  now. Meanwhile commits fail (servers get a retryable error), write-behind ops wait in order.
+- **One daemon per journal**: the writer holds an advisory lock, taken again on every new
+  connection; a second daemon is refused at start (:class:`~mcpl_router.store.schema.JournalLocked`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Final, TypeVar
+
+import trio
+
+from mcpl_router.logs import Logger
+from mcpl_router.store.backend import Connection, Cursor, Dialect
+from mcpl_router.store.schema import JournalLocked, JournalRefused
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["SCHEMA_VERSION", "CommitNotDurable", "PgConnection", "PostgresBackend", "redacted"]
+
+_Read = TypeVar("_Read")
+
+#: The PostgreSQL schema's version (its own line: the SQLite file's is schema.SCHEMA_VERSION).
+SCHEMA_VERSION: Final = 1
+#: Reads served at once by the pool (a turn's context, a replay page, start-up).
+READ_POOL: Final = 4
+#: The advisory lock a journal's writer holds (one daemon per journal database).
+LOCK_KEY: Final = 0x6D63_706C_726F_7574  # "mcplrout"
+#: What PostgreSQL warns when a commit's wait for its synchronous standby was cancelled.
+SYNC_WAIT_CANCELLED: Final = "canceling wait for synchronous replication"
+#: Seconds a connection attempt may take (unless the DSN says), so a dead host fails a commit
+#: instead of hanging it; and TCP keepalives, so a primary that vanished is noticed.
+CONNECT_DEFAULTS: Final = {"connect_timeout": "5", "keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2", "keepalives_count": "3"}
+
+SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS journal_meta (
+        id smallint PRIMARY KEY CHECK (id = 1),
+        schema_version integer NOT NULL,
+        -- The highest seq ever given (pruning may delete it): commits number after it.
+        last_seq bigint NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS inbound (
+        seq bigint PRIMARY KEY,
+        server text NOT NULL,
+        channel text,
+        kind text NOT NULL,
+        dedup text NOT NULL,
+        digest bytea,
+        payload bytea NOT NULL,
+        received_at double precision NOT NULL,
+        acked smallint NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX IF NOT EXISTS inbound_dedup ON inbound (server, kind, dedup, seq)",
+    """CREATE TABLE IF NOT EXISTS deliveries (
+        seq bigint NOT NULL,
+        agent text NOT NULL,
+        reason text NOT NULL,
+        tags bytea NOT NULL,
+        addressed smallint NOT NULL,
+        acked smallint NOT NULL DEFAULT 0,
+        PRIMARY KEY (seq, agent)
+    )""",
+    "CREATE INDEX IF NOT EXISTS deliveries_unacked ON deliveries (agent, acked, seq)",
+    "CREATE TABLE IF NOT EXISTS agents (name text PRIMARY KEY, spec bytea NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS declines (
+        agent text NOT NULL, server text NOT NULL, channel text NOT NULL,
+        declined_at double precision NOT NULL,
+        PRIMARY KEY (agent, server, channel)
+    )""",
+    """CREATE TABLE IF NOT EXISTS channel_decisions (
+        agent text NOT NULL, server text NOT NULL, channel text NOT NULL,
+        state text NOT NULL, decided_at double precision NOT NULL,
+        PRIMARY KEY (agent, server, channel)
+    )""",
+    """CREATE TABLE IF NOT EXISTS drafts (
+        id text PRIMARY KEY, agent text NOT NULL, created_at double precision NOT NULL,
+        row bytea NOT NULL, settled_at double precision
+    )""",
+    "CREATE INDEX IF NOT EXISTS drafts_by_agent ON drafts (agent, created_at)",
+    "CREATE INDEX IF NOT EXISTS drafts_settled ON drafts (settled_at)",
+    """CREATE TABLE IF NOT EXISTS fork_generations (
+        agent text NOT NULL, server text NOT NULL, channel text NOT NULL, generation bigint NOT NULL,
+        PRIMARY KEY (agent, server, channel)
+    )""",
+    """CREATE TABLE IF NOT EXISTS tune_outs (
+        agent text NOT NULL, server text NOT NULL, channel text NOT NULL,
+        cadence double precision NOT NULL, backlog_cap bigint NOT NULL, max_wakes bigint,
+        duration double precision, started_at double precision NOT NULL, ends_at double precision,
+        wakes bigint NOT NULL DEFAULT 0, handed_through bigint NOT NULL DEFAULT 0, summary text,
+        PRIMARY KEY (agent, server, channel)
+    )""",
+)
+
+
+class CommitNotDurable(Exception):
+    """A commit returned, but PostgreSQL did not say it is durable (its synchronous wait was
+    cancelled): it counts as failed and is retried."""
+
+
+def _array(values: Sequence[object]) -> object:
+    return list(values)
+
+
+def _integrity_errors() -> tuple[type[Exception], ...]:
+    import psycopg
+
+    return (psycopg.IntegrityError,)
+
+
+def _dialect() -> Dialect:
+    return Dialect(
+        name="postgres",
+        begin="BEGIN",
+        find_duplicates=(
+            "SELECT DISTINCT ON (dedup) dedup, seq, digest FROM inbound WHERE server = ? AND kind = ? AND dedup = ANY(?)"
+            " ORDER BY dedup, seq DESC"
+        ),
+        ack_deliveries="UPDATE deliveries SET acked = 1 WHERE agent = ? AND acked = 0 AND seq = ANY(?)",
+        ack_events=(
+            "UPDATE inbound SET acked = 1 WHERE seq = ANY(?) AND acked = 0"
+            " AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.seq = inbound.seq AND d.acked = 0)"
+        ),
+        # FOR UPDATE: the commit that numbers next waits for this one to end (seqs in commit order).
+        last_seq_given="SELECT last_seq FROM journal_meta WHERE id = 1 FOR UPDATE",
+        set_last_seq_given="UPDATE journal_meta SET last_seq = ? WHERE id = 1",
+        array=_array,
+        integrity_errors=_integrity_errors(),
+    )
+
+
+class _Placeholders:
+    """``?`` turned into ``%s`` once per statement text (the statements are a fixed set)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, bytes] = {}
+
+    def __call__(self, sql: str) -> bytes:
+        converted = self._seen.get(sql)
+        if converted is None:
+            converted = self._seen[sql] = sql.replace("%", "%%").replace("?", "%s").encode()
+        return converted
+
+
+_PLACEHOLDERS = _Placeholders()
+
+
+class PgConnection:
+    """A psycopg connection as the journal uses one (:class:`~mcpl_router.store.backend.Connection`)."""
+
+    def __init__(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        self.raw = conn
+        #: Warnings PostgreSQL sent since the last COMMIT began.
+        self.warnings: list[str] = []
+        conn.add_notice_handler(self._notice)
+
+    def _notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.severity_nonlocalized == "WARNING" and diagnostic.message_primary:
+            self.warnings.append(diagnostic.message_primary)
+
+    def execute(self, sql: str, parameters: Sequence[object] = (), /) -> Cursor:
+        if not parameters:
+            return self.raw.execute(sql.encode())  # no placeholders: the text as written
+        return self.raw.execute(_PLACEHOLDERS(sql), parameters)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[object]], /) -> object:
+        rows = list(rows)
+        if rows:
+            with self.raw.cursor() as cursor:
+                cursor.executemany(_PLACEHOLDERS(sql), rows)
+        return None
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return self.raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
+
+    @property
+    def broken(self) -> bool:
+        return self.raw.closed or self.raw.broken
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def redacted(dsn: str) -> str:
+    """``dsn`` without its password (what logs, ``status`` and errors show)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:  # a DSN libpq can't parse: shown as a shape only, never its text
+        return "(a PostgreSQL DSN that does not parse)"
+    params.pop("password", None)
+    return make_conninfo("", **{key: str(value) for key, value in params.items() if value is not None})
+
+
+class PostgresBackend:
+    """A journal in a PostgreSQL database: connected, locked and migrated when made.
+
+    Args:
+        dsn: libpq's connection string (a multi-host one with ``target_session_attrs=read-write``
+            follows a failover).
+        log: where connection losses and reconnections are said.
+        password: given apart from the DSN (from a file), never logged.
+    """
+
+    read_only: str | None = None
+
+    def __init__(self, dsn: str, log: Logger, *, password: str | None = None) -> None:
+        self.dialect = _dialect()
+        self._dsn = dsn
+        self._password = password
+        self.where = f"postgres: {redacted(dsn)}"
+        self._log = log
+        self._writer: PgConnection | None = None
+        self._reader: PgConnection | None = None
+        self._idle_readers: list[PgConnection] = []
+        self._read_limiter = trio.CapacityLimiter(READ_POOL)
+        try:
+            writer = self.writer()
+            self._migrate(writer)
+        except JournalLocked:
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            raise JournalRefused(self.where, f"could not be opened: {type(exc).__name__}: {exc}".rstrip(), "Check the DSN and that the database takes writes, then start again.") from None
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connect(self) -> PgConnection:
+        import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        given = conninfo_to_dict(self._dsn)
+        extra = {key: value for key, value in CONNECT_DEFAULTS.items() if key not in given}
+        if self._password is not None:
+            extra["password"] = self._password
+        if "application_name" not in given:
+            extra["application_name"] = "mcpl-router"
+        conninfo = make_conninfo(self._dsn, **extra)
+        return PgConnection(psycopg.connect(conninfo, autocommit=True))
+
+    def writer(self) -> PgConnection:
+        """The writer's connection, made (and locked) again if the last one broke."""
+        if self._writer is not None and not self._writer.broken:
+            return self._writer
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._log.warning("journal.postgres.reconnecting", where=self.where)
+        conn = self._connect()
+        try:
+            locked = conn.execute("SELECT pg_try_advisory_lock(?)", (LOCK_KEY,)).fetchone()[0]
+            if not locked:
+                holder = conn.execute(
+                    "SELECT a.pid, a.application_name, a.client_addr FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE l.locktype = 'advisory' AND l.granted AND (l.classid::bigint << 32) | l.objid::bigint = ? LIMIT 1",
+                    (LOCK_KEY,),
+                ).fetchone()
+                who = "another daemon" if holder is None else f"another daemon ({holder[1] or 'a client'} from {holder[2] or 'a local socket'}, backend pid {holder[0]})"
+                raise JournalLocked(
+                    f"the journal {self.where} is in use by {who}; stop that daemon, or give this one its own database"
+                )
+        except BaseException:
+            conn.close()
+            raise
+        self._writer = conn
+        return conn
+
+    def reader(self) -> PgConnection:
+        if self._reader is None or self._reader.broken:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = self._connect()
+        return self._reader
+
+    async def read(self, fn: Callable[[Connection], _Read]) -> _Read:
+        def run() -> _Read:
+            conn = self._idle_readers.pop() if self._idle_readers else self._connect()
+            try:
+                result = fn(conn)
+            except BaseException:
+                if conn.broken:
+                    conn.close()
+                else:
+                    self._idle_readers.append(conn)
+                raise
+            self._idle_readers.append(conn)
+            return result
+
+        # Bounded: at most READ_POOL reads at once, so at most that many reading connections.
+        return await trio.to_thread.run_sync(run, limiter=self._read_limiter)
+
+    def commit(self, db: Connection) -> None:
+        assert isinstance(db, PgConnection), "a PostgreSQL journal commits on its own connections"
+        db.warnings.clear()
+        db.execute("COMMIT")
+        cancelled = [warning for warning in db.warnings if SYNC_WAIT_CANCELLED in warning]
+        if cancelled:
+            raise CommitNotDurable(
+                f"PostgreSQL warned '{cancelled[0]}': the commit may be on the primary alone, so it counts as failed and is retried"
+            )
+
+    def writer_failed(self) -> None:
+        if self._writer is not None and self._writer.broken:
+            self._writer.close()
+            self._writer = None
+            self._log.warning("journal.postgres.connection_lost", where=self.where)
+
+    def _migrate(self, db: PgConnection) -> None:
+        row = db.execute("SELECT to_regclass('journal_meta')").fetchone()
+        if row[0] is not None:
+            version = db.execute("SELECT schema_version FROM journal_meta WHERE id = 1").fetchone()
+            if version is not None and int(version[0]) > SCHEMA_VERSION:
+                raise JournalRefused(
+                    self.where,
+                    f"was written by a newer mcpl-router (schema version {version[0]}, this one reads {SCHEMA_VERSION}).",
+                    "Run that version, or give this one its own database.",
+                )
+            if version is not None and int(version[0]) == SCHEMA_VERSION:
+                return
+        db.execute("BEGIN")
+        try:
+            for statement in SCHEMA:
+                db.execute(statement)
+            db.execute(
+                "INSERT INTO journal_meta (id, schema_version, last_seq) VALUES (1, ?, 0)"
+                " ON CONFLICT (id) DO UPDATE SET schema_version = excluded.schema_version",
+                (SCHEMA_VERSION,),
+            )
+            self.commit(db)
+        except BaseException:
+            if db.in_transaction and not db.broken:
+                db.execute("ROLLBACK")
+            raise
+        self._log.info("journal.postgres.schema", version=SCHEMA_VERSION, where=self.where)
+
+    # -- what only a file has ------------------------------------------------------------------
+
+    def problem(self) -> str | None:
+        return None
+
+    async def leave_read_only(self) -> bool:
+        await trio.lowlevel.checkpoint()
+        return True
+
+    def mark_held(self, last_seq: int) -> bool:
+        return True  # a database is not lost the way a file is: no marker
+
+    def size_bytes(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        for conn in (self._writer, self._reader, *self._idle_readers):
+            if conn is not None:
+                conn.close()
+        self._writer = self._reader = None
+        self._idle_readers.clear()
+
