@@ -87,7 +87,7 @@ class Daemon:
     def __init__(self, config: RouterConfig, *, observers: list[Observer] | None = None) -> None:
         self.config = config
         self.router = Router()
-        self.journal = Journal(config.journal.path, retention=config.journal.retention)
+        self.journal = Journal.from_config(config.journal)
         #: The one dispatcher of the parts' events (mcpl_router/events.py).
         self.events = EventBus()
         self.metrics = DaemonMetrics(config.agents, events=self.events)

@@ -19,7 +19,6 @@ structlog.configure(cache_logger_on_first_use=False)
 # -- the journal on both backends ----------------------------------------------------------------
 
 import itertools  # noqa: E402
-import os  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -32,21 +31,10 @@ JOURNAL_BACKENDS = ("sqlite", "postgres")
 _databases = itertools.count(1)
 
 
-def require_postgres() -> None:
-    """Skip a PostgreSQL test where the server can't run, saying why and what to install; under
-    CI (``CI`` set, as ``.ci/run`` does) fail instead: CI must run them."""
-    reason = postgres.missing_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the PostgreSQL tests: {reason}")
-    pytest.skip(f"{reason}: install Debian's postgresql-15 and run the tests as root to include them")
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[postgres.Server]:
     """One PostgreSQL for the whole run (each journal test gets a database of its own)."""
-    require_postgres()
+    postgres.require()
     with postgres.postgres_server() as server:
         yield server
 

@@ -56,6 +56,10 @@ def locate_daemon(
     host = wanted.get("host")
     if isinstance(host, Mapping) and "token" in host:
         wanted["host"] = {**host, "token": "not-read-by-the-cli"}
+    journal = wanted.get("journal")
+    if isinstance(journal, Mapping) and "dsn" in journal:
+        # The database's DSN may hold a ${VAR} secret: never needed to reach the daemon.
+        wanted["journal"] = {**journal, "dsn": "not-read-by-the-cli"}
     config = parse_config(wanted, source=source, base_dir=base_dir, environ=environ)
     health = config.health
     url = None

@@ -17,7 +17,7 @@ from typing import Final
 
 import attrs
 
-from mcpl_router.config.addresses import host_port, is_loopback, without_password
+from mcpl_router.config.addresses import dsn_without_password, host_port, is_loopback, without_password
 from mcpl_router.routing.forks import ConversationsSpec
 from mcpl_router.routing.gating import WakeGateSpec
 from mcpl_router.routing.modes import DEFAULT_MODE, MODE_NAMES
@@ -110,7 +110,8 @@ HOST_KEYS: Final = (
     "helloTimeout",
 )
 HOST_WEBSOCKET_KEYS: Final = ("enabled", "bind", "port", "path")
-JOURNAL_KEYS: Final = ("path", "retention")
+JOURNAL_KEYS: Final = ("backend", "path", "retention", "dsn", "passwordFile")
+JOURNAL_BACKENDS: Final = ("sqlite", "postgres")
 LOGGING_KEYS: Final = ("level", "format")
 HEALTH_KEYS: Final = ("enabled", "bind", "port", "statusPreview", "decisions")
 AGENT_KEYS: Final = (
@@ -179,7 +180,7 @@ class RouterConfig:
                 for s in self.servers.values()
             ),
             f"  host: {', '.join(listeners) or 'no listener'}; {auth}",
-            f"  journal: {self.journal.path}",
+            f"  journal: {self.journal.described}",
             f"  logging: level {self.logging.level}, format {self.logging.format}",
             "  health: "
             + (host_port(self.health.bind, self.health.port) if self.health.enabled else "off"),
@@ -471,11 +472,26 @@ class HostConfig:
 
 @attrs.frozen
 class JournalConfig:
-    """Where the SQLite journal lives, and how long it keeps what is done with."""
+    """Where the journal lives (a SQLite file, or a PostgreSQL database), and how long it keeps
+    what is done with."""
 
+    #: The SQLite file (``backend = "sqlite"``); on PostgreSQL, only where the host token goes by default.
     path: Path
     #: Seconds an acked event (and its deliveries) or a settled draft is kept before pruning.
     retention: float = 24 * 3600.0
+    #: ``sqlite`` (the embedded default) or ``postgres``.
+    backend: str = "sqlite"
+    #: libpq's connection string (``backend = "postgres"``); its password is never shown.
+    dsn: str | None = attrs.field(default=None, repr=False)
+    #: A file holding the database password (instead of one in the DSN).
+    password_file: Path | None = None
+
+    @property
+    def described(self) -> str:
+        """Where the journal is, for ``check-config`` and logs (a DSN without its password)."""
+        if self.backend == "postgres" and self.dsn is not None:
+            return f"postgres: {dsn_without_password(self.dsn)}"
+        return str(self.path)
 
 
 @attrs.frozen

@@ -17,6 +17,7 @@ from typing import Final
 from mcpl_router.config.errors import dotted_key, show_value
 from mcpl_router.config.model import (
     HOST_WEBSOCKET_KEYS,
+    JOURNAL_BACKENDS,
     LOG_FORMATS,
     LOG_LEVELS,
     HealthConfig,
@@ -33,12 +34,25 @@ UNIX_SOCKET_MAX_BYTES: Final = 103 if sys.platform == "darwin" else 107
 
 
 def parse_journal(section: Section, base_dir: Path, env: Mapping[str, str]) -> JournalConfig:
-    """``journal``: its path defaults under the state directory."""
-    path = section.string("path")
+    """``journal``: a SQLite file (its path defaults under the state directory) or, with
+    ``backend = "postgres"``, a database named by ``dsn`` (its password in it, from a
+    ``${VAR}``, or in ``passwordFile``)."""
+    backend = section.choice("backend", JOURNAL_BACKENDS, "sqlite", "a journal backend")
+    text = section.string("path")
     retention = section.number("retention", 24 * 3600.0, above=0)
-    if path is None:
-        return JournalConfig(path=state_dir(env) / "journal.sqlite3", retention=retention)
-    return JournalConfig(path=resolve_path(path, base_dir, env), retention=retention)
+    path = state_dir(env) / "journal.sqlite3" if text is None else resolve_path(text, base_dir, env)
+    dsn = section.string("dsn", secret=True)
+    password_text = section.string("passwordFile")
+    password_file = None if password_text is None else resolve_path(password_text, base_dir, env)
+    if backend == "postgres" and not dsn:
+        section.error("dsn", "is needed with backend = \"postgres\".",
+                      'Give the database\'s connection string, e.g. dsn = "host=db1,db2 dbname=mcpl target_session_attrs=read-write".')
+    if backend == "sqlite":
+        for key, given in (("dsn", dsn), ("passwordFile", password_text)):
+            if given is not None:
+                section.error(key, "is for backend = \"postgres\"; the journal is a SQLite file here.",
+                              f'Set backend = "postgres", or remove {key}.')
+    return JournalConfig(path=path, retention=retention, backend=backend, dsn=dsn, password_file=password_file)
 
 
 def parse_host(

@@ -328,7 +328,8 @@ class ServerInbound:
 def _not_accepted(exc: JournalFailure) -> RpcError:
     return RpcError(
         INTERNAL_ERROR,
-        f"Not accepted: the daemon could not commit it to its journal ({exc}). Nothing was recorded; retry later.",
+        f"Not accepted: the daemon could not commit it to its journal ({exc}). Retry later: a retry is never"
+        " recorded twice (one the journal kept after all is woken once, then answered as a duplicate).",
         {"retry": True},
     )
 

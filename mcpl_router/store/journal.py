@@ -34,6 +34,7 @@ from typing import Final
 
 import msgspec
 
+from mcpl_router.config.model import JournalConfig
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.drafts import DraftRow
@@ -128,6 +129,30 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         except BaseException:
             backend.close()
             raise
+
+    @classmethod
+    def from_config(cls, config: JournalConfig) -> Journal:
+        """The journal ``config`` names, opened: its SQLite file, or its PostgreSQL database.
+
+        Raises :class:`JournalRefused` (with what to do) when it can't be opened or trusted,
+        :class:`JournalLocked` when another daemon holds it.
+        """
+        if config.backend != "postgres":
+            return cls(config.path, retention=config.retention)
+        from mcpl_router.store.postgres_backend import PostgresBackend
+
+        assert config.dsn is not None, "the config reader requires a dsn with backend = postgres"
+        password = None
+        if config.password_file is not None:
+            try:
+                password = config.password_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise JournalRefused(
+                    config.described, f"its passwordFile {config.password_file} can't be read ({exc.strerror or exc}).",
+                    "Fix the file or its permissions, then start again.",
+                ) from None
+        backend = PostgresBackend(config.dsn, get_logger(journal=config.described), password=password)
+        return cls(backend, retention=config.retention)
 
     def _load(self, db: Connection) -> None:
         """What is kept in memory, read once at open; interrupted drafts settled."""

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Final, TypeVar
 
 import trio
 
+from mcpl_router.config.addresses import dsn_without_password
 from mcpl_router.logs import Logger
 from mcpl_router.store.backend import Connection, Cursor, Dialect
 from mcpl_router.store.schema import JournalLocked, JournalRefused
@@ -37,7 +38,7 @@ from mcpl_router.store.schema import JournalLocked, JournalRefused
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["SCHEMA_VERSION", "CommitNotDurable", "PgConnection", "PostgresBackend", "redacted"]
+__all__ = ["SCHEMA_VERSION", "CommitNotDurable", "PgConnection", "PostgresBackend"]
 
 _Read = TypeVar("_Read")
 
@@ -204,18 +205,6 @@ class PgConnection:
         self.raw.close()
 
 
-def redacted(dsn: str) -> str:
-    """``dsn`` without its password (what logs, ``status`` and errors show)."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-    try:
-        params = conninfo_to_dict(dsn)
-    except Exception:  # a DSN libpq can't parse: shown as a shape only, never its text
-        return "(a PostgreSQL DSN that does not parse)"
-    params.pop("password", None)
-    return make_conninfo("", **{key: str(value) for key, value in params.items() if value is not None})
-
-
 class PostgresBackend:
     """A journal in a PostgreSQL database: connected, locked and migrated when made.
 
@@ -232,7 +221,7 @@ class PostgresBackend:
         self.dialect = _dialect()
         self._dsn = dsn
         self._password = password
-        self.where = f"postgres: {redacted(dsn)}"
+        self.where = f"postgres: {dsn_without_password(dsn)}"
         self._log = log
         self._writer: PgConnection | None = None
         self._reader: PgConnection | None = None
@@ -299,9 +288,24 @@ class PostgresBackend:
 
     async def read(self, fn: Callable[[Connection], _Read]) -> _Read:
         def run() -> _Read:
-            conn = self._idle_readers.pop() if self._idle_readers else self._connect()
+            import psycopg
+
+            pooled = bool(self._idle_readers)
+            conn = self._idle_readers.pop() if pooled else self._connect()
             try:
                 result = fn(conn)
+            except psycopg.OperationalError:
+                conn.close()
+                if not pooled:
+                    raise
+                # A pooled connection that broke while idle (the primary went away): once more
+                # on a new one, which finds whichever server takes connections now.
+                conn = self._connect()
+                try:
+                    result = fn(conn)
+                except BaseException:
+                    conn.close()
+                    raise
             except BaseException:
                 if conn.broken:
                     conn.close()

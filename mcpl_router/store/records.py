@@ -164,6 +164,11 @@ class JournalStatistics:
     pruned_drafts: int
     #: The last commit's error while it keeps failing; None when healthy.
     failing: str | None
+    #: Commits that failed (each op told so; write-behind ones retried).
+    failed_commits: int = 0
+    #: Events found written by a commit that had failed (its outcome unknown: a PostgreSQL
+    #: commit cut off at COMMIT), recorded when their server re-sent them.
+    recorded_again: int = 0
 
     def to_wire(self) -> dict[str, object]:
         """As ``status`` shows it (``journal``)."""
@@ -177,6 +182,8 @@ class JournalStatistics:
             "prunedEvents": self.pruned_events,
             "prunedDrafts": self.pruned_drafts,
             "failing": self.failing,
+            "failedCommits": self.failed_commits,
+            "recordedAgain": self.recorded_again,
         }
 
 

@@ -94,6 +94,8 @@ class _InboundOp(_Op):
     events: Sequence[tuple[InboundEvent, Sequence[Delivery]]] = ()
     on_committed: Callable[[list[Recorded]], None] | None = None
     results: list[Recorded] = attrs.field(factory=list)
+    #: Seqs this op found written by a failed commit and recorded now.
+    recorded_again: list[int] = attrs.field(factory=list)
     isolated: ClassVar[bool] = False
 
     def apply(self, db: Connection, journal: JournalWriter) -> None:
@@ -101,6 +103,7 @@ class _InboundOp(_Op):
         encode = journal._encoder.encode
         dialect = journal._dialect
         self.results = []
+        self.recorded_again = []
         for event, deliveries in self.events:
             digest = event.digest if event.digest is not None else content_digest(event.payload)
             row = db.execute(SQL_FIND_DUPLICATE, (event.server_id, event.kind, event.dedup_key)).fetchone()
@@ -113,6 +116,7 @@ class _InboundOp(_Op):
                 seq = int(row[0])
                 db.executemany(SQL_INSERT_DELIVERY, _delivery_rows(seq, deliveries, encode))
                 self.results.append(Recorded(seq=seq, duplicate=False))
+                self.recorded_again.append(seq)
                 continue
             seq = int(db.execute(dialect.last_seq_given).fetchone()[0]) + 1
             db.execute(
@@ -140,6 +144,7 @@ class _InboundOp(_Op):
         keys: dict[tuple[str, str], set[str]] = {}
         for op in ops:
             op.results = []
+            op.recorded_again = []
             for event, _ in op.events:
                 keys.setdefault((event.server_id, event.kind), set()).add(event.dedup_key)
         latest: dict[tuple[str, str, str], tuple[int, bytes | None]] = {}
@@ -166,6 +171,7 @@ class _InboundOp(_Op):
                     deliveries_rows.extend(_delivery_rows(prior[0], deliveries, encode))
                     fresh.add(prior[0])
                     op.results.append(Recorded(seq=prior[0], duplicate=False))
+                    op.recorded_again.append(prior[0])
                     continue
                 seq += 1
                 fresh.add(seq)
@@ -186,6 +192,10 @@ class _InboundOp(_Op):
                 journal._last_seq = max(journal._last_seq, recorded.seq)
                 for delivery in _one_per_agent(deliveries):
                     journal._unacked[delivery.agent] += 1
+        if self.recorded_again:
+            journal._stats["recorded_again"] += len(self.recorded_again)
+            journal._log.info("journal.recorded_again", seqs=self.recorded_again,
+                              detail="written by a commit that had failed; its server re-sent it")
         if self.on_committed is not None:
             self.on_committed(self.results)
 
@@ -309,7 +319,8 @@ class JournalWriter:
         self._backlog = deque()
         self._running = False
         self._stopped = False
-        self._stats = {"commits": 0, "last_batch": 0, "largest_batch": 0, "pruned_events": 0, "pruned_drafts": 0}
+        self._stats = {"commits": 0, "last_batch": 0, "largest_batch": 0, "pruned_events": 0, "pruned_drafts": 0,
+                       "failed_commits": 0, "recorded_again": 0}
         self._last_commit_seconds = 0.0
         self._commit_durations = CommitDurations()
         self.failing = None
@@ -429,6 +440,7 @@ class JournalWriter:
         except Exception as exc:  # the database's error, OSError: the transaction rolled back, or its outcome is unknown
             self._backend.writer_failed()
             self._remember_unconfirmed(batch)
+            self._stats["failed_commits"] += 1
             self.failing = f"{type(exc).__name__}: {exc}"
             self._log.error("journal.commit.failed", ops=len(batch), error=self.failing)
             kept = _fail(batch, exc)

@@ -59,6 +59,19 @@ def missing_reason() -> str | None:
     return None
 
 
+def require() -> None:
+    """In a test: skip where the server can't run, saying why and what to install; under CI
+    (``CI`` set, as ``.ci/run`` does) fail instead, for CI must run the PostgreSQL tests."""
+    import pytest
+
+    reason = missing_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the PostgreSQL tests: {reason}")
+    pytest.skip(f"{reason}: install Debian's postgresql-15 and run the tests as root to include them")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -157,16 +170,22 @@ class Server:
         self._wait_children_gone()
 
     def pause(self) -> None:
-        self.signal(signal.SIGSTOP)
+        """As a stalled machine: SIGSTOP the postmaster and every process of it (a standby's
+        WAL receiver stops confirming, so the primary's synchronous commits wait)."""
+        for pid in [self.pid, *_processes_using(self.data)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        self.signal(signal.SIGCONT)
+        for pid in [self.pid, *_processes_using(self.data)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT), SIGKILL if it is still there after a grace period."""
         if self.process is None:
             return
-        self.signal(signal.SIGCONT)
+        self.resume()
         self.signal(signal.SIGINT)
         try:
             self.process.wait(timeout=15)

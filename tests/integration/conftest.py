@@ -26,6 +26,7 @@ from mcpl_router.config import RouterConfig, parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.testing.control import FixtureControl, FixtureProcess, fixture_command, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
+from mcpl_router.testing.journal import JournalPlace
 
 FAST_RECONNECT = {"initialDelay": 0.05, "maxDelay": 0.5, "multiplier": 2, "jitter": 0.1}
 
@@ -48,11 +49,24 @@ def dialled_server(fixture: FixtureProcess, **options: Any) -> dict[str, Any]:
     return entry
 
 
+def journal_section(workdir: Path, place: JournalPlace | None = None) -> dict[str, Any]:
+    """The ``[journal]`` of a test's config: a SQLite file in ``workdir``, or ``place``'s."""
+    if place is None or place.dsn is None:
+        return {"path": str(place.path if place is not None and place.path is not None else workdir / "journal.sqlite3")}
+    return {"backend": "postgres", "dsn": place.dsn, "path": str(workdir / "journal.sqlite3")}
+
+
 def daemon_config(
-    workdir: Path, servers: dict[str, dict[str, Any]], *, unix_socket: bool = False, host: dict[str, Any] | None = None
+    workdir: Path,
+    servers: dict[str, dict[str, Any]],
+    *,
+    unix_socket: bool = False,
+    host: dict[str, Any] | None = None,
+    journal: JournalPlace | None = None,
 ) -> RouterConfig:
-    """A daemon config for an in-process daemon: ``servers``, the journal in ``workdir``, the host
-    Unix socket in ``workdir/run`` when ``unix_socket``, no WebSocket unless ``host`` says so."""
+    """A daemon config for an in-process daemon: ``servers``, the journal in ``workdir`` (or at
+    ``journal``), the host Unix socket in ``workdir/run`` when ``unix_socket``, no WebSocket
+    unless ``host`` says so."""
     data = {
         "mcplServers": servers,
         "host": {
@@ -60,7 +74,7 @@ def daemon_config(
             "websocket": {"enabled": False},
             **(host or {}),
         },
-        "journal": {"path": str(workdir / "journal.sqlite3")},
+        "journal": journal_section(workdir, journal),
     }
     return parse_config(data, source="<test>", base_dir=workdir)
 
@@ -79,9 +93,14 @@ async def daemon_running(config: RouterConfig) -> AsyncIterator[Daemon]:
 
 @asynccontextmanager
 async def running_daemon(
-    workdir: Path, servers: dict[str, dict[str, Any]], *, unix_socket: bool = False, host: dict[str, Any] | None = None
+    workdir: Path,
+    servers: dict[str, dict[str, Any]],
+    *,
+    unix_socket: bool = False,
+    host: dict[str, Any] | None = None,
+    journal: JournalPlace | None = None,
 ) -> AsyncIterator[Daemon]:
-    async with daemon_running(daemon_config(workdir, servers, unix_socket=unix_socket, host=host)) as daemon:
+    async with daemon_running(daemon_config(workdir, servers, unix_socket=unix_socket, host=host, journal=journal)) as daemon:
         yield daemon
 
 
@@ -137,15 +156,17 @@ def write_config(
     *,
     servers: dict[str, dict[str, Any]] | None = None,
     host: dict[str, Any] | None = None,
+    journal: JournalPlace | None = None,
 ) -> Path:
     """A config file for a daemon process: server ``s`` at ``fixture_url`` (or ``servers``),
-    the host Unix socket in ``workdir/run``, the journal in ``workdir``, debug JSON logs."""
+    the host Unix socket in ``workdir/run``, the journal in ``workdir`` (or at ``journal``),
+    debug JSON logs."""
     if servers is None:
         servers = {} if fixture_url is None else {"s": {"url": fixture_url, "reconnect": FAST_RECONNECT}}
     config = {
         "mcplServers": servers,
         "host": {"unixSocket": str(workdir / "run" / "host.sock"), "websocket": {"enabled": False}, **(host or {})},
-        "journal": {"path": str(workdir / "journal.sqlite3")},
+        "journal": journal_section(workdir, journal),
         "logging": {"level": "debug", "format": "json"},
     }
     workdir.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import trio
 
 from mcpl_router.client import RouterClient, WakeNotice
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure
-from mcpl_router.testing.journal import open_journal
+from mcpl_router.testing.journal import JournalPlace, open_journal
 from mcpl_router.testing.control import FixtureProcess
 
 from .conftest import control_of, daemon_process, running_daemon, stdio_server, wait_channel, wait_daemon_ready, write_config
@@ -25,11 +25,11 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-async def test_kill9_after_accepted_then_wake_exactly_once(short_tmp: Path) -> None:
+async def test_kill9_after_accepted_then_wake_exactly_once(short_tmp: Path, journal_place: JournalPlace) -> None:
     with trio.fail_after(60):
         async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
             assert server.listen_url is not None
-            config = write_config(short_tmp, server.listen_url)
+            config = write_config(short_tmp, server.listen_url, journal=journal_place)
             socket = str(short_tmp / "run" / "host.sock")
             async with daemon_process(config, short_tmp / "daemon.log") as daemon:
                 await daemon.start()
@@ -72,11 +72,11 @@ async def test_kill9_after_accepted_then_wake_exactly_once(short_tmp: Path) -> N
                     assert (await host.next_wake()).messages[0]["messageId"] == "m-3"
 
 
-async def test_host_disconnecting_mid_stream_gets_every_unacked_wake_in_order(short_tmp: Path) -> None:
+async def test_host_disconnecting_mid_stream_gets_every_unacked_wake_in_order(short_tmp: Path, journal_place: JournalPlace) -> None:
     with trio.fail_after(40):
         control_file = short_tmp / "s.control.json"
         servers = {"s": stdio_server(control_file, channels=("general",), grace=1)}
-        async with running_daemon(short_tmp, servers, unix_socket=True) as daemon, control_of(control_file) as server:
+        async with running_daemon(short_tmp, servers, unix_socket=True, journal=journal_place) as daemon, control_of(control_file) as server:
             await wait_channel(daemon, "s", "general")
             socket = daemon.host_socket_path
             assert socket is not None
@@ -108,8 +108,8 @@ def _event(message_id: str) -> InboundEvent:
     return InboundEvent("s", "general", "message", message_id, {"messageId": message_id, "tags": ["chat:mention"]})
 
 
-async def test_deliveries_commit_with_their_event_or_not_at_all(tmp_path: Path) -> None:
-    path = tmp_path / "journal.sqlite3"
+async def test_deliveries_commit_with_their_event_or_not_at_all(journal_place: JournalPlace) -> None:
+    path = journal_place
     both = [Delivery("kai", "message", ("chat:addressed",), True), Delivery("bo", "message", (), False)]
     async with open_journal(path) as journal:
         [first] = await journal.record_inbound([(_event("m-1"), both)])

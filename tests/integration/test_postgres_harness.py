@@ -3,8 +3,6 @@ is killed, and leaves no process behind. The journal's PostgreSQL tests stand on
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from mcpl_router.testing import postgres
@@ -12,17 +10,8 @@ from mcpl_router.testing import postgres
 pytestmark = pytest.mark.integration
 
 
-def _require_postgres() -> None:
-    reason = postgres.missing_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the PostgreSQL tests: {reason}")
-    pytest.skip(reason)
-
-
 def test_a_killed_primary_loses_no_synchronous_commit_and_nothing_is_left_running() -> None:
-    _require_postgres()
+    postgres.require()
     import psycopg
 
     with postgres.postgres_pair() as pair:
