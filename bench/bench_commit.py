@@ -26,13 +26,13 @@ from typing import Any
 from harness import percentile
 
 from mcpl_router.store.journal import Journal
-from mcpl_router.store.schema import SQL_INSERT_DELIVERY, SQL_INSERT_EVENT
+from mcpl_router.store.schema import SQL_INSERT_DELIVERY, SQL_INSERT_EVENT_AT
 
 
 def commits(path: Path, *, rate: float, seconds: float, synchronous: str) -> dict[str, float]:
     journal = Journal(path)
     try:
-        db = journal._db  # the writer's own connection, as the daemon opens it; no writer runs
+        db = journal._backend.writer()  # the writer's own connection, as the daemon opens it; no writer runs
         db.execute(f"PRAGMA synchronous={synchronous}")
         payload = b'{"channelId":"general","messageId":"m","content":[{"type":"text","text":"' + b"x" * 200 + b'"}]}'
         times: list[float] = []
@@ -41,8 +41,8 @@ def commits(path: Path, *, rate: float, seconds: float, synchronous: str) -> dic
         for n in range(int(rate * seconds)):
             started = time.perf_counter()
             db.execute("BEGIN IMMEDIATE")
-            cursor = db.execute(SQL_INSERT_EVENT, ("s", "general", "message", f"general\x00m-{n}", b"digest", payload, time.time(), 0))
-            db.execute(SQL_INSERT_DELIVERY, ("bench", cursor.lastrowid, "message", b"[]", 1))
+            db.execute(SQL_INSERT_EVENT_AT, (n + 1, "s", "general", "message", f"general\x00m-{n}", b"digest", payload, time.time(), 0))
+            db.execute(SQL_INSERT_DELIVERY, ("bench", n + 1, "message", b"[]", 1))
             db.execute("COMMIT")
             times.append((time.perf_counter() - started) * 1000)
             next_at += interval

@@ -108,18 +108,30 @@ async def process(argv: list[str], log: Path) -> AsyncIterator[trio.Process]:
 
 @asynccontextmanager
 async def daemon_running(
-    workdir: Path, servers: dict[str, dict[str, Any]], *, tag: str, rows: int = 0, fsync: bool = True, agents: Sequence[str] = ("bench",)
+    workdir: Path,
+    servers: dict[str, dict[str, Any]],
+    *,
+    tag: str,
+    rows: int = 0,
+    fsync: bool = True,
+    agents: Sequence[str] = ("bench",),
+    postgres_dsn: str | None = None,
 ) -> AsyncIterator[tuple[trio.Process, str]]:
     """The daemon as a process (``python -m mcpl_router run``) dialling ``servers``; yields it
-    and its host socket once every server is ready."""
+    and its host socket once every server is ready. Its journal is a SQLite file (pre-filled
+    with ``rows`` acked events), or the PostgreSQL database at ``postgres_dsn``."""
     run = workdir / f"run-{tag}"
     run.mkdir(mode=0o700)
     journal = workdir / f"journal-{tag}.sqlite3"
-    prefill(journal, rows)
+    if postgres_dsn is None:
+        prefill(journal, rows)
+        section: dict[str, Any] = {"path": str(journal)}
+    else:
+        section = {"backend": "postgres", "dsn": postgres_dsn, "path": str(journal)}
     config = {
         "mcplServers": servers,
         "host": {"unixSocket": str(run / "host.sock"), "websocket": {"enabled": False}},
-        "journal": {"path": str(journal)},
+        "journal": section,
         "logging": {"level": "error", "format": "json"},
     }
     config_path = workdir / f"config-{tag}.json"
@@ -144,13 +156,13 @@ async def daemon_running(
 # cost shows against the real thing. A bench-only variant, not a setting the daemon offers.
 _DAEMON_NO_FSYNC = """
 import sys
-import mcpl_router.store.journal as journal
-_connect = journal.Journal._connect
+import mcpl_router.store.sqlite_backend as backend
+_connect = backend.SqliteBackend._connect_writable
 def _no_fsync(self):
     db = _connect(self)
     db.execute("PRAGMA synchronous=OFF")
     return db
-journal.Journal._connect = _no_fsync
+backend.SqliteBackend._connect_writable = _no_fsync
 from mcpl_router.cli import main
 sys.argv = ["mcpl-router", *sys.argv[1:]]
 sys.exit(main())

@@ -118,9 +118,14 @@ def _query(args: argparse.Namespace) -> int:
 
 
 def _journal_args(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("action", choices=["check"], help="check: the checks a start makes, and what the journal holds")
+    sub.add_argument(
+        "action", choices=["check", "copy"],
+        help="check: the checks a start makes, and what the journal holds; copy: move a whole journal into an empty one",
+    )
     add_config_args(sub, text="the config file whose journal.path to check")
     sub.add_argument("--journal", metavar="PATH", help="the journal file to check (instead of a config's journal.path)")
+    sub.add_argument("--from", dest="source", metavar="SPEC", help="copy: the journal copied, sqlite:PATH or postgres:DSN")
+    sub.add_argument("--to", dest="target", metavar="SPEC", help="copy: the empty journal it goes to, sqlite:PATH or postgres:DSN")
 
 
 def _journal(args: argparse.Namespace) -> int:
@@ -129,6 +134,8 @@ def _journal(args: argparse.Namespace) -> int:
     from mcpl_router.store.integrity import inspect_journal
     from mcpl_router.store.journal import JournalRefused
 
+    if args.action == "copy":
+        return _journal_copy(args)
     if args.journal:
         path = Path(args.journal)
     else:
@@ -141,12 +148,39 @@ def _journal(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             return fail(str(exc), EXIT_CONFIG)
         path = Path(config.journal.path)
+        if config.journal.backend == "postgres" and config.journal.dsn is not None:
+            from mcpl_router.store.postgres_backend import inspect_postgres
+
+            try:
+                password = None if config.journal.password_file is None else config.journal.password_file.read_text().strip()
+                print("\n".join(inspect_postgres(config.journal.dsn, password=password)))
+            except (JournalRefused, OSError) as exc:
+                print(f"mcpl-router: {exc}")
+                return EXIT_REFUSED
+            return EXIT_OK
     try:
         lines = inspect_journal(path)
     except JournalRefused as exc:
         print(f"mcpl-router: {exc}")
         return EXIT_REFUSED
     print("\n".join(lines))
+    return EXIT_OK
+
+
+def _journal_copy(args: argparse.Namespace) -> int:
+    from mcpl_router.logs import configure_logging
+    from mcpl_router.store.copy import copy_journal
+    from mcpl_router.store.journal import JournalLocked, JournalRefused
+
+    if not args.source or not args.target:
+        return fail("journal copy needs --from SPEC and --to SPEC (sqlite:PATH or postgres:DSN).", EXIT_CONFIG)
+    configure_logging("warning", json=False)
+    try:
+        report = copy_journal(args.source, args.target)
+    except (JournalRefused, JournalLocked) as exc:
+        print(f"mcpl-router: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    print("\n".join(report.lines()))
     return EXIT_OK
 
 
@@ -199,13 +233,15 @@ COMMANDS: tuple[Command, ...] = (
         _query_args, _query,
     ),
     Command(
-        "journal", "check the journal file: damaged, too new, or gone (journal check)",
+        "journal", "check the journal file (journal check), or move a journal to another backend (journal copy)",
         "journal check: run the checks a start makes on the journal file (is it an SQLite "
         "database, does SQLite's quick_check pass, is its schema one this version knows, is it "
         "there when its marker says it held messages) without starting a daemon, and say what it "
         "holds. Read-only: a running daemon's journal can be checked. Exit 0 when a start would "
         "take it, 3 when it would refuse it (the line says what to do). docs/operations.md, When "
-        "the journal is damaged, is the recovery path.",
+        "the journal is damaged, is the recovery path. journal copy --from sqlite:PATH --to "
+        "postgres:DSN: move a whole journal (unacked wakes, drafts, tune-outs, channel decisions…) "
+        "into an empty one, refusing a target that holds anything or a journal a daemon runs on.",
         _journal_args, _journal,
     ),
     Command(

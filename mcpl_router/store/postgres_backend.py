@@ -38,7 +38,7 @@ from mcpl_router.store.schema import JournalLocked, JournalRefused
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["SCHEMA_VERSION", "CommitNotDurable", "PgConnection", "PostgresBackend"]
+__all__ = ["SCHEMA_VERSION", "CommitNotDurable", "PgConnection", "PostgresBackend", "inspect_postgres"]
 
 _Read = TypeVar("_Read")
 
@@ -384,3 +384,43 @@ class PostgresBackend:
         self._writer = self._reader = None
         self._idle_readers.clear()
 
+
+
+def inspect_postgres(dsn: str, *, password: str | None = None) -> list[str]:
+    """``mcpl-router journal check`` on a PostgreSQL journal: can it be reached and written, is
+    its schema one this version reads, and what it holds. Read-only and lock-free (a running
+    daemon's journal can be checked).
+
+    Raises:
+        JournalRefused: what a start would refuse, said the same way.
+    """
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    where = f"postgres: {dsn_without_password(dsn)}"
+    extra = {} if password is None else {"password": password}
+    try:
+        with psycopg.connect(make_conninfo(dsn, **extra), autocommit=True) as conn:
+            read_only = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+            if conn.execute("SELECT to_regclass('journal_meta')").fetchone() == (None,):
+                return [f"journal {where}: empty; the first start makes the journal's tables."]
+            meta = conn.execute("SELECT schema_version, last_seq FROM journal_meta WHERE id = 1").fetchone()
+            events = conn.execute("SELECT COUNT(*) FROM inbound").fetchone()
+            unacked = conn.execute("SELECT COUNT(*) FROM deliveries WHERE acked = 0").fetchone()
+            drafts = conn.execute("SELECT COUNT(*) FROM drafts WHERE settled_at IS NULL").fetchone()
+            holder = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                " AND (classid::bigint << 32) | objid::bigint = %s",
+                (LOCK_KEY,),
+            ).fetchone()
+    except psycopg.Error as exc:
+        raise JournalRefused(where, f"can't be read: {type(exc).__name__}: {str(exc).strip()}", "Check the DSN and that the database is up.") from None
+    if meta is None or int(meta[0]) > SCHEMA_VERSION:
+        version = "none" if meta is None else meta[0]
+        raise JournalRefused(where, f"has schema version {version}; this version reads {SCHEMA_VERSION}.", "Run the mcpl-router that wrote it.")
+    assert events is not None and unacked is not None and drafts is not None and holder is not None and read_only is not None
+    return [
+        f"journal {where}: OK (schema {meta[0]}{'; this server is a standby: a daemon needs the primary' if read_only[0] else ''})",
+        f"  events kept: {events[0]}, last seq given: {meta[1]}; wakes not acked: {unacked[0]}; live drafts: {drafts[0]}",
+        f"  {'a daemon holds it now' if holder[0] else 'no daemon holds it now'}",
+    ]

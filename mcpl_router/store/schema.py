@@ -175,6 +175,11 @@ SQL_UNACKED_DELIVERIES: Final = (
     " FROM deliveries d JOIN inbound i ON i.seq = d.seq"
     " WHERE d.agent = ? AND d.acked = 0 AND d.seq > ? ORDER BY d.seq LIMIT ?"
 )
+#: A row a failed commit left, recorded by a later one (store/writer.py ``_renumber``): its
+#: event and deliveries move to the seq that commit gives it, unless a delivery of it was acked.
+SQL_ANY_DELIVERY_ACKED: Final = "SELECT 1 FROM deliveries WHERE seq = ? AND acked = 1 LIMIT 1"
+SQL_RENUMBER_EVENT: Final = "UPDATE inbound SET seq = ?, received_at = ? WHERE seq = ?"
+SQL_RENUMBER_DELIVERIES: Final = "UPDATE deliveries SET seq = ? WHERE seq = ?"
 SQL_DELIVERY: Final = "SELECT reason, tags, addressed FROM deliveries WHERE agent = ? AND seq = ?"
 SQL_EVENT: Final = "SELECT seq, server, channel, kind, payload, received_at FROM inbound WHERE seq = ?"
 SQL_SAVE_DRAFT: Final = (
@@ -237,6 +242,9 @@ HOT_STATEMENTS: Final = {
     "ack events": (SQL_ACK_EVENTS, ("[1, 2]",)),
     "unacked deliveries": (SQL_UNACKED_DELIVERIES, ("kai", 0, 100)),
     "one delivery": (SQL_DELIVERY, ("kai", 1)),
+    "any delivery acked": (SQL_ANY_DELIVERY_ACKED, (1,)),
+    "renumber event": (SQL_RENUMBER_EVENT, (9, 0.0, 1)),
+    "renumber deliveries": (SQL_RENUMBER_DELIVERIES, (9, 1)),
     "one event": (SQL_EVENT, (1,)),
     "prunable events": (SQL_PRUNABLE_EVENTS, (100, 10)),
     "prune cutoff probe": (SQL_FIRST_FROM, (1,)),

@@ -30,7 +30,14 @@ from mcpl_router.logs import Logger
 from mcpl_router.store.backend import Connection, Dialect, JournalBackend
 from mcpl_router.store.pruning import PRUNE_INTERVAL
 from mcpl_router.store.records import CommitDurations, Delivery, InboundEvent, JournalFailure, Recorded, content_digest
-from mcpl_router.store.schema import SQL_FIND_DUPLICATE, SQL_INSERT_DELIVERY, SQL_INSERT_EVENT_AT
+from mcpl_router.store.schema import (
+    SQL_ANY_DELIVERY_ACKED,
+    SQL_FIND_DUPLICATE,
+    SQL_INSERT_DELIVERY,
+    SQL_INSERT_EVENT_AT,
+    SQL_RENUMBER_DELIVERIES,
+    SQL_RENUMBER_EVENT,
+)
 
 __all__ = ["MAX_BATCH_OPS", "SHUTDOWN_COMMIT_TIMEOUT", "WRITE_QUEUE", "JournalWriter"]
 
@@ -55,6 +62,21 @@ def _one_per_agent(deliveries: Sequence[Delivery]) -> list[Delivery]:
 
 def _delivery_rows(seq: int, deliveries: Sequence[Delivery], encode: Callable[[object], bytes]) -> list[tuple[object, ...]]:
     return [(d.agent, seq, d.reason, encode(list(d.tags)), int(d.addressed)) for d in _one_per_agent(deliveries)]
+
+
+def _taken_over(db: Connection, journal: JournalWriter, event: InboundEvent, seq: int) -> bool:
+    """Whether the row ``seq`` found under ``event``'s key is one this commit records: written by
+    a commit of this daemon that failed (its outcome unknown: see ``_unconfirmed_row``), with no
+    delivery of it acked yet (a replay may have sent it, and a host acked it: then it is had)."""
+    return journal._unconfirmed_row(event, seq) and db.execute(SQL_ANY_DELIVERY_ACKED, (seq,)).fetchone() is None
+
+
+def _renumber(db: Connection, old: int, new: int, deliveries: Sequence[Delivery], now: float, encode: Callable[[object], bytes]) -> None:
+    """A row a failed commit left, recorded now under the seq this commit gives it: seqs follow
+    commit order, so a host's outbox, which never takes a seq at or below one it sent, takes it."""
+    db.execute(SQL_RENUMBER_EVENT, (new, now, old))
+    db.execute(SQL_RENUMBER_DELIVERIES, (new, old))
+    db.executemany(SQL_INSERT_DELIVERY, _delivery_rows(new, deliveries, encode))
 
 
 # -- the writer's operations ---------------------------------------------------------------------
@@ -109,12 +131,13 @@ class _InboundOp(_Op):
             row = db.execute(SQL_FIND_DUPLICATE, (event.server_id, event.kind, event.dedup_key)).fetchone()
             if row is not None and (row[1] is None or bytes(row[1]) == digest):
                 # A journal from before digests were kept counts a re-used id as a re-send.
-                if not journal._unconfirmed_row(event, int(row[0])):
+                if not _taken_over(db, journal, event, int(row[0])):
                     self.results.append(Recorded(seq=int(row[0]), duplicate=True))
                     continue
-                # Written by a commit this daemon could not confirm: recorded by this one.
-                seq = int(row[0])
-                db.executemany(SQL_INSERT_DELIVERY, _delivery_rows(seq, deliveries, encode))
+                seq = int(db.execute(dialect.last_seq_given).fetchone()[0]) + 1
+                _renumber(db, int(row[0]), seq, deliveries, now, encode)
+                if dialect.set_last_seq_given is not None:
+                    db.execute(dialect.set_last_seq_given, (seq,))
                 self.results.append(Recorded(seq=seq, duplicate=False))
                 self.recorded_again.append(seq)
                 continue
@@ -163,15 +186,15 @@ class _InboundOp(_Op):
                 key = (event.server_id, event.kind, event.dedup_key)
                 prior = latest.get(key)
                 if prior is not None and (prior[1] is None or prior[1] == digest):
-                    if prior[0] in fresh or not journal._unconfirmed_row(event, prior[0]):
+                    if prior[0] in fresh or not _taken_over(db, journal, event, prior[0]):
                         op.results.append(Recorded(seq=prior[0], duplicate=True))
                         continue
-                    # Written by a commit this daemon could not confirm (it failed, yet the row
-                    # is there): recorded by this one, its wakes going out from this commit.
-                    deliveries_rows.extend(_delivery_rows(prior[0], deliveries, encode))
-                    fresh.add(prior[0])
-                    op.results.append(Recorded(seq=prior[0], duplicate=False))
-                    op.recorded_again.append(prior[0])
+                    seq += 1
+                    fresh.add(seq)
+                    _renumber(db, prior[0], seq, deliveries, now, encode)
+                    latest[key] = (seq, digest)
+                    op.results.append(Recorded(seq=seq, duplicate=False))
+                    op.recorded_again.append(seq)
                     continue
                 seq += 1
                 fresh.add(seq)
@@ -329,9 +352,9 @@ class JournalWriter:
     def _unconfirmed_row(self, event: InboundEvent, seq: int) -> bool:
         """Whether the row ``seq`` found under ``event``'s key was written by a commit of this
         daemon that failed (PostgreSQL: a cancelled wait for the standby, a connection lost
-        at COMMIT): it is there, yet no one was told, so it is recorded again by the commit
-        that finds it, and its wakes go out then. Read in the writer's thread; changed only on
-        the trio thread, between commits."""
+        at COMMIT): it is there, yet its server was not told ``accepted`` and no wake went, so
+        the commit that finds it records it again, under a seq of its own, and its wakes go out
+        then. Read in the writer's thread; changed only on the trio thread, between commits."""
         return self._unconfirmed.get(event.key) == seq
 
     def _remember_unconfirmed(self, batch: Sequence[_Op]) -> None:

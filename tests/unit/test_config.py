@@ -599,12 +599,34 @@ def test_host_listeners_off_and_on() -> None:
         ({"health": {"port": 100000}}, "health.port"),
         ({"journal": {"path": 5}}, "journal.path"),
         ({"journal": "here"}, "journal"),
+        ({"journal": {"backend": "mysql"}}, "journal.backend"),
+        ({"journal": {"backend": "postgres"}}, "journal.dsn"),
+        ({"journal": {"dsn": "host=db"}}, "journal.dsn"),
+        ({"journal": {"passwordFile": "pw"}}, "journal.passwordFile"),
         ({"mcplServers": []}, "mcplServers"),
         ({"mcplServers": {"s": "node"}}, "mcplServers.s"),
     ],
 )
 def test_bad_sections(section: dict[str, Any], key: str) -> None:
     assert parse_error(section).key == key
+
+
+def test_a_postgres_journal_reads_its_dsn_from_the_environment_and_never_shows_its_password(tmp_path: Path) -> None:
+    config = load_toml(
+        tmp_path,
+        """
+        [journal]
+        backend = "postgres"
+        dsn = "host=db1,db2 dbname=mcpl user=router password=${PG_SECRET} target_session_attrs=read-write"
+        passwordFile = "pg-password"
+        """,
+        environ={"PG_SECRET": "hunter2"},
+    )
+    journal = config.journal
+    assert journal.backend == "postgres" and journal.dsn is not None and "password=hunter2" in journal.dsn
+    assert journal.password_file == tmp_path / "pg-password"
+    assert journal.described == "postgres: host=db1,db2 dbname=mcpl user=router target_session_attrs=read-write"
+    assert "hunter2" not in config.summary() and "hunter2" not in repr(config)
 
 
 def test_multiple_errors_are_reported_together(tmp_path: Path) -> None:
