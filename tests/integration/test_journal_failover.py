@@ -17,6 +17,8 @@ The figures (messages, the failover's window) are printed (``pytest -s``) for th
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +27,10 @@ import trio
 
 from mcpl_router.client import RouterClient
 from mcpl_router.testing import postgres
-from mcpl_router.testing.control import FixtureControl, FixtureProcess, wait_until
+from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.journal import JournalPlace
 
-from .conftest import daemon_process, wait_daemon_ready, write_config
+from .conftest import DaemonProcess, daemon_process, wait_daemon_ready, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +56,7 @@ class Ledger:
         return [(m, self.ack_answered_at[m], at) for at, m in self.woken if m in self.ack_answered_at and at > self.ack_answered_at[m]]
 
 
-async def send_all(server: FixtureControl, ledger: Ledger, numbers: list[int]) -> None:
+async def send_all(server: FixtureProcess, ledger: Ledger, numbers: list[int]) -> None:
     """Send each message until it is answered ``accepted`` (a refusal or an error: again, later)."""
     pending = list(numbers)
     while pending:
@@ -99,33 +101,40 @@ def check(ledger: Ledger) -> None:
     assert ledger.woken_after_ack() == []
 
 
+@asynccontextmanager
+async def flooded_daemon(workdir: Path, place: JournalPlace) -> AsyncIterator[tuple[FixtureProcess, DaemonProcess, str]]:
+    """The fixture server over TCP and the daemon as a process on ``place``'s journal, ready;
+    yields the server, the daemon and its host socket."""
+    async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=workdir) as server:
+        assert server.listen_url is not None
+        config = write_config(workdir, server.listen_url, journal=place)
+        socket = str(workdir / "run" / "host.sock")
+        async with daemon_process(config, workdir / "daemon.log") as daemon:
+            await daemon.start()
+            await wait_daemon_ready(socket)
+            yield server, daemon, socket
+
+
 async def test_the_primary_killed_during_a_flood_loses_no_accepted_message(short_tmp: Path) -> None:
     postgres.require()
     ledger = Ledger()
     with postgres.postgres_pair() as pair:
-        place = JournalPlace(dsn=pair.multi_host_dsn)
         with trio.fail_after(180):
-            async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as server:
-                assert server.listen_url is not None
-                config = write_config(short_tmp, server.listen_url, journal=place)
-                socket = str(short_tmp / "run" / "host.sock")
-                async with daemon_process(config, short_tmp / "daemon.log") as daemon:
-                    await daemon.start()
-                    await wait_daemon_ready(socket)
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(host_reading, socket, ledger)
-                        async with trio.open_nursery() as senders:
-                            for index in range(SENDERS):
-                                senders.start_soon(send_all, server, ledger, list(range(index, TOTAL, SENDERS)))
-                            await wait_until(lambda: len(ledger.accepted) >= TOTAL // 3, timeout=60)
-                            killed_at = time.monotonic()
-                            accepted_before = len(ledger.accepted)
-                            pair.primary.kill()  # mid-flood: commits in flight on a primary that is gone
-                            await trio.sleep(0.5)  # the HA manager notices
-                            await trio.to_thread.run_sync(pair.promote)
-                            promoted_at = time.monotonic()
-                        await wait_until(lambda: {f"m-{n}" for n in range(TOTAL)} <= {m for _, m in ledger.woken}, timeout=60)
-                        nursery.cancel_scope.cancel()
+            async with flooded_daemon(short_tmp, JournalPlace(dsn=pair.multi_host_dsn)) as (server, _daemon, socket):
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(host_reading, socket, ledger)
+                    async with trio.open_nursery() as senders:
+                        for index in range(SENDERS):
+                            senders.start_soon(send_all, server, ledger, list(range(index, TOTAL, SENDERS)))
+                        await wait_until(lambda: len(ledger.accepted) >= TOTAL // 3, timeout=60)
+                        killed_at = time.monotonic()
+                        accepted_before = len(ledger.accepted)
+                        pair.primary.kill()  # mid-flood: commits in flight on a primary that is gone
+                        await trio.sleep(0.5)  # the HA manager notices
+                        await trio.to_thread.run_sync(pair.promote)
+                        promoted_at = time.monotonic()
+                    await wait_until(lambda: {f"m-{n}" for n in range(TOTAL)} <= {m for _, m in ledger.woken}, timeout=60)
+                    nursery.cancel_scope.cancel()
     times = sorted(ledger.accepted_at.values())
     # The failover's window: the longest time around the kill in which nothing was accepted.
     window = max(later - earlier for earlier, later in zip(times, times[1:], strict=False) if later > killed_at - 1)
@@ -143,36 +152,30 @@ async def test_the_daemon_killed_during_a_flood_on_postgres_loses_no_accepted_me
     ledger = Ledger()
     place = JournalPlace(dsn=postgres.fresh_database(postgres_server, "daemon_kill9"))
     with trio.fail_after(180):
-        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp) as server:
-            assert server.listen_url is not None
-            config = write_config(short_tmp, server.listen_url, journal=place)
-            socket = str(short_tmp / "run" / "host.sock")
-            async with daemon_process(config, short_tmp / "daemon.log") as daemon:
-                await daemon.start()
-                await wait_daemon_ready(socket)
-                async with trio.open_nursery() as nursery:
-                    reader = trio.CancelScope()
+        async with flooded_daemon(short_tmp, place) as (server, daemon, socket):
+            async with trio.open_nursery() as nursery:
+                reader = trio.CancelScope()
 
-                    async def read() -> None:
-                        with reader:
-                            try:
-                                await host_reading(socket, ledger)
-                            except Exception:
-                                await trio.sleep_forever()  # the daemon died under it
+                async def read() -> None:
+                    with reader:
+                        try:
+                            await host_reading(socket, ledger)
+                        except Exception:
+                            await trio.sleep_forever()  # the daemon died under it
 
-                    nursery.start_soon(read)
-                    async with trio.open_nursery() as senders:
-                        for index in range(SENDERS):
-                            senders.start_soon(send_all, server, ledger, list(range(index, TOTAL, SENDERS)))
-                        await wait_until(lambda: len(ledger.accepted) >= TOTAL // 3, timeout=60)
-                        daemon.kill9()
-                        await daemon.wait()
-                        reader.cancel()
-                        await daemon.start()
-                        await wait_daemon_ready(socket)
-                        nursery.start_soon(host_reading, socket, ledger)
-                    await wait_until(lambda: {f"m-{n}" for n in range(TOTAL)} <= {m for _, m in ledger.woken}, timeout=60)
-                    nursery.cancel_scope.cancel()
+                nursery.start_soon(read)
+                async with trio.open_nursery() as senders:
+                    for index in range(SENDERS):
+                        senders.start_soon(send_all, server, ledger, list(range(index, TOTAL, SENDERS)))
+                    await wait_until(lambda: len(ledger.accepted) >= TOTAL // 3, timeout=60)
+                    daemon.kill9()
+                    await daemon.wait()
+                    reader.cancel()
+                    await daemon.start()
+                    await wait_daemon_ready(socket)
+                    nursery.start_soon(host_reading, socket, ledger)
+                await wait_until(lambda: {f"m-{n}" for n in range(TOTAL)} <= {m for _, m in ledger.woken}, timeout=60)
+                nursery.cancel_scope.cancel()
     check(ledger)
 
 
