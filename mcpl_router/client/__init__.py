@@ -13,7 +13,8 @@
 The parts, one module each: the connection (:mod:`.connection`), its transports
 (:mod:`.transport`), the typed results (:mod:`.results`), the turn helper (:mod:`.turn`), the
 bounded notification buffer (:mod:`.buffer`, whose docstring is the buffering policy), parsed
-wakes (:mod:`.wakes`) and the daemon→host requests a host serves (:mod:`.serving`). Documented
+wakes (:mod:`.wakes`), acks sharing a ``wake/ack`` (:mod:`.acks`) and the daemon→host requests a
+host serves (:mod:`.serving`). Documented
 in ``docs/client.md``.
 """
 

@@ -27,6 +27,7 @@ import attrs
 import msgspec
 import trio
 
+from mcpl_router.client.acks import AckBatcher
 from mcpl_router.client.buffer import (
     DEFAULT_MAX_NOTIFICATIONS,
     DEFAULT_MAX_WAKES,
@@ -82,6 +83,10 @@ class ClientStatistics:
     chunks_sent: int
     #: Inferences the daemon gave up on (``inference/cancel``), their handlers cancelled.
     requests_cancelled: int = 0
+    #: ``ack()`` calls, and the ``wake/ack`` requests that carried them (acks issued while one
+    #: is in flight share the next).
+    acks: int = 0
+    ack_requests: int = 0
 
 
 def _channel_param(channel: ChannelArg) -> str | dict[str, str]:
@@ -101,6 +106,7 @@ class RouterClient:
         #: Every notification not read yet, bounded per kind (see the buffer's policy).
         self.notifications = notifications
         self._requests = requests
+        self._acks = AckBatcher(self._send_ack)
 
     # -- connecting ------------------------------------------------------------------------------
 
@@ -262,8 +268,21 @@ class RouterClient:
         return await self.request("session/hello", params, HelloResult)
 
     async def ack(self, seqs: Sequence[int], *, agent: str | None = None) -> int:
-        """``wake/ack``; returns how many deliveries were newly acked (``AckResult.acked``)."""
-        params: dict[str, object] = {"seqs": list(seqs)}
+        """``wake/ack``: returns once ``seqs`` are acked (durable in the daemon's journal).
+
+        With no ack (for the same ``agent`` argument) in flight it goes out at once, alone;
+        acks issued while one is in flight share the next ``wake/ack`` (see
+        :mod:`mcpl_router.client.acks`), so acking from tasks of your own costs one request a
+        round trip. Returns the ``acked`` count (deliveries newly marked) of the request that
+        carried ``seqs``: shared with the acks that went with them.
+
+        Raises:
+            RpcError: that request's error answer (every caller whose seqs it carried gets it).
+        """
+        return await self._acks.ack(seqs, agent)
+
+    async def _send_ack(self, seqs: list[int], agent: str | None) -> int:
+        params: dict[str, object] = {"seqs": seqs}
         if agent is not None:
             params["agent"] = agent
         result = await self.request("wake/ack", params, AckResult)
@@ -399,7 +418,7 @@ class RouterClient:
     # -- counters --------------------------------------------------------------------------------
 
     def statistics(self) -> ClientStatistics:
-        """The buffer's counters (``notifications.dropped``…) and the requests served."""
+        """The buffer's counters (``notifications.dropped``…), the requests served, the acks."""
         requests = self._requests
         return ClientStatistics(
             notifications=self.notifications.statistics(),
@@ -408,4 +427,6 @@ class RouterClient:
             requests_unhandled=dict(requests.unhandled),
             chunks_sent=requests.chunks_sent,
             requests_cancelled=requests.cancelled,
+            acks=self._acks.statistics.acks,
+            ack_requests=self._acks.statistics.requests,
         )

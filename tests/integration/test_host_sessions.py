@@ -154,6 +154,43 @@ async def test_wake_on_b_general_names_b(short_tmp: Path, order: tuple[str, str]
                 assert await host.ack([wake.seq]) == 1
 
 
+async def test_acks_issued_together_share_wake_ack_requests(short_tmp: Path) -> None:
+    """A host acking each wake from a task of its own: the first ack goes out alone, the ones
+    issued while it is in flight share the next ``wake/ack``; each caller gets its request's
+    outcome (a count, or the refusal of an agent it does not own) and every wake is acked."""
+    wakes = 20
+    with trio.fail_after(40):
+        async with two_servers(short_tmp, channels=("general",)) as (daemon, a, _b):
+            await wait_channel(daemon, "a", "general")
+            socket = daemon.host_socket_path
+            assert socket is not None
+            async with RouterClient.connect_unix(socket) as host:
+                await host.hello("host", ["kai"])
+                for n in range(wakes):
+                    await a.incoming([{"channelId": "general", "text": f"kai {n}", "tags": ["chat:mention"]}])
+                seqs = [(await host.next_wake()).seq for _ in range(wakes)]
+                assert daemon.journal.unacked_count("kai") == wakes
+                returned: dict[int, object] = {}
+
+                async def ack(seq: int, agent: str | None = None) -> None:
+                    try:
+                        returned[seq] = await host.ack([seq], agent=agent)
+                    except RpcError as exc:
+                        returned[seq] = exc.code
+
+                async with trio.open_nursery() as nursery:
+                    for seq in seqs:
+                        nursery.start_soon(ack, seq)
+                    nursery.start_soon(ack, -1, "stranger")  # not this host's agent
+                statistics = host.statistics()
+                # 21 acks, 3 requests: the first alone, the 19 issued meanwhile together, and the
+                # stranger's on its own (an agent argument never shares a request).
+                assert (statistics.acks, statistics.ack_requests) == (wakes + 1, 3)
+                assert returned.pop(-1) in (-32010, -32011)
+                assert sorted(returned.values()) == [1] + [wakes - 1] * (wakes - 1)
+                assert daemon.journal.unacked_count("kai") == 0
+
+
 async def test_wake_routing_per_policy(short_tmp: Path) -> None:
     with trio.fail_after(40):
         async with two_servers(short_tmp, channels=("general",)) as (daemon, a, b):

@@ -72,11 +72,13 @@ class StandIn:
                               "configured": False, "subconsciousFor": None}], "wakeSeq": 3},
             "wake/ack": {"acked": 1},
         }
+        #: Methods answered by a handler of the test's own (it records the call, or not).
+        self.handlers: dict[str, Any] = {}
 
     def table(self) -> MethodTable:
         table = MethodTable()
-        for method in self.answers:
-            table.add(method, self._answer)
+        for method in {*self.answers, *self.handlers}:
+            table.add(method, self.handlers.get(method, self._answer))
         return table
 
     async def _answer(self, params: Any, inbound: Inbound) -> Any:
@@ -210,6 +212,119 @@ async def test_hello_is_typed_and_ack_counts() -> None:
         assert hello.agents[0].allowed_tools is None and hello.agents[0].home_channel is None
         assert await client.ack([3]) == 1
     assert stand_in.sent("session/hello") == [{"host": "h", "agents": [{"name": "kai"}], "resumeFrom": 2}]
+
+
+async def test_acks_issued_while_one_is_in_flight_share_the_next_request() -> None:
+    stand_in = StandIn()
+    release = trio.Event()
+    answers = iter([{"acked": 1}, {"acked": 9}])
+
+    async def slow_ack(params: Any, inbound: Inbound) -> Any:
+        stand_in.calls.append((inbound.method, msgspec.json.decode(params)))
+        await release.wait()
+        return next(answers)
+
+    stand_in.handlers["wake/ack"] = slow_ack  # answered only once the test releases it
+    async with connected(stand_in) as (client, _daemon):
+        returned: dict[int, int] = {}
+
+        async def ack(seq: int) -> None:
+            returned[seq] = await client.ack([seq])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ack, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            for seq in range(2, 11):  # issued while seq 1's request is on its way
+                nursery.start_soon(ack, seq)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        # Ten acks, two requests: the first alone, the nine issued meanwhile together.
+        first, shared = stand_in.sent("wake/ack")
+        assert first == {"seqs": [1]} and sorted(shared["seqs"]) == list(range(2, 11))
+        assert returned == {1: 1, **{seq: 9 for seq in range(2, 11)}}
+        statistics = client.statistics()
+        assert (statistics.acks, statistics.ack_requests) == (10, 2)
+        # With nothing in flight an ack goes out at once, alone, with its own count.
+        answers = iter([{"acked": 1}])
+        assert await client.ack([11]) == 1
+        assert stand_in.sent("wake/ack")[-1] == {"seqs": [11]}
+
+
+async def test_a_shared_acks_error_reaches_each_caller_and_agents_never_share() -> None:
+    stand_in = StandIn()
+    release = trio.Event()
+
+    async def ack_answer(params: Any, inbound: Inbound) -> Any:
+        decoded = msgspec.json.decode(params)
+        stand_in.calls.append((inbound.method, decoded))
+        await release.wait()
+        if decoded.get("agent") == "stranger":
+            raise RpcError(-32010, "agent not owned", {"agent": "stranger"})
+        if 13 in decoded["seqs"]:
+            raise RpcError(-32603, "the ack was not recorded")
+        return {"acked": len(decoded["seqs"]) + 1}
+
+    stand_in.handlers["wake/ack"] = ack_answer
+    async with connected(stand_in) as (client, _daemon):
+        outcomes: dict[str, object] = {}
+
+        async def ack(name: str, seqs: list[int], agent: str | None = None) -> None:
+            try:
+                outcomes[name] = await client.ack(seqs, agent=agent)
+            except RpcError as exc:
+                outcomes[name] = exc.code
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ack, "first", [1])
+            await trio.testing.wait_all_tasks_blocked()
+            for name, seqs, agent in (("kai-a", [12, 13], "kai"), ("stranger", [14], "stranger"), ("plain-a", [13], None),
+                                      ("plain-b", [15], None), ("kai-b", [16], "kai")):
+                nursery.start_soon(ack, name, seqs, agent)
+                await trio.testing.wait_all_tasks_blocked()
+            release.set()
+    # Each agent argument has its own requests (kai's and the stranger's went at once, their
+    # lanes idle): the stranger's refusal is its own, kai's second ack is not failed by its
+    # first; the failed shared request's error reaches both acks it carried.
+    assert outcomes == {"first": 2, "kai-a": -32603, "kai-b": 2, "stranger": -32010, "plain-a": -32603, "plain-b": -32603}
+    sent = stand_in.sent("wake/ack")
+    assert sorted(map(str, sent)) == sorted(map(str, [{"seqs": [1]}, {"seqs": [12, 13], "agent": "kai"}, {"seqs": [16], "agent": "kai"},
+                                                      {"seqs": [14], "agent": "stranger"}, {"seqs": [13, 15]}]))
+
+
+async def test_a_cancelled_acker_leaves_its_shared_ack_to_the_others() -> None:
+    stand_in = StandIn()
+    gates = [trio.Event(), trio.Event(), trio.Event()]
+
+    async def ack_answer(params: Any, inbound: Inbound) -> Any:
+        stand_in.calls.append((inbound.method, msgspec.json.decode(params)))
+        await gates[len(stand_in.sent("wake/ack")) - 1].wait()
+        return {"acked": 2}
+
+    stand_in.handlers["wake/ack"] = ack_answer
+    async with connected(stand_in) as (client, _daemon):
+        returned: dict[int, int] = {}
+
+        async def ack(seq: int, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                returned[seq] = await client.ack([seq])
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ack, 1)
+            await trio.testing.wait_all_tasks_blocked()
+            carrier = await nursery.start(ack, 2)  # the first of the next batch: it carries it
+            await trio.testing.wait_all_tasks_blocked()
+            await nursery.start(ack, 3)
+            await trio.testing.wait_all_tasks_blocked()
+            gates[0].set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert stand_in.sent("wake/ack") == [{"seqs": [1]}, {"seqs": [2, 3]}]
+            carrier.cancel()  # on the wire, its answer not back: seq 3's caller sends it again
+            await trio.testing.wait_all_tasks_blocked()
+            gates[1].set()
+            gates[2].set()
+    assert stand_in.sent("wake/ack") == [{"seqs": [1]}, {"seqs": [2, 3]}, {"seqs": [2, 3]}]
+    assert returned == {1: 2, 3: 2}
 
 
 # ------------------------------------------------------------------ daemon→host requests
