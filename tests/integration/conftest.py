@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -49,11 +49,44 @@ def dialled_server(fixture: FixtureProcess, **options: Any) -> dict[str, Any]:
     return entry
 
 
+#: ``MCPL_ROUTER_TEST_JOURNAL=postgres``: every daemon these tests start keeps its journal on
+#: PostgreSQL (a database of its own on one server for the run), to try every scenario from
+#: outside on that backend. The tests of a file's own faults (damage, removal, a full disk) are
+#: SQLite's and fail there by design. Off by default: the suite runs each backend's contract.
+EVERY_DAEMON_ON_POSTGRES = os.environ.get("MCPL_ROUTER_TEST_JOURNAL") == "postgres"
+_run_postgres: list[Any] = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _postgres_for_every_daemon() -> Iterator[None]:
+    if not EVERY_DAEMON_ON_POSTGRES:
+        yield
+        return
+    from mcpl_router.testing import postgres
+
+    postgres.require()
+    with postgres.postgres_server() as server:
+        _run_postgres.append(server)
+        yield
+
+
 def journal_section(workdir: Path, place: JournalPlace | None = None) -> dict[str, Any]:
-    """The ``[journal]`` of a test's config: a SQLite file in ``workdir``, or ``place``'s."""
+    """The ``[journal]`` of a test's config: a SQLite file in ``workdir``, or ``place``'s (or,
+    under :data:`EVERY_DAEMON_ON_POSTGRES`, a new PostgreSQL database)."""
+    if place is None and _run_postgres:
+        from mcpl_router.testing import postgres
+
+        # One database per test directory: a daemon started again there finds its journal.
+        dsn = _every_database.get(workdir)
+        if dsn is None:
+            dsn = _every_database[workdir] = postgres.fresh_database(_run_postgres[0], f"every_{len(_every_database) + 1}")
+        place = JournalPlace(dsn=dsn)
     if place is None or place.dsn is None:
         return {"path": str(place.path if place is not None and place.path is not None else workdir / "journal.sqlite3")}
     return {"backend": "postgres", "dsn": place.dsn, "path": str(workdir / "journal.sqlite3")}
+
+
+_every_database: dict[Path, str] = {}
 
 
 def daemon_config(
