@@ -94,6 +94,19 @@ async def host_reading(socket: str, ledger: Ledger, *, task_status: trio.TaskSta
                 break
 
 
+async def wait_all_woken(ledger: Ledger, log: Path, *, timeout: float = 60) -> None:
+    """Until every message woke the host; if one never does, the failure says which, and what
+    the daemon logged about it."""
+    every = {f"m-{n}" for n in range(TOTAL)}
+    try:
+        await wait_until(lambda: every <= {m for _, m in ledger.woken}, timeout=timeout)
+    except trio.TooSlowError:
+        missing = sorted(every - {m for _, m in ledger.woken})
+        lines = [line for line in log.read_text(errors="replace").splitlines() if any(f'"{m}"' in line for m in missing[:3])
+                 or '"level":"error"' in line or '"level":"warning"' in line]
+        raise AssertionError(f"never woken: {missing[:20]} ({len(missing)}); the daemon said:\n" + "\n".join(lines[-40:])) from None
+
+
 def check(ledger: Ledger) -> None:
     every = {f"m-{n}" for n in range(TOTAL)}
     assert ledger.accepted == every
@@ -133,7 +146,7 @@ async def test_the_primary_killed_during_a_flood_loses_no_accepted_message(short
                         await trio.sleep(0.5)  # the HA manager notices
                         await trio.to_thread.run_sync(pair.promote)
                         promoted_at = time.monotonic()
-                    await wait_until(lambda: {f"m-{n}" for n in range(TOTAL)} <= {m for _, m in ledger.woken}, timeout=60)
+                    await wait_all_woken(ledger, short_tmp / "daemon.log")
                     nursery.cancel_scope.cancel()
     times = sorted(ledger.accepted_at.values())
     # The failover's window: the longest time around the kill in which nothing was accepted.
@@ -156,14 +169,15 @@ async def test_the_daemon_killed_during_a_flood_on_postgres_loses_no_accepted_me
             async with trio.open_nursery() as nursery:
                 reader = trio.CancelScope()
 
-                async def read() -> None:
+                async def read(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                     with reader:
                         try:
-                            await host_reading(socket, ledger)
+                            await host_reading(socket, ledger, task_status=task_status)
                         except Exception:
                             await trio.sleep_forever()  # the daemon died under it
 
-                nursery.start_soon(read)
+                # Its hello first: an agent a host declares is woken only once it has declared it.
+                await nursery.start(read)
                 async with trio.open_nursery() as senders:
                     for index in range(SENDERS):
                         senders.start_soon(send_all, server, ledger, list(range(index, TOTAL, SENDERS)))
@@ -174,7 +188,7 @@ async def test_the_daemon_killed_during_a_flood_on_postgres_loses_no_accepted_me
                     await daemon.start()
                     await wait_daemon_ready(socket)
                     nursery.start_soon(host_reading, socket, ledger)
-                await wait_until(lambda: {f"m-{n}" for n in range(TOTAL)} <= {m for _, m in ledger.woken}, timeout=60)
+                await wait_all_woken(ledger, short_tmp / "daemon.log")
                 nursery.cancel_scope.cancel()
     check(ledger)
 
