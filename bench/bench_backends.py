@@ -1,6 +1,6 @@
 """The journal's backends in one run: inbound throughput and latency on SQLite and on PostgreSQL.
 
-    python bench/bench_backends.py [--servers 4] [--messages 2000] [--rounds 2] [--rates 500,1000] [--seconds 3]
+    python bench/bench_backends.py [--servers 4] [--messages 2000] [--rounds 2] [--rates 500,1000] [--seconds 3] [--commits 500]
 
 Needs PostgreSQL 15's server binaries (Debian's ``postgresql-15``) and root (the servers run as
 the ``postgres`` user), as the tests do. Sides, interleaved round by round:
@@ -11,6 +11,10 @@ the ``postgres`` user), as the tests do. Sides, interleaved round by round:
 - the **daemon on a PostgreSQL pair**: a primary and a synchronous standby on loopback
   (``FIRST 1 (standby)``), so a commit waits for the standby: the setting docs/journal.md
   recommends, and what survives the primary's loss.
+
+**Commits alone** first: the journal itself (no daemon, no sockets) recording one event at a time
+(``--commits`` of them, each awaited: one commit's latency) and then batches of 256 (what a
+flood's group commit holds), on each backend.
 
 Each side gets a new journal (a new file, a new database) each round. **Throughput**: like
 bench_inbound.py's, ``--servers`` fixture servers each send ``--messages`` messages, 128
@@ -26,6 +30,7 @@ import argparse
 import contextlib
 import itertools
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +62,38 @@ async def side_running(workdir: Path, side: str, fixtures: list[Any], tag: str, 
     dsn = None if side == "sqlite" else postgres.fresh_database(servers[side], f"bench_{next(_databases)}")
     async with daemon_running(workdir, _servers(fixtures), tag=tag, postgres_dsn=dsn) as running:
         yield running
+
+
+async def commits_alone(workdir: Path, servers: dict[str, postgres.Server], count: int) -> dict[str, Any]:
+    """Each backend's journal recording ``count`` events one commit at a time, then 10 batches of 256."""
+    from mcpl_router.store.journal import Delivery, InboundEvent
+    from mcpl_router.testing.journal import JournalPlace, open_journal
+
+    woken = [Delivery("bench", "message", ("chat:mention",), True)]
+
+    def event(n: int) -> InboundEvent:
+        payload = {"channelId": "general", "messageId": f"m-{n}", "content": [{"type": "text", "text": "x" * 200}]}
+        return InboundEvent("s", "general", "message", f"m-{n}", payload)
+
+    figures: dict[str, Any] = {}
+    for side in SIDES[1:]:
+        place = JournalPlace(path=workdir / "commits.sqlite3") if side == "sqlite" else JournalPlace(
+            dsn=postgres.fresh_database(servers[side], f"commits_{next(_databases)}"))
+        async with open_journal(place) as journal:
+            alone = []
+            for n in range(count):
+                started = time.perf_counter()
+                await journal.record_inbound([(event(n), woken)])
+                alone.append((time.perf_counter() - started) * 1000)
+            batches = []
+            for b in range(10):
+                started = time.perf_counter()
+                await journal.record_inbound([(event(count + b * 256 + n), woken) for n in range(256)])
+                batches.append((time.perf_counter() - started) * 1000)
+        figures[side] = {"p50_ms": percentile(alone, 0.5), "p99_ms": percentile(alone, 0.99), "batch_256_ms": median(batches)}
+        print(f"  commits alone, {side}: p50 {figures[side]['p50_ms']:.2f} ms, p99 {figures[side]['p99_ms']:.2f} ms,"
+              f" a batch of 256 {figures[side]['batch_256_ms']:.1f} ms", flush=True)
+    return figures
 
 
 async def throughput(workdir: Path, servers: dict[str, postgres.Server], count: int, messages: int, rounds: int) -> dict[str, Any]:
@@ -98,6 +135,10 @@ async def latency(workdir: Path, servers: dict[str, postgres.Server], rates: tup
 
 
 def print_figures(figures: dict[str, Any], count: int, messages: int, rounds: int) -> None:
+    print("\nCommits alone: the journal recording one event per commit (each awaited), and a batch of 256 (ms)")
+    print(f"{'':<22}{'p50':>8}{'p99':>8}{'256 at once':>13}")
+    for side, row in figures["commits"].items():
+        print(f"{side:<22}{row['p50_ms']:>8.2f}{row['p99_ms']:>8.2f}{row['batch_256_ms']:>13.1f}")
     print(f"\nThe journal's backends: inbound, {count} servers × {messages} messages, 128 outstanding each (medians of {rounds} rounds)")
     print(f"{'':<22}{'msgs/s':>10}{'÷ forwarder':>13}{'÷ sqlite':>10}")
     for side, row in figures["throughput"].items():
@@ -116,6 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mr-backends-", dir="/tmp") as tmp, databases() as servers:
         workdir = Path(tmp)
         figures = {
+            "commits": await commits_alone(workdir, servers, args.commits),
             "throughput": await throughput(workdir, servers, args.servers, args.messages, args.rounds),
             "latency": await latency(workdir, servers, rates, args.seconds, args.rounds),
         }
@@ -130,6 +172,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rates", default="500,1000")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--commits", type=int, default=500)
     args = parser.parse_args()
     reason = postgres.missing_reason()
     if reason is not None:

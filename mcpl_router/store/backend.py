@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 import attrs
 
-__all__ = ["Connection", "Cursor", "Dialect", "JournalBackend", "Row"]
+__all__ = ["Connection", "Cursor", "Dialect", "JournalBackend", "Row", "insert_rows"]
 
 #: A row as a driver gives it (a tuple of the column values, typed by the statement).
 Row: TypeAlias = Any
@@ -73,6 +73,20 @@ class Dialect:
     array: Callable[[Sequence[object]], object]
     #: The errors a constraint violation raises.
     integrity_errors: tuple[type[Exception], ...]
+    #: A commit's new events, and their deliveries, in one statement taking a list per column
+    #: (what ``SQL_INSERT_EVENT_AT`` and ``SQL_INSERT_DELIVERY`` do row by row); None: row by row.
+    insert_events_columns: str | None = None
+    insert_deliveries_columns: str | None = None
+
+
+def insert_rows(db: Connection, row_sql: str, columns_sql: str | None, rows: Sequence[Sequence[object]]) -> None:
+    """``rows`` inserted by ``row_sql`` one by one, or by ``columns_sql`` at once (a list per column)."""
+    if not rows:
+        return
+    if columns_sql is None:
+        db.executemany(row_sql, rows)
+    else:
+        db.execute(columns_sql, [list(column) for column in zip(*rows, strict=True)])
 
 
 class JournalBackend(Protocol):

@@ -147,11 +147,24 @@ def _dialect() -> Dialect:
         set_last_seq_given="UPDATE journal_meta SET last_seq = ? WHERE id = 1",
         array=_array,
         integrity_errors=_integrity_errors(),
+        # One statement for a commit's rows: row by row (executemany) each row is a statement
+        # of its own on the server, about 20 µs each, a fifth of a 256-event commit.
+        insert_events_columns=(
+            "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked)"
+            " SELECT * FROM unnest(?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[], ?::bytea[], ?::bytea[],"
+            " ?::double precision[], ?::smallint[])"
+        ),
+        insert_deliveries_columns=(
+            "INSERT INTO deliveries (agent, seq, reason, tags, addressed)"
+            " SELECT * FROM unnest(?::text[], ?::bigint[], ?::text[], ?::bytea[], ?::smallint[]) ON CONFLICT DO NOTHING"
+        ),
     )
 
 
 class _Placeholders:
-    """``?`` turned into ``%s`` once per statement text (the statements are a fixed set)."""
+    """``?`` turned into ``%b`` once per statement text (the statements are a fixed set): every
+    parameter goes in binary, so a list (a commit's column of 256 payloads) goes without the
+    text format's escaping of each element, which was half of such a commit's time."""
 
     def __init__(self) -> None:
         self._seen: dict[str, bytes] = {}
@@ -159,7 +172,7 @@ class _Placeholders:
     def __call__(self, sql: str) -> bytes:
         converted = self._seen.get(sql)
         if converted is None:
-            converted = self._seen[sql] = sql.replace("%", "%%").replace("?", "%s").encode()
+            converted = self._seen[sql] = sql.replace("%", "%%").replace("?", "%b").encode()
         return converted
 
 
@@ -182,7 +195,7 @@ class PgConnection:
     def execute(self, sql: str, parameters: Sequence[object] = (), /) -> Cursor:
         if not parameters:
             return self.raw.execute(sql.encode())  # no placeholders: the text as written
-        return self.raw.execute(_PLACEHOLDERS(sql), parameters)
+        return self.raw.execute(_PLACEHOLDERS(sql), parameters, binary=True)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[object]], /) -> object:
         rows = list(rows)

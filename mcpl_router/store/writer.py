@@ -27,7 +27,7 @@ import msgspec
 import trio
 
 from mcpl_router.logs import Logger
-from mcpl_router.store.backend import Connection, Dialect, JournalBackend
+from mcpl_router.store.backend import Connection, Dialect, JournalBackend, insert_rows
 from mcpl_router.store.pruning import PRUNE_INTERVAL
 from mcpl_router.store.records import CommitDurations, Delivery, InboundEvent, JournalFailure, Recorded, content_digest
 from mcpl_router.store.schema import (
@@ -203,8 +203,8 @@ class _InboundOp(_Op):
                 deliveries_rows.extend(_delivery_rows(seq, deliveries, encode))
                 latest[key] = (seq, digest)
                 op.results.append(Recorded(seq=seq, duplicate=False, reused_id=prior is not None))
-        db.executemany(SQL_INSERT_EVENT_AT, events)
-        db.executemany(SQL_INSERT_DELIVERY, deliveries_rows)
+        insert_rows(db, SQL_INSERT_EVENT_AT, dialect.insert_events_columns, events)
+        insert_rows(db, SQL_INSERT_DELIVERY, dialect.insert_deliveries_columns, deliveries_rows)
         if seq != given and dialect.set_last_seq_given is not None:
             db.execute(dialect.set_last_seq_given, (seq,))
 
