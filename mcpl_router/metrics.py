@@ -421,7 +421,13 @@ def _journal_series(stats: JournalStatistics) -> Iterator[Metric]:
     pruned = CounterMetricFamily("mcpl_router_journal_pruned", "Rows pruned once acked or settled.", labels=["what"])
     pruned.add_metric(["events"], float(stats.pruned_events))
     pruned.add_metric(["drafts"], float(stats.pruned_drafts))
-    yield from (commits, seconds, last_batch, high_water, failing, pruned)
+    failed = CounterMetricFamily("mcpl_router_journal_failed_commits", "Journal commits that failed (their writes not answered as durable).")
+    failed.add_metric([], float(stats.failed_commits))
+    again = CounterMetricFamily(
+        "mcpl_router_journal_recorded_again", "Messages found written by a commit that had failed, recorded when their server re-sent them."
+    )
+    again.add_metric([], float(stats.recorded_again))
+    yield from (commits, seconds, last_batch, high_water, failing, pruned, failed, again)
 
 
 def _peer_series(

@@ -71,6 +71,8 @@ def test_state_series_before_anything_connected(daemon: Daemon) -> None:
     assert found[("mcpl_router_server_required", (("server", "a"),))] == 1
     assert found[("mcpl_router_ready", ())] == 0  # a required server isn't serving
     assert found[("mcpl_router_journal_failing", ())] == 0
+    assert found[("mcpl_router_journal_failed_commits_total", ())] == 0
+    assert found[("mcpl_router_journal_recorded_again_total", ())] == 0
 
 
 def test_each_registration_refusal_is_labelled_by_its_stable_value_not_its_sentence(daemon: Daemon) -> None:
