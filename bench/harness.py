@@ -132,7 +132,9 @@ async def daemon_running(
         "mcplServers": servers,
         "host": {"unixSocket": str(run / "host.sock"), "websocket": {"enabled": False}},
         "journal": section,
-        "logging": {"level": "error", "format": "json"},
+        # The daemon's log level: errors only unless MCPL_ROUTER_BENCH_LOG_LEVEL says (``info`` is
+        # a deployment's default, and what a per-message log line costs shows only there).
+        "logging": {"level": os.environ.get("MCPL_ROUTER_BENCH_LOG_LEVEL", "error"), "format": "json"},
     }
     config_path = workdir / f"config-{tag}.json"
     config_path.write_text(json.dumps(config))
