@@ -322,7 +322,9 @@ class ServerInbound:
         if outcome.reused_id:
             # Same id, different content: a server that restarted its counter. Accepted as new.
             log.warning(f"{prefix}.reused_id", detail="server reused message id", seq=outcome.seq, **fields)
-        log.info(f"{prefix}.accepted", seq=outcome.seq, **fields)
+        # Every message: a line at info would be a JSON line written per message on the trio
+        # thread in every deployment; counted instead (mcpl_router_inbound_messages_total).
+        log.debug(f"{prefix}.accepted", seq=outcome.seq, **fields)
 
 
 def _not_accepted(exc: JournalFailure) -> RpcError:
