@@ -77,8 +77,18 @@ async def floor_running(directory: Path, server: FixtureProcess) -> AsyncIterato
             [sys.executable, str(FORWARDER), "--socket", str(socket), "--journal", str(journal), str(server.listen_port)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
         )
+    async def listening() -> bool:
+        # The socket's file appears at bind, a moment before listen: a connect in between is
+        # refused, so the floor is ready only once one is taken.
+        try:
+            probe = await trio.open_unix_socket(str(socket))
+        except OSError:
+            return False
+        await probe.aclose()
+        return True
+
     try:
-        await wait_until(socket.exists, timeout=30, interval=0.05)
+        await wait_until(listening, timeout=30, interval=0.05)
         yield socket, journal
     finally:
         with trio.CancelScope(shield=True):
