@@ -148,7 +148,7 @@ def _dialect() -> Dialect:
         array=_array,
         integrity_errors=_integrity_errors(),
         # One statement for a commit's rows: row by row (executemany) each row is a statement
-        # of its own on the server, about 20 µs each, a fifth of a 256-event commit.
+        # of its own on the server, about 20 µs each.
         insert_events_columns=(
             "INSERT INTO inbound (seq, server, channel, kind, dedup, digest, payload, received_at, acked)"
             " SELECT * FROM unnest(?::bigint[], ?::text[], ?::text[], ?::text[], ?::text[], ?::bytea[], ?::bytea[],"
@@ -161,24 +161,6 @@ def _dialect() -> Dialect:
     )
 
 
-class _Placeholders:
-    """``?`` turned into ``%b`` once per statement text (the statements are a fixed set): every
-    parameter goes in binary, so a list (a commit's column of 256 payloads) goes without the
-    text format's escaping of each element, which was half of such a commit's time."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, bytes] = {}
-
-    def __call__(self, sql: str) -> bytes:
-        converted = self._seen.get(sql)
-        if converted is None:
-            converted = self._seen[sql] = sql.replace("%", "%%").replace("?", "%b").encode()
-        return converted
-
-
-_PLACEHOLDERS = _Placeholders()
-
-
 class PgConnection:
     """A psycopg connection as the journal uses one (:class:`~mcpl_router.store.backend.Connection`)."""
 
@@ -187,6 +169,17 @@ class PgConnection:
         #: Warnings PostgreSQL sent since the last COMMIT began.
         self.warnings: list[str] = []
         conn.add_notice_handler(self._notice)
+        # Each statement's text with ``?`` turned into ``%b``, once (the statements are a fixed
+        # set): every parameter goes in binary, so a list (a commit's column of 256 payloads)
+        # goes without the text format's escaping of each element, which was half such a
+        # commit's time in the writer's thread.
+        self._statements: dict[str, bytes] = {}
+
+    def _statement(self, sql: str) -> bytes:
+        converted = self._statements.get(sql)
+        if converted is None:
+            converted = self._statements[sql] = sql.replace("%", "%%").replace("?", "%b").encode()
+        return converted
 
     def _notice(self, diagnostic: psycopg.errors.Diagnostic) -> None:
         if diagnostic.severity_nonlocalized == "WARNING" and diagnostic.message_primary:
@@ -195,13 +188,13 @@ class PgConnection:
     def execute(self, sql: str, parameters: Sequence[object] = (), /) -> Cursor:
         if not parameters:
             return self.raw.execute(sql.encode())  # no placeholders: the text as written
-        return self.raw.execute(_PLACEHOLDERS(sql), parameters, binary=True)
+        return self.raw.execute(self._statement(sql), parameters, binary=True)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[object]], /) -> object:
         rows = list(rows)
         if rows:
             with self.raw.cursor() as cursor:
-                cursor.executemany(_PLACEHOLDERS(sql), rows)
+                cursor.executemany(self._statement(sql), rows)
         return None
 
     @property
