@@ -218,3 +218,19 @@ async def test_channels_list_comes_in_pages_that_follow_their_cursor_across_chan
                 assert {pair: shown[pair] for pair in whole} == whole
                 with pytest.raises(RpcError):
                     await host.call("channels/list", {"cursor": "not-a-cursor"})
+
+
+async def test_an_accepted_message_is_counted_and_logged_at_debug_not_info(tmp_path: Path) -> None:
+    """No JSON line per message at the default level (issue 30): an accepted message's line is at
+    debug, a re-send's (a duplicate) still at info."""
+    with trio.fail_after(40):
+        async with servers(tmp_path, ("a",)) as (daemon, fx):
+            await fx["a"].register(["general"])
+            with structlog.testing.capture_logs() as logs:
+                message = {"channelId": "general", "messageId": "m-1", "text": "hi"}
+                assert (await fx["a"].incoming([message]))["results"][0]["accepted"] is True
+                assert (await fx["a"].incoming([message]))["results"][0]["accepted"] is True
+                await wait_until(lambda: any(e["event"] == "channels.incoming.duplicate" for e in logs), timeout=10)
+    [accepted] = [e for e in logs if e["event"] == "channels.incoming.accepted"]
+    [duplicate] = [e for e in logs if e["event"] == "channels.incoming.duplicate"]
+    assert (accepted["log_level"], duplicate["log_level"]) == ("debug", "info")

@@ -950,6 +950,12 @@ def test_locate_daemon_reads_only_what_finds_the_daemon(tmp_path: Path) -> None:
     location = locate_daemon(path, environ=ENV)
     assert location.unix_socket == tmp_path / "run" / "host.sock"
     assert location.health_url == "http://127.0.0.1:9464"
+    # A PostgreSQL journal's DSN may hold a secret the query commands' shell doesn't have.
+    on_postgres = write(
+        tmp_path,
+        '[host]\nunixSocket = "run/host.sock"\n[journal]\nbackend = "postgres"\ndsn = "host=db password=${PG_SECRET}"\n',
+    )
+    assert locate_daemon(on_postgres, environ=ENV).unix_socket == tmp_path / "run" / "host.sock"
     broken = write(tmp_path, '[host]\nunixSocket = "${SOCKET_DIR}/host.sock"\n')
     with pytest.raises(ConfigError) as caught:
         locate_daemon(broken, environ=ENV)
