@@ -116,10 +116,12 @@ async def daemon_running(
     fsync: bool = True,
     agents: Sequence[str] = ("bench",),
     postgres_dsn: str | None = None,
+    launcher: str | None = None,
 ) -> AsyncIterator[tuple[trio.Process, str]]:
     """The daemon as a process (``python -m mcpl_router run``) dialling ``servers``; yields it
     and its host socket once every server is ready. Its journal is a SQLite file (pre-filled
-    with ``rows`` acked events), or the PostgreSQL database at ``postgres_dsn``."""
+    with ``rows`` acked events), or the PostgreSQL database at ``postgres_dsn``. ``launcher``:
+    Python source run with ``-c`` instead of ``-m mcpl_router`` (the profiler's, say)."""
     run = workdir / f"run-{tag}"
     run.mkdir(mode=0o700)
     journal = workdir / f"journal-{tag}.sqlite3"
@@ -139,6 +141,8 @@ async def daemon_running(
     config_path = workdir / f"config-{tag}.json"
     config_path.write_text(json.dumps(config))
     env_argv = [sys.executable, "-c", _DAEMON_NO_FSYNC] if not fsync else [sys.executable, "-m", "mcpl_router"]
+    if launcher is not None:
+        env_argv = [sys.executable, "-c", launcher]
     async with process([*env_argv, "run", "--config", str(config_path)], workdir / f"daemon-{tag}.log") as proc:
         socket = str(run / "host.sock")
 
