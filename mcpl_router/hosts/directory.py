@@ -11,7 +11,7 @@ sessions in turn are given the tune-outs and gates they ask of every wake).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 import trio
@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from mcpl_router.hosts.connection import HostConnection
     from mcpl_router.routing.router import Router
     from mcpl_router.store.journal import Journal
+
+#: Whom-an-event-wakes decisions kept (cleared whenever the registry or an agent changes, and
+#: when full: the tags in a key come off the wire, so their combinations are the servers' to choose).
+DECISION_CACHE: Final = 4096
 
 
 class AgentDirectory:
@@ -62,6 +66,11 @@ class AgentDirectory:
         self.outbox_full_disconnects = 0
         # Each agent's resolved wake policy, with the registry generation it was resolved at.
         self._policies: dict[str, tuple[int, AgentSpec, WakePolicy]] = {}
+        # Whom an event wakes, by (kind, server, channel, closure-expanded tags): the same answer
+        # for every message of a channel with those tags while the registry (its generation) and
+        # the agents (the specs, by identity) stand, so it is decided once, not per message.
+        self._decisions: dict[tuple[EventKind, str, str | None, tuple[str, ...]], tuple[Delivery, ...]] = {}
+        self._decided_at: tuple[int, tuple[AgentSpec, ...]] = (-1, ())
         self._log = get_logger()
 
     # -- who ---------------------------------------------------------------------------------
@@ -95,13 +104,30 @@ class AgentDirectory:
     # -- whom an event wakes -----------------------------------------------------------------
 
     def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
-        """Which agents an event wakes by their policies (decided before its commit and written with it)."""
-        facts = self._facts(event)
-        decided: list[Delivery] = []
-        for spec in self.specs.values():
-            if wakes(self._policy_of(spec), facts):
-                decided.append(Delivery(spec.name, facts.kind, facts.tags, facts.addressed))
-        return decided
+        """Which agents an event wakes by their policies (decided before its commit and written with it).
+
+        A pure function of the event's kind, server, channel and tags, the registry and the
+        agents' specs: kept per (kind, server, channel, tags) until the registry's generation
+        or any spec changes (the specs are compared by identity: a hello, a reload or a saved
+        agent puts a new object in ``specs``).
+        """
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        tags = expand_tags(payload.get("tags"))
+        stands = (self._router.registry.generation, tuple(self.specs.values()))
+        if stands != self._decided_at or len(self._decisions) >= DECISION_CACHE:
+            self._decisions.clear()
+            self._decided_at = stands
+        key = (event.kind, event.server_id, event.channel_id, tags)
+        decided = self._decisions.get(key)
+        if decided is None:
+            decided = self._decisions[key] = self._decide(event, tags)
+        return list(decided)
+
+    def _decide(self, event: InboundEvent, tags: tuple[str, ...]) -> tuple[Delivery, ...]:
+        facts = self._facts(event, tags)
+        return tuple(
+            Delivery(spec.name, facts.kind, facts.tags, facts.addressed) for spec in self.specs.values() if wakes(self._policy_of(spec), facts)
+        )
 
     def _policy_of(self, spec: AgentSpec) -> WakePolicy:
         """``spec``'s wake policy with its channel names resolved, once per registry change
@@ -114,15 +140,14 @@ class AgentDirectory:
         self._policies[spec.name] = (generation, spec, policy)
         return policy
 
-    def _facts(self, event: InboundEvent) -> InboundFacts:
+    def _facts(self, event: InboundEvent, tags: tuple[str, ...]) -> InboundFacts:
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
         entry = None if channel is None else self._router.registry.get(channel)
-        payload = event.payload if isinstance(event.payload, dict) else {}
         return InboundFacts(
             kind=REASON_MESSAGE if event.kind is EventKind.MESSAGE else REASON_PUSH,
             server_id=event.server_id,
             channel=channel,
-            tags=expand_tags(payload.get("tags")),
+            tags=tags,
             is_dm=entry is not None and entry.descriptor.is_dm,
         )
 

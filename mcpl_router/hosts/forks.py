@@ -127,6 +127,10 @@ class Forks:
         """Whom an event wakes: the policy's agents, each forking agent's message given to its
         fork (decided by ``route_wakes``; the reservations, counters and clock are this shell's)."""
         decided = self._policy(event)
+        if not any(self.book.home_of(d.agent) is not None or self._conversations_of(d.agent) is not None for d in decided):
+            # No fork and no forking agent among them (most messages): each is woken as itself,
+            # as route_wakes would say, without building its routes or reading the clock.
+            return decided
         ref = None if event.channel_id is None or event.kind is not EventKind.MESSAGE else ChannelRef(event.server_id, event.channel_id)
         kind = ""
         if ref is not None and any(self._conversations_of(d.agent) is not None for d in decided):
