@@ -13,13 +13,15 @@
 The parts, one module each: the connection (:mod:`.connection`), its transports
 (:mod:`.transport`), the typed results (:mod:`.results`), the turn helper (:mod:`.turn`), the
 bounded notification buffer (:mod:`.buffer`, whose docstring is the buffering policy), parsed
-wakes (:mod:`.wakes`), acks sharing a ``wake/ack`` (:mod:`.acks`) and the daemon→host requests a
-host serves (:mod:`.serving`). Documented
+wakes (:mod:`.wakes`), acks sharing a ``wake/ack`` (:mod:`.acks`), the daemon→host requests a
+host serves (:mod:`.serving`) and :class:`FailoverClient`, given several nodes' addresses, which
+moves to the next when its connection is lost (:mod:`.failover`). Documented
 in ``docs/client.md``.
 """
 
 from mcpl_router.client.buffer import BufferStatistics, Notification, NotificationBuffer
 from mcpl_router.client.connection import ClientStatistics, RouterClient
+from mcpl_router.client.failover import ConnectionLost, FailoverClient, FailoverStatistics, NoNodeReachable
 from mcpl_router.client.results import *  # noqa: F403
 from mcpl_router.client.results import __all__ as _results
 from mcpl_router.client.serving import InferenceRequest, ModelInfoRequest
@@ -31,8 +33,12 @@ from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 __all__ = [
     "BufferStatistics",
     "ClientStatistics",
+    "ConnectionLost",
+    "FailoverClient",
+    "FailoverStatistics",
     "InferenceRequest",
     "ModelInfoRequest",
+    "NoNodeReachable",
     "Notification",
     "NotificationBuffer",
     "Outcome",

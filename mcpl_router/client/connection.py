@@ -58,7 +58,7 @@ from mcpl_router.client.serving import (
     ModelInfoHandler,
 )
 from mcpl_router.client.transport import open_unix_stream, open_websocket_stream
-from mcpl_router.client.turn import Turn
+from mcpl_router.client.turn import Turn, turn_block
 from mcpl_router.client.wakes import WakeNotice
 from mcpl_router.config.paths import default_unix_socket_path
 from mcpl_router.jsonrpc import Inbound, MessageStream, Peer
@@ -101,8 +101,10 @@ class RouterClient:
     """One connection to the daemon. Open it with :meth:`connect_unix`,
     :meth:`connect_default` or :meth:`connect_websocket`; it closes when the block ends."""
 
-    def __init__(self, peer: Peer, notifications: NotificationBuffer, requests: HostRequests) -> None:
+    def __init__(self, peer: Peer, notifications: NotificationBuffer, requests: HostRequests, ended: trio.Event | None = None) -> None:
         self._peer = peer
+        # Set once the connection has ended (read loop done): what a failover waits on.
+        self._ended = ended if ended is not None else trio.Event()
         #: Every notification not read yet, bounded per kind (see the buffer's policy).
         self.notifications = notifications
         self._requests = requests
@@ -212,12 +214,14 @@ class RouterClient:
                 await peer.run(task_status=task_status)
             finally:
                 buffer.close()
+                ended.set()
 
+        ended = trio.Event()
         failure: Exception | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(run_peer)
             try:
-                yield cls(peer, buffer, requests)
+                yield cls(peer, buffer, requests, ended)
             except Exception as exc:
                 failure = exc  # re-raised below, as raised: not inside an exception group
             finally:
@@ -225,6 +229,15 @@ class RouterClient:
                 nursery.cancel_scope.cancel()
         if failure is not None:
             raise failure
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the connection has ended (the daemon closed it, or it broke)."""
+        return self._ended.is_set()
+
+    async def wait_closed(self) -> None:
+        """Until the connection has ended (the daemon closed it, or it broke)."""
+        await self._ended.wait()
 
     # -- calls -----------------------------------------------------------------------------------
 
@@ -386,14 +399,8 @@ class RouterClient:
         """Open a turn for the block: closed ``completed`` when it ends, ``aborted`` (and the
         exception re-raised) when it raises, unless :meth:`Turn.close` closed it first."""
         opened = await self.open_turn(agent, wakes=wakes, channel=channel, subagent=subagent)
-        turn = Turn(self, agent, opened)
-        try:
+        async with turn_block(Turn(self, agent, opened)) as turn:
             yield turn
-        except BaseException:
-            await turn.abort_quietly()
-            raise
-        if not turn.is_closed:
-            await turn.close("completed")
 
     # -- daemon→host requests --------------------------------------------------------------------
 

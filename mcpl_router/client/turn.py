@@ -22,8 +22,9 @@ tool calls, which the host runs afterwards with :meth:`Turn.tool`) and starts th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 import trio
@@ -55,7 +56,7 @@ class TurnCaller(Protocol):
 
     async def notify(self, method: str, params: Any = None) -> None: ...
 
-__all__ = ["Outcome", "Turn", "TurnAlreadyClosed"]
+__all__ = ["Outcome", "Turn", "TurnAlreadyClosed", "turn_block"]
 
 Outcome = Literal["completed", "aborted", "failed", "refused"]
 
@@ -208,3 +209,17 @@ class Turn:
     def __repr__(self) -> str:
         state = "closed" if self.closed is not None else f"round {self.round_number}"
         return f"<Turn {self.turn_id} agent={self.agent!r} {state}>"
+
+
+@contextlib.asynccontextmanager
+async def turn_block(turn: Turn) -> AsyncIterator[Turn]:
+    """The ``async with client.turn(...)`` block around an opened turn: closed ``completed``
+    when it ends, ``aborted`` (and the exception re-raised) when it raises, unless
+    :meth:`Turn.close` closed it first."""
+    try:
+        yield turn
+    except BaseException:
+        await turn.abort_quietly()
+        raise
+    if not turn.is_closed:
+        await turn.close("completed")

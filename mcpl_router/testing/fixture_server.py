@@ -1219,7 +1219,9 @@ class _ControlSession:
         """Send ``count`` ``channels/incoming`` requests with up to ``outstanding`` in flight.
 
         A pipelining server, for load tests and benchmarks: the control channel's cost is paid
-        once, not per message. Answers how many messages were accepted and how long it took.
+        once, not per message. Answers how many messages were accepted and how long it took
+        (with ``ids``, also ``acceptedIds``: each accepted message's id, for a test that checks
+        every one of them arrived).
         """
         session = self.server.require_session()
         count = int(params.get("count", 1))
@@ -1235,6 +1237,7 @@ class _ControlSession:
         rate = params.get("rate")
         slots = trio.Semaphore(outstanding)
         totals = {"accepted": 0, "refused": 0, "failed": 0}
+        accepted_ids: list[str] | None = [] if params.get("ids") else None
 
         async def one(index: int) -> None:
             try:
@@ -1250,8 +1253,11 @@ class _ControlSession:
                 except (RpcError, PeerClosed, RequestTimeout):
                     totals["failed"] += per_request
                     return
-                for result in answer.get("results", []) if isinstance(answer, dict) else []:
-                    totals["accepted" if isinstance(result, dict) and result.get("accepted") else "refused"] += 1
+                for position, result in enumerate(answer.get("results", []) if isinstance(answer, dict) else []):
+                    accepted = isinstance(result, dict) and bool(result.get("accepted"))
+                    totals["accepted" if accepted else "refused"] += 1
+                    if accepted and accepted_ids is not None and position < len(messages):
+                        accepted_ids.append(messages[position]["messageId"])
             finally:
                 slots.release()
 
@@ -1262,7 +1268,8 @@ class _ControlSession:
                     await trio.sleep_until(started + index / rate)
                 await slots.acquire()
                 nursery.start_soon(one, index)
-        return {**totals, "seconds": trio.current_time() - started}
+        seconds = trio.current_time() - started
+        return {**totals, "seconds": seconds} if accepted_ids is None else {**totals, "seconds": seconds, "acceptedIds": accepted_ids}
 
     def _complete_message(self, message: Any) -> Any:
         if not isinstance(message, dict):

@@ -1,0 +1,182 @@
+"""The host client given several nodes' addresses (issue 29 item 4): it connects to the first
+that accepts, and when its node dies it moves to the next by itself, says hello again and goes
+on yielding wakes: none accepted is lost, none acked (answered) is woken again.
+
+The daemons run as real processes (``python -m mcpl_router run``) so one can be killed with
+SIGKILL; two of them take turns on one SQLite journal file, as two nodes of a cluster do on one
+PostgreSQL journal (one serves hosts at a time; the other doesn't listen). The MCPL server is
+the fixture over TCP, flooding at a fixed rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+import trio
+
+from mcpl_router.client import ConnectionLost, FailoverClient, NoNodeReachable, WakeNotice
+from mcpl_router.testing.control import FixtureProcess, wait_until
+from mcpl_router.testing.descriptors import channel_descriptor
+from mcpl_router.testing.journal import JournalPlace
+
+from .conftest import daemon_process, servers_and_daemon, wait_channel, wait_daemon_ready, write_config
+
+pytestmark = pytest.mark.integration
+
+FLOOD = 3000
+#: Messages a second: the flood lasts 3 s, so the kill lands in the middle of it.
+RATE = 1000
+#: The host's work on one wake: it falls behind the flood, so at the kill some accepted
+#: messages are not woken yet, some woken ones are not acked, some acks are on their way.
+WORK = 0.004
+
+
+def _message_id(wake: WakeNotice) -> str:
+    return str(wake.messages[0]["messageId"])
+
+
+@pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
+async def test_a_host_given_two_nodes_follows_the_first_nodes_end_to_the_second_losing_nothing_and_rewaking_nothing_acked(
+    short_tmp: Path, stop: str
+) -> None:
+    """kill -9: the connection just breaks. SIGTERM: the node drains (``daemon/shutdown``,
+    then the connection closes). Either way the client finds the second node by itself."""
+    with trio.fail_after(150):
+        journal = JournalPlace(path=short_tmp / "journal.sqlite3")
+        socket_a, socket_b = short_tmp / "a.sock", short_tmp / "b.sock"
+        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
+            assert server.listen_url is not None
+            config_a = write_config(short_tmp / "n1", server.listen_url, host={"unixSocket": str(socket_a)}, journal=journal)
+            config_b = write_config(short_tmp / "n2", server.listen_url, host={"unixSocket": str(socket_b)}, journal=journal)
+            async with daemon_process(config_a, short_tmp / "n1.log") as first, daemon_process(config_b, short_tmp / "n2.log") as second:
+                await first.start()
+                await wait_daemon_ready(str(socket_a))
+                woken: list[WakeNotice] = []
+                answered_before_kill: set[int] = set()
+                killed = trio.Event()
+                async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
+                    await client.hello("host", ["kai"])
+
+                    async def ack(seq: int) -> None:
+                        await client.ack([seq])
+                        if not killed.is_set():
+                            answered_before_kill.add(seq)
+
+                    async def host() -> None:
+                        # Acks from tasks of its own, as it goes: they share wake/acks.
+                        async with trio.open_nursery() as acks, contextlib.aclosing(client.wakes()) as wakes:
+                            async for wake in wakes:
+                                woken.append(wake)
+                                await trio.sleep(WORK)
+                                acks.start_soon(ack, wake.seq)
+
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(host)
+                        flooding = trio.Event()
+                        flooded: dict[str, object] = {}
+
+                        async def flood() -> None:
+                            flooded.update(await server.flood(FLOOD, outstanding=16, rate=RATE, prefix="f", ids=True))
+                            flooding.set()
+
+                        nursery.start_soon(flood)
+                        await wait_until(lambda: len(answered_before_kill) >= 100, timeout=30)
+                        killed.set()
+                        woken_at_kill = len(woken)
+                        if stop == "kill -9":
+                            first.kill9()
+                            assert await first.wait() == -signal.SIGKILL
+                        else:
+                            assert first.process is not None
+                            first.process.send_signal(signal.SIGTERM)
+                            assert await first.wait() == 0
+                        await flooding.wait()
+                        accepted = set(flooded["acceptedIds"])  # type: ignore[arg-type]
+                        assert flooded["failed"], f"the kill was not mid-flood: {flooded}"
+                        assert len(accepted) > woken_at_kill
+
+                        # The second node comes up on its own address; the client finds it itself.
+                        await second.start()
+                        await wait_until(lambda: accepted <= {_message_id(wake) for wake in woken}, timeout=60)
+                        # The flood goes on through the second node, to the same host.
+                        more = await server.flood(50, outstanding=8, prefix="g", ids=True)
+                        assert more["accepted"] == 50
+                        await wait_until(lambda: set(more["acceptedIds"]) <= {_message_id(wake) for wake in woken}, timeout=30)
+                        nursery.cancel_scope.cancel()
+
+                    again = [wake.seq for wake in woken[woken_at_kill:] if wake.seq in answered_before_kill]
+                    assert again == [], f"{len(again)} wakes woken again after their ack was answered"
+                    statistics = client.statistics()
+                    assert (statistics.address, statistics.failovers) == (str(socket_b), 1)
+                    assert not (accepted - {_message_id(wake) for wake in woken})
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_refused_addresses_are_passed_over_for_the_first_that_accepts(short_tmp: Path) -> None:
+    with trio.fail_after(60):
+        async with servers_and_daemon(short_tmp, ["s"]) as (daemon, servers):
+            assert daemon.host_socket_path is not None
+            refused_ws = f"ws://127.0.0.1:{_closed_port()}/"
+            nobody = short_tmp / "nobody.sock"  # ENOENT, as a standby's socket path
+            async with FailoverClient.connect([refused_ws, nobody, daemon.host_socket_path]) as client:
+                statistics = client.statistics()
+                assert (statistics.address, statistics.attempts_failed, statistics.connects) == (str(daemon.host_socket_path), 2, 1)
+                await client.hello("host", ["kai"])
+                await servers["s"].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+                await wait_channel(daemon, "s", "general")
+                await servers["s"].incoming([{"channelId": "general", "messageId": "m-1", "text": "hi", "tags": ["chat:mention"]}])
+                wake = await client.next_wake()
+                assert _message_id(wake) == "m-1"
+                assert await client.ack([wake.seq]) == 1
+
+
+async def test_no_address_accepting_is_a_clear_error_naming_each(short_tmp: Path) -> None:
+    with trio.fail_after(20):
+        refused_ws = f"ws://127.0.0.1:{_closed_port()}/"
+        nobody = short_tmp / "nobody.sock"
+        with pytest.raises(NoNodeReachable) as raised:
+            async with FailoverClient.connect([nobody, refused_ws], backoff=(0.05, 0.1), give_up_after=0.5):
+                pass
+        assert set(raised.value.errors) == {str(nobody), refused_ws}
+        assert "no node accepted a connection" in str(raised.value)
+
+
+async def test_a_turn_open_on_a_lost_connection_fails_with_connection_lost_and_the_wake_comes_again(short_tmp: Path) -> None:
+    with trio.fail_after(90):
+        journal = JournalPlace(path=short_tmp / "journal.sqlite3")
+        socket_a, socket_b = short_tmp / "a.sock", short_tmp / "b.sock"
+        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
+            assert server.listen_url is not None
+            config_a = write_config(short_tmp / "n1", server.listen_url, host={"unixSocket": str(socket_a)}, journal=journal)
+            config_b = write_config(short_tmp / "n2", server.listen_url, host={"unixSocket": str(socket_b)}, journal=journal)
+            async with daemon_process(config_a, short_tmp / "n1.log") as first, daemon_process(config_b, short_tmp / "n2.log") as second:
+                await first.start()
+                await wait_daemon_ready(str(socket_a))
+                async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
+                    await client.hello("host", ["kai"])
+                    await server.incoming([{"channelId": "general", "messageId": "m-1", "text": "hi", "tags": ["chat:mention"]}])
+                    wake = await client.next_wake()
+                    with pytest.raises(ConnectionLost) as raised:
+                        async with client.turn(wake.agent, wakes=[wake.seq]) as turn:
+                            first.kill9()
+                            await first.wait()
+                            await wait_until(lambda: client.address is None, timeout=10)
+                            await turn.text("lost")
+                            await turn.end_round()
+                    assert raised.value.address == str(socket_a)
+                    await second.start()
+                    again = await client.next_wake()
+                    assert (again.seq, _message_id(again)) == (wake.seq, "m-1")
+                    async with client.turn(again.agent, wakes=[again.seq]) as turn:
+                        await turn.text("On it.")
+                    assert turn.receipt is not None
+                    assert await client.ack([again.seq]) == 1
