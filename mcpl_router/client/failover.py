@@ -220,16 +220,15 @@ class FailoverClient:
             # After a loss too: the next address first (the lost node no longer serves hosts).
             index = (index + 1) % len(self._addresses)
             try:
-                served = await self._serve(address)
+                await self._serve(address)
             except _PASSED_OVER as exc:
-                served = False
                 self._counts["attempts_failed"] += 1
                 errors[address] = f"{type(exc).__name__}: {exc}"
                 self._log.info("client.failover.refused", address=address, error=errors[address])
             except Exception as exc:  # a hello refused (RpcError): no other node would say otherwise
                 self._fail(exc)
                 return
-            if served:
+            else:  # served until the connection ended: a new round, from the next address
                 tried, delay, down_since = 0, self._backoff[0], trio.current_time()
                 errors.clear()
                 continue
@@ -247,9 +246,9 @@ class FailoverClient:
             await trio.sleep(delay)
             delay = min(delay * 2, self._backoff[1])
 
-    async def _serve(self, address: str) -> bool:
-        """Connect to ``address``, say hello, and serve the caller until the connection ends:
-        True. Raises what the connect or the hello raised."""
+    async def _serve(self, address: str) -> None:
+        """Connect to ``address``, say hello, and serve the caller until the connection ends.
+        Raises what the connect or the hello raised."""
         link: _Link | None = None
         try:
             async with self._open(address) as client:
@@ -278,7 +277,6 @@ class FailoverClient:
             if link is None:
                 raise
             # It broke on its way out: it was served all the same.
-        return True
 
     def _open(self, address: str) -> contextlib.AbstractAsyncContextManager[RouterClient]:
         max_wakes, max_notifications = self._bounds

@@ -11,6 +11,7 @@ the fixture over TCP, flooding at a fixed rate.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 from pathlib import Path
@@ -180,3 +181,59 @@ async def test_a_turn_open_on_a_lost_connection_fails_with_connection_lost_and_t
                         await turn.text("On it.")
                     assert turn.receipt is not None
                     assert await client.ack([again.seq]) == 1
+
+
+async def test_acks_across_a_failover_an_unanswered_one_goes_to_the_next_node_and_no_acked_wake_is_yielded_again(short_tmp: Path) -> None:
+    """m-1's ack is on its way when the node dies (stopped first, so it is never answered):
+    the client sends it to the next node. m-2 was given and not acked: the next node sends it
+    again, and the host acks it (answered) before reading that copy: the copy is not yielded."""
+    with trio.fail_after(90):
+        journal = JournalPlace(path=short_tmp / "journal.sqlite3")
+        socket_a, socket_b = short_tmp / "a.sock", short_tmp / "b.sock"
+        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
+            assert server.listen_url is not None
+            config_a = write_config(short_tmp / "n1", server.listen_url, host={"unixSocket": str(socket_a)}, journal=journal)
+            config_b = write_config(short_tmp / "n2", server.listen_url, host={"unixSocket": str(socket_b)}, journal=journal)
+            async with daemon_process(config_a, short_tmp / "n1.log") as first, daemon_process(config_b, short_tmp / "n2.log") as second:
+                await first.start()
+                await wait_daemon_ready(str(socket_a))
+                async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
+                    await client.hello("host", ["kai"])
+                    for message_id in ("m-1", "m-2"):
+                        await server.incoming([{"channelId": "general", "messageId": message_id, "text": "hi", "tags": ["chat:mention"]}])
+                    one, two = await client.next_wake(), await client.next_wake()
+                    assert (_message_id(one), _message_id(two)) == ("m-1", "m-2")
+                    assert first.process is not None
+                    # Stopped, the node reads no more: m-1's ack goes out and is never answered.
+                    os.kill(first.process.pid, signal.SIGSTOP)
+                    answers: list[int] = []
+
+                    def acks_sent() -> int:
+                        connection = client.statistics().connection
+                        return 0 if connection is None else connection.acks
+
+                    async with trio.open_nursery() as nursery:
+
+                        async def ack_one() -> None:
+                            answers.append(await client.ack([one.seq]))
+
+                        nursery.start_soon(ack_one)
+                        await wait_until(lambda: acks_sent() == 1, timeout=10)
+                        first.kill9()
+                        await first.wait()
+                        await second.start()
+                    assert answers == [1]  # answered by the second node
+
+                    def held() -> int:
+                        connection = client.statistics().connection
+                        return 0 if connection is None else connection.notifications.wakes_buffered
+
+                    # The second node sends m-2 again (unacked); acked now, that copy is not yielded.
+                    await wait_until(lambda: held() >= 1, timeout=10)
+                    assert await client.ack([two.seq]) == 1
+                    await server.incoming([{"channelId": "general", "messageId": "m-3", "text": "next", "tags": ["chat:mention"]}])
+                    following = await client.next_wake()
+                    assert _message_id(following) == "m-3"
+                    statistics = client.statistics()
+                    assert (statistics.address, statistics.acks_resent) == (str(socket_b), 1)
+                    assert statistics.wakes_suppressed >= 1  # m-2's copy (m-1's too, had it come before its ack)
