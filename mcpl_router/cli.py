@@ -336,7 +336,13 @@ def _run(args: argparse.Namespace) -> int:
     for problem in checks.problems:
         get_logger().warning("config.runtime_problem", key=problem.key, problem=problem.problem, fix=problem.fix)
     try:
-        daemon = Daemon(config)
+        if config.cluster is not None:
+            from mcpl_router.cluster import ClusterNode
+
+            # A node: a standby until it holds the links' lease, then a daemon (docs/cluster.md).
+            daemon: Daemon | ClusterNode = ClusterNode(config)
+        else:
+            daemon = Daemon(config)
         tune_gc()
         from mcpl_router.supervision import run_until_signalled
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
+from typing import Protocol
 
 import attrs
 import msgspec
@@ -18,7 +19,7 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.host_notices import ChannelsChangedNotice, ServerStateNotice, ShutdownNotice
-from mcpl_router.config import ConfigError, RouterConfig, load_config
+from mcpl_router.config import ConfigError, RouterConfig, ServerConfig, load_config
 from mcpl_router.errors import bind_failure, listen_refusal
 from mcpl_router.events import (
     ChannelsChanged,
@@ -53,6 +54,7 @@ from mcpl_router.reload_plan import plan_reload
 from mcpl_router.routing.router import Router
 from mcpl_router.servers_view import ServersView
 from mcpl_router.store.journal import Journal
+from mcpl_router.store.leases import LeaseFence
 from mcpl_router.tools import ToolTable
 from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
 from mcpl_router.tools.channel_tools import ChannelTools
@@ -75,6 +77,12 @@ RELOAD_ANSWER_WAIT = 2.0
 Observer = Callable[[str, Mapping[str, object]], None]
 
 
+class ClusterStatus(Protocol):
+    """The cluster node a daemon's term runs in (mcpl_router/cluster/), as status reads it."""
+
+    def status(self) -> dict[str, object]: ...
+
+
 class Daemon:
     """Wires the parts together; the :class:`Router` is the state, the links are the shell.
 
@@ -82,12 +90,22 @@ class Daemon:
         config: the loaded configuration.
         observers: called with ``(event, fields)`` for state changes and channel changes (the
             demo prints them; hosts get them as notifications).
+        fence: a cluster node's lease on the links (mcpl_router/cluster/): every journal
+            transaction and every write to a server checks it; None for a single daemon.
+        node: the cluster node running this daemon's term: its ``status()`` is status's
+            ``cluster``, and it serves the health listener (this daemon then doesn't).
     """
 
-    def __init__(self, config: RouterConfig, *, observers: list[Observer] | None = None) -> None:
+    def __init__(
+        self, config: RouterConfig, *, observers: list[Observer] | None = None, fence: LeaseFence | None = None,
+        node: ClusterStatus | None = None,
+    ) -> None:
         self.config = config
         self.router = Router()
-        self.journal = Journal.from_config(config.journal)
+        self.journal = Journal.from_config(config.journal, fence=fence)
+        #: Asked before each write to a server (None: a single daemon sends freely).
+        self._outbound_fence = None if fence is None else fence.refusal
+        self._node = node
         #: The one dispatcher of the parts' events (mcpl_router/events.py).
         self.events = EventBus()
         self.metrics = DaemonMetrics(config.agents, events=self.events)
@@ -105,7 +123,7 @@ class Daemon:
         self._serving: trio.Nursery | None = None
         self._reload_lock = trio.Lock()
         enabled = {server_id: server for server_id, server in config.servers.items() if not server.disabled}
-        self.links: dict[str, ServerLink] = {server_id: ServerLink(server, self) for server_id, server in enabled.items()}
+        self.links: dict[str, ServerLink] = {server_id: self._new_link(server) for server_id, server in enabled.items()}
         #: Whether each ready server still answers (ping; mcpl/liveness.py).
         self.liveness = Liveness()
         #: What host connections may cost together (hosts/admission.py).
@@ -239,6 +257,9 @@ class Daemon:
         events.subscribe(ChannelsChanged, self._observe_channels)
         events.subscribe(InboundAccepted, self._observe_accepted)
 
+    def _new_link(self, server: ServerConfig) -> ServerLink:
+        return ServerLink(server, self, outbound_fence=self._outbound_fence)
+
     # -- LinkDelegate: a link's news, published --------------------------------------------
 
     def link_state_changed(self, link: ServerLink, old: LinkState, new: LinkState) -> None:
@@ -305,7 +326,10 @@ class Daemon:
     # -- queries (host API, CLI, demo): the read model's -------------------------------------
 
     def status(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, object]:
-        return self.read_model.status(channels_page=channels_page, channels_filter=channels_filter)
+        status = self.read_model.status(channels_page=channels_page, channels_filter=channels_filter)
+        if self._node is not None:
+            status["cluster"] = self._node.status()
+        return status
 
     def servers_list(self) -> list[dict[str, object]]:
         return self.read_model.servers_list()
@@ -374,7 +398,7 @@ class Daemon:
                             if failure is None:
                                 raise
                             raise listen_refusal(self.config.source, "host.websocket.port", websocket.bind, websocket.port, failure) from None
-                    if self.config.health.enabled:
+                    if self.config.health.enabled and self._node is None:
                         self.health_url = await serving.start(
                             partial(
                                 serve_health,
@@ -491,7 +515,7 @@ class Daemon:
             revive = {server_id for server_id, link in self.links.items() if link.state in (LinkState.FAILED, LinkState.CLOSED)}
             plan = plan_reload(self.config, new_config, revive=revive)
             try:
-                fresh = {server.id: ServerLink(server, self) for server in plan.to_start(new_config)}
+                fresh = {server.id: self._new_link(server) for server in plan.to_start(new_config)}
                 # Checked before any is applied, so a bad one refuses the reload whole.
                 for server_id in plan.regranted:
                     policy_for(new_config.servers[server_id]).validate()
@@ -548,7 +572,7 @@ class Daemon:
             # What can't change live stays as it was, so status keeps telling the truth.
             self.config = attrs.evolve(
                 new_config, source=self.config.source, host=self.config.host, journal=self.config.journal,
-                health=self.config.health, logging=self.config.logging,
+                health=self.config.health, logging=self.config.logging, cluster=self.config.cluster,
             )
             with trio.move_on_after(RELOAD_ANSWER_WAIT):
                 await all_told.wait()

@@ -245,6 +245,11 @@ class _WithoutCreated:
             yield metric
 
 
+def without_created(registry: CollectorRegistry) -> _WithoutCreated:
+    """``registry`` as a scrape shows it: no ``_created`` samples."""
+    return _WithoutCreated(registry)
+
+
 @attrs.frozen
 class ScrapedParts:
     """The parts whose state each scrape reads (the daemon's own objects, read-only here)."""

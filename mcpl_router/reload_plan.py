@@ -62,7 +62,7 @@ def plan_reload(old: RouterConfig, new: RouterConfig, *, revive: Collection[str]
             regranted.append(server_id)
         else:
             reconnected.append(server_id)
-    restart = [name for name in ("host", "journal", "health", "logging") if getattr(old, name) != getattr(new, name)]
+    restart = [name for name in ("host", "journal", "health", "logging", "cluster") if getattr(old, name) != getattr(new, name)]
     return ReloadPlan(
         added=tuple(server_id for server_id in after if server_id not in before),
         removed=tuple(server_id for server_id in before if server_id not in after),

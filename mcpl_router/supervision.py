@@ -23,6 +23,7 @@ import trio
 from mcpl_router.logs import get_logger
 
 if TYPE_CHECKING:
+    from mcpl_router.cluster import ClusterNode
     from mcpl_router.daemon import Daemon
 
 __all__ = ["SystemdNotifier", "run_until_signalled"]
@@ -77,13 +78,14 @@ class SystemdNotifier:
 
 
 async def run_until_signalled(
-    daemon: Daemon,
+    daemon: Daemon | ClusterNode,
     *,
     notifier: SystemdNotifier | None = None,
-    task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Daemon | ClusterNode] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``daemon`` until it stops: SIGINT/SIGTERM drain it, SIGHUP reloads its config, and
-    systemd (when it is watching) hears each step."""
+    """Run ``daemon`` (or a cluster's node, which runs one while it holds the links) until it
+    stops: SIGINT/SIGTERM drain it, SIGHUP reloads its config, and systemd (when it is
+    watching) hears each step."""
     systemd = SystemdNotifier.from_environ() if notifier is None else notifier
     log = get_logger()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
@@ -103,7 +105,7 @@ async def run_until_signalled(
                 await daemon.shutdown_requested.wait()
                 systemd.notify("STOPPING=1", "STATUS=draining")
 
-            async def run_daemon(task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED) -> None:
+            async def run_daemon(task_status: trio.TaskStatus[Daemon | ClusterNode] = trio.TASK_STATUS_IGNORED) -> None:
                 await daemon.run(task_status=task_status)
                 nursery.cancel_scope.cancel()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from mcpl_router.config.errors import ConfigError, Problems, show_value
 from mcpl_router.config.file_parsing import read_config_file
 from mcpl_router.config.model import (
+    CLUSTER_KEYS,
     HEALTH_KEYS,
     HOST_KEYS,
     JOURNAL_KEYS,
@@ -23,6 +24,7 @@ from mcpl_router.config.model import (
 )
 from mcpl_router.config.read_agents import parse_agents
 from mcpl_router.config.read_daemon_sections import (
+    parse_cluster,
     parse_health,
     parse_host,
     parse_journal,
@@ -84,6 +86,8 @@ def parse_config(
     host = parse_host(root.table("host", HOST_KEYS, "host"), base_dir, env, journal)
     logging_config = parse_logging(root.table("logging", LOGGING_KEYS, "logging"))
     health = parse_health(root.table("health", HEALTH_KEYS, "health"))
+    # Absent: one daemon, as ever. Given (even empty): a node, whose name is needed.
+    cluster = parse_cluster(root.table("cluster", CLUSTER_KEYS, "cluster"), journal) if root.given("cluster") else None
     # Agents are checked against every configured id, including servers whose own entry has a
     # problem: that problem is reported once, not again as "no such server" here.
     agents = parse_agents(root.table("agents", None, "agents"), tuple(servers_section.data))
@@ -97,6 +101,7 @@ def parse_config(
         health=health,
         agents=agents,
         warnings=tuple(problems.warnings),
+        cluster=cluster,
     )
 
 

@@ -59,7 +59,7 @@ DEFAULT_ENV_ALLOWLIST: Final = (
 
 # --- keys accepted on disk -------------------------------------------------------------------
 
-TOP_KEYS: Final = ("mcplServers", "host", "journal", "logging", "health", "agents")
+TOP_KEYS: Final = ("mcplServers", "host", "journal", "logging", "health", "agents", "cluster")
 STDIO_KEYS: Final = ("command", "args", "env", "cwd", "envAllowlist", "inheritEnv", "protocol")
 TCP_KEYS: Final = ("host", "port")
 WEBSOCKET_KEYS: Final = ("token", "tokenHeader", "tokenIn")
@@ -114,6 +114,7 @@ JOURNAL_KEYS: Final = ("backend", "path", "retention", "dsn", "passwordFile")
 JOURNAL_BACKENDS: Final = ("sqlite", "postgres")
 LOGGING_KEYS: Final = ("level", "format")
 HEALTH_KEYS: Final = ("enabled", "bind", "port", "statusPreview", "decisions")
+CLUSTER_KEYS: Final = ("node", "leaseTtl")
 AGENT_KEYS: Final = (
     "proseRouting",
     "allowedTools",
@@ -148,6 +149,8 @@ class RouterConfig:
     health: HealthConfig
     agents: dict[str, AgentConfig] = attrs.field(factory=dict)
     warnings: tuple[str, ...] = ()
+    #: ``[cluster]``, or None: a single daemon, as without it.
+    cluster: ClusterConfig | None = None
 
     def enabled_servers(self) -> list[ServerConfig]:
         """The servers the daemon should connect to, in file order."""
@@ -184,6 +187,10 @@ class RouterConfig:
             f"  logging: level {self.logging.level}, format {self.logging.format}",
             "  health: "
             + (host_port(self.health.bind, self.health.port) if self.health.enabled else "off"),
+            *(
+                [f"  cluster: node {self.cluster.node}, lease {self.cluster.lease_ttl:g}s (the journal's database is shared)"]
+                if self.cluster is not None else []
+            ),
             *(f"  warning: {warning}" for warning in self.warnings),
         ]
         return "\n".join(lines)
@@ -492,6 +499,17 @@ class JournalConfig:
         if self.backend == "postgres" and self.dsn is not None:
             return f"postgres: {dsn_without_password(self.dsn)}"
         return str(self.path)
+
+
+@attrs.frozen
+class ClusterConfig:
+    """``[cluster]``: this daemon is one node of several sharing one PostgreSQL journal
+    (docs/cluster.md). The same file on every node; ``node`` differs (a ``${VAR}``)."""
+
+    #: This node's name, unique in the cluster.
+    node: str
+    #: Seconds a holder's lease lasts unrenewed: a dead holder's links are taken over after it.
+    lease_ttl: float = 5.0
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ per-user state directory, and the Unix socket under the per-user runtime directo
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ from mcpl_router.config.model import (
     JOURNAL_BACKENDS,
     LOG_FORMATS,
     LOG_LEVELS,
+    ClusterConfig,
     HealthConfig,
     HostConfig,
     JournalConfig,
@@ -176,3 +178,28 @@ def parse_health(section: Section) -> HealthConfig:
         status_preview=section.integer("statusPreview", 0, at_least=0, at_most=10_000),
         decisions=section.integer("decisions", 100, at_least=0, at_most=100_000),
     )
+
+
+#: Node names: what a person types and logs show (letters, digits, ``-``, ``_``, ``.``).
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def parse_cluster(section: Section, journal: JournalConfig) -> ClusterConfig:
+    """``cluster`` (when given): this node's name and the lease's length. A cluster shares one
+    PostgreSQL journal, so ``journal.backend`` must say so."""
+    node = section.string("node")
+    lease_ttl = section.number("leaseTtl", 5.0, above=0)
+    if node is None:
+        section.error("node", "is needed in [cluster]: each node has a name of its own.",
+                      'Give node = "${MCPL_ROUTER_NODE}" and set that variable on each node (same file everywhere).')
+        node = ""
+    elif not _NODE_NAME.fullmatch(node):
+        section.error("node", f"{show_value(node)} is not a node name.",
+                      "Use letters, digits, '-', '_' and '.', up to 63 characters, starting with a letter or digit.")
+    if not 1.0 <= lease_ttl <= 300.0:
+        section.error("leaseTtl", f"{lease_ttl:g} is outside 1 to 300 seconds.",
+                      "Give a lease of a few seconds: a dead node's links are taken over after it (5 is the default).")
+    if journal.backend != "postgres":
+        section.error("node", "a cluster needs the journal on PostgreSQL: nodes share it.",
+                      'Set journal.backend = "postgres" and journal.dsn, or remove [cluster] to run one daemon.')
+    return ClusterConfig(node=node, lease_ttl=lease_ttl)

@@ -45,6 +45,8 @@ import trio
 from mcpl_router.errors import first_leaf
 from mcpl_router.jsonrpc import Inbound, Peer, PeerClosed, RequestTimeout, RpcError
 from mcpl_router.jsonrpc.peer import PeerStatistics
+from mcpl_router.jsonrpc.fenced import FencedStream
+from mcpl_router.jsonrpc.framing import MessageStream
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.session import ServerSession
 from mcpl_router.mcpl.grants import Grant
@@ -126,8 +128,11 @@ class ServerLink(LinkHandshake, LinkRegrant):
         *,
         rng: random.Random | None = None,
         open_transport_fn: Callable[[ServerConfig, trio.Nursery], Awaitable[OpenTransport]] = open_transport,
+        outbound_fence: Callable[[], str | None] | None = None,
     ) -> None:
         self.config = config
+        #: Asked before each write to the server (a cluster node's lease): a reason stops it.
+        self._outbound_fence = outbound_fence
         self.server_id = config.id
         self.policy = policy_for(config)
         self.policy.validate()
@@ -398,8 +403,11 @@ class ServerLink(LinkHandshake, LinkRegrant):
                     self._epoch_nursery = nursery
                     transport = await self._open_transport(self._dial_config(), nursery)
                     self._endpoint = transport.description
+                    stream: MessageStream = transport.stream
+                    if self._outbound_fence is not None:
+                        stream = FencedStream(stream, self._outbound_fence)
                     peer = Peer(
-                        transport.stream,
+                        stream,
                         self._dispatch,
                         request_timeout=self.config.request_timeout,
                         log_fields={"server": self.server_id, "epoch": self.epoch},

@@ -118,6 +118,12 @@ class JournalBackend(Protocol):
         """``COMMIT`` the open transaction; raise if it is not known to be durable."""
         ...
 
+    def check_fence(self, db: Connection) -> None:
+        """First in each of the writer's transactions: may this daemon still write? (A cluster
+        node's lease, store/leases.py; a file has no fence.) Raises
+        :class:`~mcpl_router.store.leases.LeaseLost` when it may not."""
+        ...
+
     def writer_failed(self) -> None:
         """The last transaction failed: a connection that broke is made again next time."""
         ...

@@ -39,6 +39,7 @@ from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.drafts import DraftRow
 from mcpl_router.store.backend import Connection, JournalBackend
+from mcpl_router.store.leases import LeaseFence
 from mcpl_router.store.pruning import DEFAULT_RETENTION, PRUNE_CHUNK, PRUNE_INTERVAL, JournalPruning
 from mcpl_router.store.reads import JournalReads
 from mcpl_router.store.records import (
@@ -95,6 +96,23 @@ __all__ = [
 _SETTLED_STATES: Final = frozenset({"delivered", "dismissed"})
 
 
+def read_password(config: JournalConfig) -> str | None:
+    """The database password from ``passwordFile`` (None when the DSN carries it, or none is needed).
+
+    Raises:
+        JournalRefused: the file can't be read (what to do in the message).
+    """
+    if config.password_file is None:
+        return None
+    try:
+        return config.password_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise JournalRefused(
+            config.described, f"its passwordFile {config.password_file} can't be read ({exc.strerror or exc}).",
+            "Fix the file or its permissions, then start again.",
+        ) from None
+
+
 class Journal(JournalWriter, JournalPruning, JournalReads):
     """The daemon's journal. Opened once (and locked), written by :meth:`run`, closed last.
 
@@ -131,8 +149,9 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
             raise
 
     @classmethod
-    def from_config(cls, config: JournalConfig) -> Journal:
-        """The journal ``config`` names, opened: its SQLite file, or its PostgreSQL database.
+    def from_config(cls, config: JournalConfig, *, fence: LeaseFence | None = None) -> Journal:
+        """The journal ``config`` names, opened: its SQLite file, or its PostgreSQL database
+        (a cluster node's, with its lease's ``fence`` on every transaction).
 
         Raises :class:`JournalRefused` (with what to do) when it can't be opened or trusted,
         :class:`JournalLocked` when another daemon holds it.
@@ -142,16 +161,8 @@ class Journal(JournalWriter, JournalPruning, JournalReads):
         from mcpl_router.store.postgres_backend import PostgresBackend
 
         assert config.dsn is not None, "the config reader requires a dsn with backend = postgres"
-        password = None
-        if config.password_file is not None:
-            try:
-                password = config.password_file.read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise JournalRefused(
-                    config.described, f"its passwordFile {config.password_file} can't be read ({exc.strerror or exc}).",
-                    "Fix the file or its permissions, then start again.",
-                ) from None
-        backend = PostgresBackend(config.dsn, get_logger(journal=config.described), password=password)
+        password = read_password(config)
+        backend = PostgresBackend(config.dsn, get_logger(journal=config.described), password=password, fence=fence)
         return cls(backend, retention=config.retention)
 
     def _load(self, db: Connection) -> None:

@@ -21,6 +21,9 @@ What PostgreSQL asks of a journal that SQLite did not:
   now. Meanwhile commits fail (servers get a retryable error), write-behind ops wait in order.
 - **One daemon per journal**: the writer holds an advisory lock, taken again on every new
   connection; a second daemon is refused at start (:class:`~mcpl_router.store.schema.JournalLocked`).
+  A cluster's node (given a :class:`~mcpl_router.store.leases.LeaseFence`) takes it shared
+  instead (the lease says which node writes; a single daemon is still kept out) and fences
+  every transaction with its lease.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import trio
 from mcpl_router.config.addresses import dsn_without_password
 from mcpl_router.logs import Logger
 from mcpl_router.store.backend import Connection, Cursor, Dialect
+from mcpl_router.store.leases import HOLDER_IDLE_IN_TRANSACTION_MS, LeaseFence
 from mcpl_router.store.schema import JournalLocked, JournalRefused
 
 if TYPE_CHECKING:
@@ -219,12 +223,14 @@ class PostgresBackend:
             follows a failover).
         log: where connection losses and reconnections are said.
         password: given apart from the DSN (from a file), never logged.
+        fence: a cluster node's lease: every transaction checks it first.
     """
 
     read_only: str | None = None
 
-    def __init__(self, dsn: str, log: Logger, *, password: str | None = None) -> None:
+    def __init__(self, dsn: str, log: Logger, *, password: str | None = None, fence: LeaseFence | None = None) -> None:
         self.dialect = _dialect()
+        self._fence = fence
         self._dsn = dsn
         self._password = password
         self.where = f"postgres: {dsn_without_password(dsn)}"
@@ -246,17 +252,7 @@ class PostgresBackend:
     # -- connections ---------------------------------------------------------------------------
 
     def _connect(self) -> PgConnection:
-        import psycopg
-        from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-        given = conninfo_to_dict(self._dsn)
-        extra = {key: value for key, value in CONNECT_DEFAULTS.items() if key not in given}
-        if self._password is not None:
-            extra["password"] = self._password
-        if "application_name" not in given:
-            extra["application_name"] = "mcpl-router"
-        conninfo = make_conninfo(self._dsn, **extra)
-        return PgConnection(psycopg.connect(conninfo, autocommit=True))
+        return connect(self._dsn, self._password)
 
     def writer(self) -> PgConnection:
         """The writer's connection, made (and locked) again if the last one broke."""
@@ -268,7 +264,13 @@ class PostgresBackend:
             self._log.warning("journal.postgres.reconnecting", where=self.where)
         conn = self._connect()
         try:
-            locked = conn.execute("SELECT pg_try_advisory_lock(?)", (LOCK_KEY,)).fetchone()[0]
+            # Shared for a cluster's node: its lease decides who writes.
+            take = "SELECT pg_try_advisory_lock_shared(?)" if self._fence is not None else "SELECT pg_try_advisory_lock(?)"
+            locked = conn.execute(take, (LOCK_KEY,)).fetchone()[0]
+            if self._fence is not None:
+                # Stopped mid-commit, this node must not hold the lease row's lock for as long
+                # as it is stopped: the server ends such a transaction (store/leases.py).
+                conn.execute(f"SET idle_in_transaction_session_timeout = {HOLDER_IDLE_IN_TRANSACTION_MS}")
             if not locked:
                 holder = conn.execute(
                     "SELECT a.pid, a.application_name, a.client_addr FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
@@ -334,6 +336,10 @@ class PostgresBackend:
                 f"PostgreSQL warned '{cancelled[0]}': the commit may be on the primary alone, so it counts as failed and is retried"
             )
 
+    def check_fence(self, db: Connection) -> None:
+        if self._fence is not None:
+            self._fence.check_in(db)
+
     def writer_failed(self) -> None:
         if self._writer is not None and self._writer.broken:
             self._writer.close()
@@ -390,6 +396,21 @@ class PostgresBackend:
         self._writer = self._reader = None
         self._idle_readers.clear()
 
+
+
+def connect(dsn: str, password: str | None, *, application_name: str = "mcpl-router") -> PgConnection:
+    """A new autocommit connection to ``dsn`` with the journal's defaults (a connect timeout,
+    TCP keepalives) where the DSN does not say otherwise."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    given = conninfo_to_dict(dsn)
+    extra = {key: value for key, value in CONNECT_DEFAULTS.items() if key not in given}
+    if password is not None:
+        extra["password"] = password
+    if "application_name" not in given:
+        extra["application_name"] = application_name
+    return PgConnection(psycopg.connect(make_conninfo(dsn, **extra), autocommit=True))
 
 
 def inspect_postgres(dsn: str, *, password: str | None = None) -> list[str]:

@@ -160,6 +160,9 @@ class SqliteBackend:
     def commit(self, db: Connection) -> None:
         db.execute("COMMIT")
 
+    def check_fence(self, db: Connection) -> None:
+        """A file is one daemon's (its lock): nothing to check."""
+
     def writer_failed(self) -> None:
         """SQLite rolled the transaction back; the connection stays good."""
 

@@ -28,6 +28,7 @@ import trio
 
 from mcpl_router.logs import Logger
 from mcpl_router.store.backend import Connection, Dialect, JournalBackend, insert_rows
+from mcpl_router.store.leases import LeaseLost
 from mcpl_router.store.pruning import PRUNE_INTERVAL
 from mcpl_router.store.records import CommitDurations, Delivery, InboundEvent, JournalFailure, Recorded, content_digest
 from mcpl_router.store.schema import (
@@ -454,10 +455,11 @@ class JournalWriter:
             self.failing = "the commit did not finish before the shutdown deadline"
             self._log.error("journal.commit.abandoned", ops=len(batch))
             raise
-        except (JournalGone, JournalReadOnly) as exc:
+        except (JournalGone, JournalReadOnly, LeaseLost) as exc:
             # Every commit from here fails the same way: said once, with what to do.
             if self.failing != str(exc):
-                self._log.error("journal.file.gone" if isinstance(exc, JournalGone) else "journal.read_only", error=str(exc))
+                event = {JournalGone: "journal.file.gone", JournalReadOnly: "journal.read_only", LeaseLost: "journal.fenced"}[type(exc)]
+                self._log.error(event, error=str(exc))
             self.failing = str(exc)
             kept = _fail(batch, exc)
         except Exception as exc:  # the database's error, OSError: the transaction rolled back, or its outcome is unknown
@@ -519,6 +521,7 @@ class JournalWriter:
         integrity_errors = self._dialect.integrity_errors
         db.execute(self._dialect.begin)
         try:
+            self._backend.check_fence(db)
             if not isolate_all:
                 # The inbound ops first, together: none fails alone, and one that fails makes
                 # the batch run again isolated, one op at a time in queue order. Their seqs

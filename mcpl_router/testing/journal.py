@@ -19,6 +19,7 @@ import trio
 from mcpl_router.logs import get_logger
 from mcpl_router.store.backend import Connection
 from mcpl_router.store.journal import Journal
+from mcpl_router.store.leases import LeaseFence
 
 
 @attrs.frozen
@@ -32,14 +33,15 @@ class JournalPlace:
     def backend(self) -> str:
         return "sqlite" if self.path is not None else "postgres"
 
-    def open(self, **options: Any) -> Journal:
-        """The journal there, opened (and locked) anew: a restart opens it again."""
+    def open(self, *, fence: LeaseFence | None = None, **options: Any) -> Journal:
+        """The journal there, opened (and locked) anew: a restart opens it again. ``fence``: a
+        cluster node's lease, on PostgreSQL."""
         if self.path is not None:
             return Journal(self.path, **options)
         from mcpl_router.store.postgres_backend import PostgresBackend
 
         assert self.dsn is not None
-        return Journal(PostgresBackend(self.dsn, get_logger(journal="test")), **options)
+        return Journal(PostgresBackend(self.dsn, get_logger(journal="test"), fence=fence), **options)
 
     @contextmanager
     def database(self) -> Iterator[Connection]:

@@ -8,7 +8,7 @@ The package is built in floors, each importing only floors below it (docs/archit
     events       the domain events and their one dispatcher; what a host is told (host_notices)
     links        mcpl, testing (the fixture servers)
     the shell    inference, turns  <  tools  <  hosts
-    application  health, reload_plan, query  <  metrics  <  servers_view  <  read_model  <  daemon  <  supervision  <  demo  <  cli  <  __main__
+    application  health, reload_plan, query  <  metrics  <  servers_view  <  read_model  <  daemon  <  cluster  <  supervision  <  demo  <  cli  <  __main__
 
 What a lower floor needs of a higher one is a small protocol in the lower floor (turns/ports.py,
 inference/ports.py, HostLink, WakeCounts, MetricsPage), which the higher one implements. Every
@@ -45,6 +45,7 @@ ORDER: tuple[str, ...] = (
     "servers_view",
     "read_model",
     "daemon",
+    "cluster",
     "supervision",
     "demo",
     "cli",

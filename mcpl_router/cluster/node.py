@@ -1,0 +1,384 @@
+"""One node of a cluster: a standby until it holds the links' lease, then a daemon's term.
+
+Several ``mcpl-router run`` processes with the same config file (``[cluster] node`` differing)
+share one PostgreSQL journal. Each is a :class:`ClusterNode`:
+
+- **standby**: it heartbeats its row in ``cluster_nodes`` and tries to take the lease
+  (store/leases.py) every :data:`POLL_SHARE` of it; it serves ``/healthz``, ``/readyz`` (503:
+  "standby: node a holds the links") and ``/metrics``, and does not listen for hosts.
+- **holding**: it took the lease. A :class:`~mcpl_router.daemon.Daemon` is built for this term
+  from the journal, as at any start (the journal is the truth: wakes not acked are sent again
+  to the hosts that reconnect here), with the lease's fence on every journal transaction and
+  every write to a server. The lease is renewed every :data:`RENEW_SHARE` of it.
+- **the lease lost** (a renewal finds another epoch, or none succeeded before the local
+  deadline): the term is cancelled at once (no journal write, no byte to a server after it),
+  its hosts disconnected; the node is a standby again.
+- **SIGTERM** while holding: the daemon drains as ever (hosts hear ``daemon/shutdown``), the
+  journal's last commit is made, and the lease is released and announced: a standby takes the
+  links within its poll, not the lease's length.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Final, TypeVar
+
+import trio
+
+from mcpl_router import __version__
+from mcpl_router.cluster.metrics import NodeMetrics
+from mcpl_router.config import ConfigError, RouterConfig, load_config
+from mcpl_router.daemon import Daemon
+from mcpl_router.health import Readiness, serve_health
+from mcpl_router.logs import get_logger
+from mcpl_router.store.backend import Connection
+from mcpl_router.store.journal import read_password
+from mcpl_router.store.leases import (
+    LEASE_LOCK_TIMEOUT_MS,
+    LINKS,
+    LeaseFence,
+    LeaseTerm,
+    acquire,
+    cluster_view,
+    ensure_cluster_tables,
+    heartbeat,
+    leave,
+    release,
+    renew,
+)
+from mcpl_router.store.postgres_backend import PgConnection, connect
+from mcpl_router.store.schema import JournalLocked, JournalRefused
+
+__all__ = ["ClusterNode"]
+
+_T = TypeVar("_T")
+
+#: A standby tries to take the lease this often, as a share of the lease (at most every second).
+POLL_SHARE: Final = 0.1
+#: The holder renews this often, as a share of the lease: four renewals may fail before the
+#: local deadline (0.8 of the lease) stops it.
+RENEW_SHARE: Final = 0.2
+#: A node whose heartbeat is older than this many leases is shown as gone.
+GONE_AFTER_LEASES: Final = 3
+#: How long after a term that could not start (the journal refused) the node tries again.
+RETRY_AFTER_REFUSAL: Final = 5.0
+
+
+class _Database:
+    """One connection of the node's own, used from one worker thread at a time and made
+    again when it broke (the journal's writer and readers are the daemon's, apart)."""
+
+    def __init__(self, dsn: str, password: str | None, purpose: str) -> None:
+        self._dsn = dsn
+        self._password = password
+        self._purpose = purpose
+        self._conn: PgConnection | None = None
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def run(self, fn: Callable[[Connection], _T]) -> _T:
+        def call() -> _T:
+            if self._conn is None or self._conn.broken:
+                if self._conn is not None:
+                    self._conn.close()
+                conn = connect(self._dsn, self._password, application_name=f"mcpl-router {self._purpose}")
+                # A lease statement behind a lock (a commit under way) fails after this and is
+                # tried again at the next poll, rather than waiting without bound.
+                conn.execute(f"SET lock_timeout = {LEASE_LOCK_TIMEOUT_MS}")
+                self._conn = conn
+            return fn(self._conn)
+
+        return await trio.to_thread.run_sync(call, limiter=self._limiter)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class ClusterNode:
+    """Runs as a :class:`~mcpl_router.daemon.Daemon` runs (``run``, ``request_shutdown``,
+    ``request_reload``): supervision and the CLI start either."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        assert config.cluster is not None and config.journal.dsn is not None, "a node is configured by [cluster]"
+        self.config = config
+        self.name = config.cluster.node
+        self.ttl = config.cluster.lease_ttl
+        self.shutdown_requested = trio.Event()
+        #: ``starting``, ``standby``, ``holding``, ``draining``, ``stopped``.
+        self.state = "starting"
+        #: The daemon of the term under way (None while standby).
+        self.daemon: Daemon | None = None
+        self.fence: LeaseFence | None = None
+        #: ``http://host:port`` of the node's health listener once it listens.
+        self.health_url: str | None = None
+        self.metrics = NodeMetrics(self)
+        #: The cluster as the database showed it at the last heartbeat (nodes, leases).
+        self.view: dict[str, object] = {"nodes": [], "leases": []}
+        self.counts = {"terms": 0, "leasesLost": 0, "renewFailures": 0, "heartbeatFailures": 0, "refusedTerms": 0}
+        self._shutdown_reason: str | None = None
+        self._reload_pending = False
+        self._term_scope: trio.CancelScope | None = None
+        password = read_password(config.journal)
+        self._leases = _Database(config.journal.dsn, password, f"node {self.name} lease")
+        self._info = _Database(config.journal.dsn, password, f"node {self.name} heartbeat")
+        self._log = get_logger(node=self.name)
+
+    # -- what supervision calls ----------------------------------------------------------------
+
+    def request_shutdown(self, reason: str = "requested") -> None:
+        self._shutdown_reason = self._shutdown_reason or reason
+        self.shutdown_requested.set()
+        if self.daemon is not None:
+            self.state = "draining"
+            self.daemon.request_shutdown(reason)
+
+    def request_reload(self) -> None:
+        if self.daemon is not None:
+            self.daemon.request_reload()
+        else:
+            # No term to apply it to: the next term starts from the file as it is then.
+            self._reload_pending = True
+            self._log.info("cluster.reload.deferred", reason="standby: the config file is read again when this node takes the links")
+
+    async def run(self, *, task_status: trio.TaskStatus[ClusterNode] = trio.TASK_STATUS_IGNORED) -> None:
+        self._log.info("cluster.node.starting", version=__version__, lease_ttl=self.ttl, journal=self.config.journal.described)
+        try:
+            await self._info.run(ensure_cluster_tables)
+            async with trio.open_nursery() as nursery:
+                if self.config.health.enabled:
+                    self.health_url = await nursery.start(
+                        partial(
+                            serve_health, self.config.health, config_source=self.config.source, ready=self.readiness,
+                            metrics=self.metrics, status=self.status_page, page_token=None,
+                        )
+                    )
+                await self._beat()
+                nursery.start_soon(self._heartbeats)
+                task_status.started(self)
+                await self._serve_terms()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.state = "stopped"
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                try:
+                    await self._info.run(partial(leave, node=self.name))
+                except Exception as exc:  # the database may be what failed: the row ages out
+                    self._log.warning("cluster.node.leave_failed", error=f"{type(exc).__name__}: {exc}")
+            self._leases.close()
+            self._info.close()
+            self._log.info("cluster.node.stopped", reason=self._shutdown_reason)
+
+    # -- standby and terms ---------------------------------------------------------------------
+
+    async def _serve_terms(self) -> None:
+        while not self.shutdown_requested.is_set():
+            taken = await self._wait_for_lease()
+            if taken is None:
+                return
+            refused = self.counts["refusedTerms"]
+            await self._hold(*taken)
+            if self.counts["refusedTerms"] > refused:
+                # The journal refused this node (said in the log): another node may do better.
+                with trio.move_on_after(RETRY_AFTER_REFUSAL):
+                    await self.shutdown_requested.wait()
+
+    async def _wait_for_lease(self) -> tuple[LeaseTerm, float] | None:
+        self.state = "standby"
+        poll = min(1.0, self.ttl * POLL_SHARE)
+        said_standby = False
+        while not self.shutdown_requested.is_set():
+            try:
+                term, valid_until = await self._leases.run(partial(_try_acquire, node=self.name, ttl=self.ttl))
+            except Exception as exc:
+                self._log.warning("cluster.lease.unreachable", error=f"{type(exc).__name__}: {exc}")
+                term, valid_until = None, 0.0
+            if term is not None:
+                return term, valid_until
+            if not said_standby:
+                said_standby = True
+                self._log.info("cluster.node.standby", holder=self._holder())
+            with trio.move_on_after(poll):
+                await self.shutdown_requested.wait()
+        return None
+
+    async def _hold(self, term: LeaseTerm, valid_until: float) -> None:
+        fence = self.fence = LeaseFence(term, valid_until)
+        self.counts["terms"] += 1
+        self._log.info("cluster.lease.taken", epoch=term.epoch, since=term.since)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._term_scope = nursery.cancel_scope
+                nursery.start_soon(self._renewals, fence, nursery.cancel_scope)
+                daemon = self._new_daemon(fence)
+                if daemon is None:
+                    nursery.cancel_scope.cancel()
+                    return
+                self.daemon = daemon
+                self.metrics.attach(daemon.metrics.registry)
+                self.state = "holding"
+                if self.shutdown_requested.is_set():
+                    daemon.request_shutdown(self._shutdown_reason or "requested")
+                await daemon.run()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.daemon = None
+            self.metrics.detach()
+            self._term_scope = None
+            self.fence = None
+            if fence.loss is None:
+                # The term ended by choice (shutdown, or a daemon that could not start): the
+                # journal is closed, so the lease is given up now and a standby takes it.
+                with trio.CancelScope(shield=True), trio.move_on_after(2):
+                    await self._release(fence.term)
+            elif not self.shutdown_requested.is_set():
+                self._log.info("cluster.node.standby_again", reason=fence.loss)
+
+    def _new_daemon(self, fence: LeaseFence) -> Daemon | None:
+        config = self.config
+        if self._reload_pending:
+            self._reload_pending = False
+            try:
+                fresh = load_config(config.source)
+            except ConfigError as exc:
+                self._log.error("config.reload.refused", errors=str(exc).splitlines(), hint="this term runs the config read at start")
+            else:
+                if (fresh.cluster, fresh.journal, fresh.health) != (config.cluster, config.journal, config.health):
+                    self._log.warning("cluster.reload.restart_needed", sections=["cluster", "journal", "health"])
+                else:
+                    self.config = config = fresh
+        try:
+            return Daemon(config, fence=fence, node=self)
+        except (JournalRefused, JournalLocked) as exc:
+            self.counts["refusedTerms"] += 1
+            self._log.error("cluster.term.refused", error=str(exc), retry_in=RETRY_AFTER_REFUSAL)
+            return None
+
+    async def _renewals(self, fence: LeaseFence, term_scope: trio.CancelScope) -> None:
+        """Renew every :data:`RENEW_SHARE` of the lease; the term ends when the lease is lost
+        or its local deadline passes unrenewed (checked often: a stopped process resumed
+        notices at once, before anything else of its term runs long)."""
+        every = self.ttl * RENEW_SHARE
+        next_renewal = trio.current_time() + every
+        while True:
+            refusal = fence.refusal()
+            if refusal is not None:
+                self._lost(fence, refusal, term_scope)
+                return
+            if trio.current_time() >= next_renewal:
+                next_renewal = trio.current_time() + every
+                try:
+                    valid_until = await self._leases.run(partial(renew, term=fence.term, ttl=self.ttl))
+                except Exception as exc:
+                    self.counts["renewFailures"] += 1
+                    self._log.warning("cluster.lease.renew_failed", epoch=fence.term.epoch, error=f"{type(exc).__name__}: {exc}")
+                    continue
+                if valid_until is None:
+                    fence.lost(f"node {self.name}'s lease on the links (epoch {fence.term.epoch}) expired or was taken by another node")
+                    continue
+                fence.renewed(valid_until)
+            await trio.sleep(min(0.1, every))
+
+    def _lost(self, fence: LeaseFence, why: str, term_scope: trio.CancelScope) -> None:
+        fence.lost(why)
+        self.counts["leasesLost"] += 1
+        self._log.error("cluster.lease.lost", epoch=fence.term.epoch, reason=why, effect="this node's term ends now: no journal write, no send")
+        term_scope.cancel()
+
+    async def _release(self, term: LeaseTerm) -> None:
+        try:
+            released = await self._leases.run(partial(release, term=term))
+        except Exception as exc:
+            self._log.warning("cluster.lease.release_failed", epoch=term.epoch, error=f"{type(exc).__name__}: {exc}",
+                              effect=f"another node takes the links when the lease runs out ({self.ttl:g}s)")
+            return
+        self._log.info("cluster.lease.released", epoch=term.epoch, released=released)
+
+    # -- heartbeat and what status shows ------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await trio.sleep(self.ttl * RENEW_SHARE)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        info = self._info_fields()
+        try:
+            self.view = await self._info.run(partial(_beat_and_view, node=self.name, state=self.state, info=info))
+        except Exception as exc:
+            self.counts["heartbeatFailures"] += 1
+            self._log.warning("cluster.heartbeat.failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _info_fields(self) -> dict[str, object]:
+        host = self.config.host
+        return {
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "version": __version__,
+            "hostSocket": None if host.unix_socket is None else str(host.unix_socket),
+            "health": self.health_url,
+            "websocket": None if self.daemon is None else self.daemon.host_websocket_url,
+        }
+
+    def _holder(self) -> dict[str, object] | None:
+        leases = self.view.get("leases")
+        for lease in leases if isinstance(leases, list) else []:
+            if isinstance(lease, dict) and lease.get("scope") == LINKS:
+                return lease
+        return None
+
+    def status(self) -> dict[str, object]:
+        """``status``'s ``cluster``: this node, the holder, every node and when it was seen."""
+        fence = self.fence
+        nodes = self.view.get("nodes")
+        gone_after = self.ttl * GONE_AFTER_LEASES
+        return {
+            "node": self.name,
+            "state": self.state,
+            "leaseTtl": self.ttl,
+            "lease": None if fence is None else {
+                "epoch": fence.term.epoch,
+                "since": fence.term.since,
+                "validForSeconds": round(max(0.0, fence.valid_until - time.monotonic()), 3),
+            },
+            "holder": self._holder(),
+            "nodes": [
+                {**node, "live": float(node.get("seenAgo", gone_after)) < gone_after and node.get("state") != "stopped"}
+                for node in (nodes if isinstance(nodes, list) else []) if isinstance(node, dict)
+            ],
+            **self.counts,
+        }
+
+    def readiness(self) -> Readiness:
+        daemon = self.daemon
+        if daemon is not None and self.state == "holding":
+            return daemon.readiness()
+        holder = self._holder()
+        if holder is None or float(str(holder.get("expiresIn", 0))) <= 0:
+            return Readiness((f"standby: node {self.name} does not hold the links, and no node holds them now",))
+        return Readiness((f"standby: node {holder.get('node')} holds the links (epoch {holder.get('epoch')})",))
+
+    def status_page(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, object]:
+        daemon = self.daemon
+        if daemon is not None:
+            return daemon.status(channels_page=channels_page, channels_filter=channels_filter)
+        readiness = self.readiness()
+        return {"version": __version__, "ready": readiness.ready, "problems": list(readiness.problems), "cluster": self.status()}
+
+
+def _try_acquire(db: Connection, *, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:
+    """Take the links' lease if it is free or expired. A read first, without a lock: a standby's
+    poll never makes the holder's fenced commits wait on its row lock."""
+    row = db.execute("SELECT expires_at > clock_timestamp() FROM cluster_leases WHERE scope = ?", (LINKS,)).fetchone()
+    if row is not None and row[0]:
+        return None, 0.0
+    return acquire(db, LINKS, node, ttl)
+
+
+def _beat_and_view(db: Connection, *, node: str, state: str, info: dict[str, object]) -> dict[str, object]:
+    heartbeat(db, node, state, info)
+    return cluster_view(db)

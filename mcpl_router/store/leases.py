@@ -1,0 +1,236 @@
+"""Leases in the journal's database: which node of a cluster holds the links, and its fence.
+
+A cluster is the daemons sharing one PostgreSQL journal (docs/cluster.md). One node at a time
+holds the links (every server's connection) and writes the journal; it does so under a lease,
+a row in ``cluster_leases`` with an **epoch**:
+
+- **taken** only when no one holds it or its holder let it expire (``INSERT … ON CONFLICT DO
+  UPDATE … WHERE expires_at < clock_timestamp()``): each taking raises the epoch by one;
+- **renewed** by its holder while the epoch is still its own and the lease has not expired;
+- **fenced**: every journal transaction of the holder first takes the row ``FOR SHARE`` where
+  node, epoch and an unexpired ``expires_at`` are its own (:meth:`LeaseFence.check_in`). A
+  commit so fenced finishes before any taking can (the taking's update waits for the share
+  lock), and a node whose epoch is gone commits nothing: a paused node resumed after a
+  takeover writes no row;
+- **checked before bytes go to a server**: the holder keeps a local deadline, its renewal's
+  start plus the lease less a margin (:meth:`LeaseFence.refusal`), on the monotonic clock,
+  which runs on while a process is stopped. The database's expiry is never earlier than it.
+
+Rows are replicated with the journal, so a holder stays the holder across a database failover
+(an advisory lock would not). ``cluster_nodes`` says who is there: each node's row, renewed by
+its heartbeat, read by ``status`` and ``/metrics``.
+
+Every function here is synchronous and runs in a worker thread on a connection of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+if TYPE_CHECKING:
+    from mcpl_router.store.backend import Connection
+
+__all__ = [
+    "LINKS",
+    "LeaseFence",
+    "LeaseLost",
+    "LeaseTerm",
+    "acquire",
+    "cluster_view",
+    "ensure_cluster_tables",
+    "heartbeat",
+    "leave",
+    "release",
+    "renew",
+]
+
+#: The one lease of this version: the right to hold every server link and write the journal.
+LINKS: Final = "links"
+#: The channel a release is announced on: standbys try to take the lease at once, not at their
+#: next poll. Only a nudge: the table is the truth.
+RELEASED_CHANNEL: Final = "mcpl_router_lease_released"
+
+CLUSTER_TABLES: Final = (
+    """CREATE TABLE IF NOT EXISTS cluster_leases (
+        scope text PRIMARY KEY,
+        node text NOT NULL,
+        epoch bigint NOT NULL,
+        acquired_at timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS cluster_nodes (
+        node text PRIMARY KEY,
+        state text NOT NULL,
+        started_at timestamptz NOT NULL,
+        seen_at timestamptz NOT NULL,
+        info text NOT NULL
+    )""",
+)
+
+
+class LeaseLost(Exception):
+    """This node's lease is gone (expired, or another node took it): it may not write the
+    journal nor send to a server any more."""
+
+
+@attrs.frozen
+class LeaseTerm:
+    """One holding of a lease: by whom, with which epoch, since when (the database's clock,
+    seconds since the epoch)."""
+
+    scope: str
+    node: str
+    epoch: int
+    since: float
+
+
+@attrs.define
+class LeaseFence:
+    """What a holder checks before a write leaves it: the journal's transactions in the
+    database (:meth:`check_in`), a server's bytes against the local deadline (:meth:`refusal`).
+
+    ``valid_until`` is on :func:`time.monotonic` (a stopped process's clock runs on); the
+    renewal moves it forward (:meth:`renewed`) and a loss ends it (:meth:`lost`).
+    """
+
+    term: LeaseTerm
+    valid_until: float
+    #: Why the lease was lost, once it was.
+    loss: str | None = None
+
+    def refusal(self) -> str | None:
+        """None while this node may send for the lease; else why not (one sentence)."""
+        if self.loss is not None:
+            return self.loss
+        if time.monotonic() >= self.valid_until:
+            return f"node {self.term.node}'s lease on the {self.term.scope} (epoch {self.term.epoch}) ran out unrenewed"
+        return None
+
+    def renewed(self, valid_until: float) -> None:
+        if self.loss is None:
+            self.valid_until = max(self.valid_until, valid_until)
+
+    def lost(self, why: str) -> None:
+        if self.loss is None:
+            self.loss = why
+
+    def check_in(self, db: Connection) -> None:
+        """In the writer's open transaction, before it writes: the lease is still this node's.
+
+        Raises:
+            LeaseLost: the local deadline passed, or the row says another epoch or an expiry.
+        """
+        refusal = self.refusal()
+        if refusal is None:
+            row = db.execute(
+                "SELECT 1 FROM cluster_leases WHERE scope = ? AND node = ? AND epoch = ? AND expires_at > clock_timestamp() FOR SHARE",
+                (self.term.scope, self.term.node, self.term.epoch),
+            ).fetchone()
+            if row is not None:
+                return
+            refusal = f"node {self.term.node}'s lease on the {self.term.scope} (epoch {self.term.epoch}) is gone from the database"
+            self.lost(refusal)
+        raise LeaseLost(f"{refusal}: this node may not write the journal")
+
+
+def ensure_cluster_tables(db: Connection) -> None:
+    """Make the cluster's two tables if they are missing (idempotent; autocommit)."""
+    for statement in CLUSTER_TABLES:
+        db.execute(statement)
+
+
+def acquire(db: Connection, scope: str, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:
+    """Take ``scope`` for ``node`` if no one holds it unexpired; (the term or None, the local
+    deadline it is good until). Not even its own unexpired lease is taken again: a node
+    restarted at once waits it out, and two processes given one node name by mistake can't
+    take it from each other in turn."""
+    started = time.monotonic()
+    row = db.execute(
+        "INSERT INTO cluster_leases AS l (scope, node, epoch, acquired_at, expires_at)"
+        " VALUES (?, ?, 1, clock_timestamp(), clock_timestamp() + make_interval(secs => ?))"
+        " ON CONFLICT (scope) DO UPDATE SET node = excluded.node, epoch = l.epoch + 1,"
+        " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at"
+        " WHERE l.expires_at < clock_timestamp()"
+        " RETURNING epoch, extract(epoch FROM acquired_at)",
+        (scope, node, ttl),
+    ).fetchone()
+    if row is None:
+        return None, started
+    return LeaseTerm(scope, node, int(row[0]), float(row[1])), started + ttl * (1 - _MARGIN)
+
+
+#: A holder's writer connection is ended by the server when it sits this long inside a
+#: transaction (``idle_in_transaction_session_timeout``): a holder stopped mid-commit would
+#: otherwise keep the lease row's share lock, and the takeover waiting on it, for as long as
+#: it is stopped. A commit's statements follow each other within milliseconds.
+HOLDER_IDLE_IN_TRANSACTION_MS: Final = 1000
+#: What a node's own lease statements wait for a row lock at most (an acquire behind a commit
+#: under way): a wait past it fails that attempt, and the next poll tries again.
+LEASE_LOCK_TIMEOUT_MS: Final = 1000
+
+#: The part of the lease a holder does not count on: its local deadline is its renewal's start
+#: plus (1 − margin) × ttl, so it stops sending before the database could let another node in,
+#: with room for the clocks' drift and a write already under way.
+_MARGIN: Final = 0.2
+
+
+def renew(db: Connection, term: LeaseTerm, ttl: float) -> float | None:
+    """Extend ``term`` by ``ttl`` from now; the new local deadline, or None when the lease is
+    no longer this term's (expired or taken)."""
+    started = time.monotonic()
+    row = db.execute(
+        "UPDATE cluster_leases SET expires_at = clock_timestamp() + make_interval(secs => ?)"
+        " WHERE scope = ? AND node = ? AND epoch = ? AND expires_at > clock_timestamp() RETURNING 1",
+        (ttl, term.scope, term.node, term.epoch),
+    ).fetchone()
+    return None if row is None else started + ttl * (1 - _MARGIN)
+
+
+def release(db: Connection, term: LeaseTerm) -> bool:
+    """Give ``term`` up now (a drain, after the journal's last commit): expired at once and
+    announced, so a standby takes it without waiting out the lease. False if it was not ours."""
+    row = db.execute(
+        "UPDATE cluster_leases SET expires_at = clock_timestamp() - interval '1 millisecond'"
+        " WHERE scope = ? AND node = ? AND epoch = ? RETURNING 1",
+        (term.scope, term.node, term.epoch),
+    ).fetchone()
+    db.execute(f"NOTIFY {RELEASED_CHANNEL}")
+    return row is not None
+
+
+def heartbeat(db: Connection, node: str, state: str, info: Mapping[str, object]) -> None:
+    """``node`` is here, in ``state`` (``standby``, ``holding``, ``draining``)."""
+    db.execute(
+        "INSERT INTO cluster_nodes AS n (node, state, started_at, seen_at, info) VALUES (?, ?, clock_timestamp(), clock_timestamp(), ?)"
+        " ON CONFLICT (node) DO UPDATE SET state = excluded.state, seen_at = excluded.seen_at, info = excluded.info",
+        (node, state, json.dumps(dict(info), sort_keys=True)),
+    )
+
+
+def leave(db: Connection, node: str) -> None:
+    """``node`` stopped on purpose: said in its row (kept, so ``status`` shows when it left)."""
+    db.execute("UPDATE cluster_nodes SET state = 'stopped', seen_at = clock_timestamp() WHERE node = ?", (node,))
+
+
+def cluster_view(db: Connection) -> dict[str, object]:
+    """The nodes and the leases as the database has them, ages in seconds by its own clock."""
+    nodes = [
+        {"node": node, "state": state, "startedAt": float(started), "seenAgo": round(float(ago), 3), "info": json.loads(info)}
+        for node, state, started, ago, info in db.execute(
+            "SELECT node, state, extract(epoch FROM started_at), extract(epoch FROM clock_timestamp() - seen_at), info"
+            " FROM cluster_nodes ORDER BY node"
+        ).fetchall()
+    ]
+    leases = [
+        {"scope": scope, "node": node, "epoch": int(epoch), "since": float(since), "expiresIn": round(float(left), 3)}
+        for scope, node, epoch, since, left in db.execute(
+            "SELECT scope, node, epoch, extract(epoch FROM acquired_at), extract(epoch FROM expires_at - clock_timestamp())"
+            " FROM cluster_leases ORDER BY scope"
+        ).fetchall()
+    ]
+    return {"nodes": nodes, "leases": leases}
