@@ -122,8 +122,9 @@ def test_the_checker_allows_pure_imports(source: str) -> None:
 # ---------------------------------------------------------------------- the daemon is only wired
 
 #: The modules that may build a daemon: the command line and the demo (and the daemon itself),
-#: and supervision.py, which runs one under signals and systemd for both.
-ENTRY_POINTS = frozenset({"cli.py", "demo.py", "daemon.py", "supervision.py"})
+#: supervision.py, which runs one under signals and systemd for both, and a cluster's node,
+#: which builds one for each term it holds the links.
+ENTRY_POINTS = frozenset({"cli.py", "demo.py", "daemon.py", "supervision.py", "cluster/node.py"})
 
 
 def _is_the_daemon(module: str) -> bool:
