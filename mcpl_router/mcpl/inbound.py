@@ -48,6 +48,8 @@ class InferenceHandler(Protocol):
 
 
 INVALID_ITEM = -32602
+#: Conversation ids kept (cleared when full: one per channel that received a message).
+CONVERSATION_IDS = 4096
 #: MCP's notice that a server's tool list changed (the connector tools re-list).
 TOOLS_LIST_CHANGED = "notifications/tools/list_changed"
 
@@ -123,6 +125,11 @@ class ServerInbound:
         self._deliveries_for = deliveries_for or (lambda event: [])
         self._on_tools_changed = on_tools_changed or (lambda link: None)
         self._logs: dict[str, Logger] = {}
+        # Per server: the grant and id patterns its registry policy was last built from, and that
+        # policy; the same objects give the same policy (a regrant or a reload makes new ones).
+        self._policies: dict[str, tuple[Grant, tuple[str, ...], RegistrationPolicy]] = {}
+        # Each (server, channel)'s conversation id, as answered with every accepted message.
+        self._conversations: dict[tuple[str, str | None], str] = {}
         self._handlers = {
             "channels/register": self._register,
             "channels/changed": self._changed,
@@ -136,6 +143,7 @@ class ServerInbound:
         events.subscribe(ServerWithdrawn, self._withdrawn)
 
     def _withdrawn(self, event: ServerWithdrawn) -> None:
+        self._policies.pop(event.server_id, None)
         # No name may resolve to a withdrawn server's channels (until a reconnect registers them again).
         removed = self.registry.remove_server(event.server_id)
         if not removed:
@@ -143,6 +151,26 @@ class ServerInbound:
         if event.why is not None:
             self._log_of(event.server_id).info("server.channels.withdrawn", channels=len(removed), why=event.why)
         self._events.publish(ChannelsChanged(event.server_id, removed=tuple(removed)))
+
+    def _policy_of(self, link: ServerLink, inbound: Inbound) -> RegistrationPolicy:
+        """:func:`registration_policy`, built once per grant and id patterns, not per request."""
+        grant = inbound.stamp if isinstance(inbound.stamp, Grant) else link.grant
+        patterns = link.config.channel_patterns
+        kept = self._policies.get(link.server_id)
+        if kept is not None and kept[0] is grant and kept[1] is patterns:
+            return kept[2]
+        policy = registration_policy(link, inbound)
+        self._policies[link.server_id] = (grant, patterns, policy)
+        return policy
+
+    def _conversation_id(self, event: InboundEvent) -> str:
+        key = (event.server_id, event.channel_id)
+        conversation = self._conversations.get(key)
+        if conversation is None:
+            if len(self._conversations) >= CONVERSATION_IDS:
+                self._conversations.clear()
+            conversation = self._conversations[key] = _conversation_id(event)
+        return conversation
 
     def _log_of(self, server_id: str) -> Logger:
         # One bound logger per server, not one per message.
@@ -210,7 +238,7 @@ class ServerInbound:
     async def _incoming(self, link: ServerLink, inbound: Inbound) -> object:
         params = inbound.decode_params(IncomingParams)
         form: Literal["request", "notification"] = "notification" if inbound.is_notification else "request"
-        policy = registration_policy(link, inbound)
+        policy = self._policy_of(link, inbound)
         log = self._log_of(link.server_id)
         results: list[dict[str, object] | None] = []
         pending: list[tuple[int, str, InboundEvent]] = []
@@ -263,7 +291,7 @@ class ServerInbound:
                 later.settle(None, _not_accepted(failure))
                 return
             for slot, message_id, event in pending:
-                results[slot] = {"messageId": message_id, "accepted": True, "conversationId": _conversation_id(event)}
+                results[slot] = {"messageId": message_id, "accepted": True, "conversationId": self._conversation_id(event)}
             later.settle({"results": results})
 
         # Queued for the next group commit; this link's next message is dispatched meanwhile,

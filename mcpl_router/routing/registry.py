@@ -186,6 +186,11 @@ class ChannelRegistry(ChannelNameIndex):
     #: Bumped by every change to what is registered (or open): values derived from the
     #: registry (a resolved wake policy, a rendered invitation) are valid while it stands.
     generation: int = attrs.field(default=0, init=False)
+    # Each admitted (server, channel id) with the policy it was admitted under, while the
+    # generation stands: every message of a busy channel gets the same answer, so it is decided
+    # once (refusals are not kept: each is logged). At most one per registered channel.
+    _admitted: dict[tuple[str, str], tuple[RegistrationPolicy, Admission]] = attrs.field(factory=dict, init=False)
+    _admitted_at: int = attrs.field(default=-1, init=False)
 
     # ------------------------------------------------------------------ register / change
 
@@ -386,8 +391,15 @@ class ChannelRegistry(ChannelNameIndex):
         channel with that id never admits it. Refused with :data:`UNKNOWN_CHANNEL` where this
         server registers no such channel, and with :data:`CHANNEL_NOT_PERMITTED` where the grant
         lacks ``channels.incoming``, the id is outside its patterns, or the channel is
-        outbound-only. Tags are never consulted: they are claims, not authority.
+        outbound-only. Tags are never consulted: they are claims, not authority. An admission
+        is kept per (server, channel id, policy) until the generation moves.
         """
+        if self._admitted_at != self.generation:
+            self._admitted.clear()
+            self._admitted_at = self.generation
+        kept = self._admitted.get((server_id, channel_id)) if isinstance(channel_id, str) else None
+        if kept is not None and (kept[0] is policy or kept[0] == policy):
+            return kept[1]
         ref = ChannelRef(server_id, channel_id) if isinstance(channel_id, str) else None
         entry = self._entries.get(ref) if ref is not None else None
         if not policy.may_receive:
@@ -403,7 +415,9 @@ class ChannelRegistry(ChannelNameIndex):
             admission = Admission(False, entry.ref, CHANNEL_NOT_PERMITTED,
                                   texts.reason_incoming_outbound(channel_id))
         else:
-            return Admission(True, entry.ref)
+            admitted = Admission(True, entry.ref)
+            self._admitted[(server_id, channel_id)] = (policy, admitted)
+            return admitted
         self._log_refused("channels.incoming.refused", server_id, str(channel_id),
                           admission.reason or "", form, "channels/incoming", code=admission.code)
         return admission

@@ -234,3 +234,38 @@ async def test_an_accepted_message_is_counted_and_logged_at_debug_not_info(tmp_p
     [accepted] = [e for e in logs if e["event"] == "channels.incoming.accepted"]
     [duplicate] = [e for e in logs if e["event"] == "channels.incoming.duplicate"]
     assert (accepted["log_level"], duplicate["log_level"]) == ("debug", "info")
+
+
+async def test_a_grant_narrowed_or_widened_by_a_reload_decides_the_next_message(tmp_path: Path) -> None:
+    """The admission and the grant's policy are kept per channel while they stand (issue 30):
+    a reload that revokes ``channels.incoming`` refuses the very next message, one that grants
+    it again admits the next; each accepted message's conversation id is its own channel's, and
+    no refused message is journaled."""
+    from mcpl_router.jsonrpc import RpcError
+
+    from .conftest import daemon_config
+
+    with trio.fail_after(60):
+        async with servers(tmp_path, ("a",)) as (daemon, fx):
+            await fx["a"].register(["general", "random"])
+            entry = dialled_server(fx["a"])
+
+            async def send(n: int, channel: str = "general") -> dict[str, Any]:
+                answer = await fx["a"].incoming([{"channelId": channel, "messageId": f"m-{n}", "text": "hi"}])
+                result: dict[str, Any] = answer["results"][0]
+                return result
+
+            for n in range(5):
+                assert (await send(n))["conversationId"] == '["a","general"]'
+            assert (await send(5, "random"))["conversationId"] == '["a","random"]'
+            narrowed = await daemon.reload(daemon_config(tmp_path, {"a": {**entry, "disabledCapabilities": ["channels.incoming"]}}))
+            assert narrowed["outcome"] == "applied"
+            with pytest.raises(RpcError) as refused:  # the link refuses it before it is admitted
+                await send(6)
+            assert refused.value.code == -32002
+            widened = await daemon.reload(daemon_config(tmp_path, {"a": entry}))
+            assert widened["outcome"] == "applied"
+            await wait_until(lambda: daemon.links["a"].grant.allows("channels.incoming"), timeout=15)
+            assert (await send(7))["accepted"] is True
+            stored = [(e.channel_id, e.payload["messageId"]) for e in daemon.journal.events()]  # type: ignore[index]
+            assert stored == [("general", f"m-{n}") for n in range(5)] + [("random", "m-5"), ("general", "m-7")]

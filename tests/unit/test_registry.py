@@ -320,6 +320,55 @@ def test_admission_refuses_an_outbound_only_channel() -> None:
     assert logs[0]["code"] == CHANNEL_NOT_PERMITTED
 
 
+def test_a_channels_admission_is_decided_once_while_the_registry_and_policy_stand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every message of a busy channel gets the same answer: decided once (its id checked
+    against the patterns once), and anew after any change to the registry or under another policy."""
+    import mcpl_router.routing.registry as registry_module
+
+    matched: list[str] = []
+    real = registry_module.fnmatch.fnmatchcase
+
+    def counted(name: str, pattern: str) -> bool:
+        matched.append(name)
+        return real(name, pattern)
+
+    monkeypatch.setattr(registry_module.fnmatch, "fnmatchcase", counted)
+    registry = ChannelRegistry()
+    registry.register("d", [{"id": "discord:acme:1"}], FULL)
+    matched.clear()
+    acme = RegistrationPolicy(may_register=True, may_receive=True, id_patterns=("discord:acme:*",))
+    for _ in range(50):
+        admission = registry.admit_incoming("d", "discord:acme:1", acme)
+        assert admission.accepted and admission.ref == ChannelRef("d", "discord:acme:1")
+    assert matched == ["discord:acme:1"]  # once, not 50 times
+    # Another policy (a narrowed grant at receipt) is decided for itself, at once.
+    other = RegistrationPolicy(may_register=True, may_receive=True, id_patterns=("discord:other:*",))
+    assert not registry.admit_incoming("d", "discord:acme:1", other).accepted
+    assert not registry.admit_incoming("d", "discord:acme:1", RegistrationPolicy(may_register=True)).accepted
+    assert registry.admit_incoming("d", "discord:acme:1", acme).accepted  # the kept one still stands
+    # Re-registered outbound-only: refused from the next message on.
+    registry.register("d", [{"id": "discord:acme:1", "direction": "outbound"}], FULL)
+    assert registry.admit_incoming("d", "discord:acme:1", acme).code == CHANNEL_NOT_PERMITTED
+    # Registered again both ways, then withdrawn: admitted, then unknown.
+    registry.register("d", [{"id": "discord:acme:1"}], FULL)
+    assert registry.admit_incoming("d", "discord:acme:1", acme).accepted
+    assert registry.withdraw("d", ["discord:acme:1"]) == [ChannelRef("d", "discord:acme:1")]
+    assert registry.admit_incoming("d", "discord:acme:1", acme).code == UNKNOWN_CHANNEL
+    # Another server's channel with the same id never takes a kept admission.
+    registry.register("d", [{"id": "general"}], FULL)
+    assert registry.admit_incoming("d", "general", FULL).accepted
+    assert registry.admit_incoming("e", "general", FULL).code == UNKNOWN_CHANNEL
+
+
+def test_every_refused_message_is_logged_not_only_the_first() -> None:
+    registry = ChannelRegistry()
+    registry.register("a", [{"id": "announce", "direction": "outbound"}], FULL)
+    with capture_logs() as logs:
+        for _ in range(3):
+            assert not registry.admit_incoming("a", "announce", FULL).accepted
+    assert [entry["event"] for entry in logs] == ["channels.incoming.refused"] * 3
+
+
 # ---------------------------------------------------------------------- pushes
 
 
