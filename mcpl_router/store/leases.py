@@ -55,6 +55,10 @@ LINKS: Final = "links"
 #: next poll. Only a nudge: the table is the truth.
 RELEASED_CHANNEL: Final = "mcpl_router_lease_released"
 
+#: The transaction-scoped advisory lock the cluster's tables are made under (not the journal
+#: writer's key: a standby makes them while the holder's writer holds that).
+_TABLES_LOCK_KEY: Final = 0x6D63_706C_636C_7573  # "mcplclus"
+
 CLUSTER_TABLES: Final = (
     """CREATE TABLE IF NOT EXISTS cluster_leases (
         scope text PRIMARY KEY,
@@ -139,9 +143,21 @@ class LeaseFence:
 
 
 def ensure_cluster_tables(db: Connection) -> None:
-    """Make the cluster's two tables if they are missing (idempotent; autocommit)."""
-    for statement in CLUSTER_TABLES:
-        db.execute(statement)
+    """Make the cluster's two tables if they are missing (idempotent; autocommit).
+
+    One node at a time: nodes started together on a fresh database would otherwise race, two
+    ``CREATE TABLE IF NOT EXISTS`` both finding the table missing and the second failing on the
+    catalog's unique index (the node exiting at start)."""
+    db.execute("BEGIN")
+    try:
+        db.execute("SELECT pg_advisory_xact_lock(?)", (_TABLES_LOCK_KEY,))
+        for statement in CLUSTER_TABLES:
+            db.execute(statement)
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:  # a broken connection is in none: nothing to roll back
+            db.execute("ROLLBACK")
+        raise
 
 
 def acquire(db: Connection, scope: str, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:

@@ -171,3 +171,39 @@ def test_the_view_shows_nodes_and_the_holder(db: PgConnection) -> None:
     assert [(n["node"], n["state"], n["info"]) for n in view["nodes"]] == [("a", "holding", {"pid": 1}), ("b", "standby", {"pid": 2})]  # type: ignore[index]
     [lease] = view["leases"]  # type: ignore[misc]
     assert (lease["node"], lease["epoch"]) == ("a", 1) and 4 < lease["expiresIn"] <= 5
+
+
+def test_nodes_started_together_on_a_fresh_database_all_make_the_tables(postgres_server: postgres.Server) -> None:
+    """Two ``CREATE TABLE IF NOT EXISTS`` at once on a fresh database: without one at a time,
+    the second fails on the catalog's unique index and its node exits at start (seen with
+    deploy/cluster-local.py's two nodes)."""
+    import threading
+
+    for round_ in range(5):
+        dsn = postgres.fresh_database(postgres_server, f"leases_together_{round_}")
+        conns = [connect(dsn, None) for _ in range(6)]
+        start = threading.Barrier(len(conns))
+        failures: list[BaseException] = []
+
+        def make(conn: PgConnection) -> None:
+            start.wait()
+            try:
+                ensure_cluster_tables(conn)
+            except Exception as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=make, args=(conn,)) for conn in conns]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+        finally:
+            for conn in conns:
+                conn.close()
+        assert failures == []
+    reader = connect(dsn, None)
+    try:
+        assert cluster_view(reader) == {"nodes": [], "leases": []}
+    finally:
+        reader.close()
