@@ -308,6 +308,7 @@ def _print_status(answer: Any) -> None:
             print(f"      exit code {server['exitCode']}; its last stderr lines:")
             for line in server.get("stderr", [])[-5:]:
                 print(f"        | {line}")
+    _print_cluster(answer.get("cluster"))
     _print_channel_decisions(answer.get("channelDecisions") or {})
     for agent in answer.get("agents", []):
         owner = f"owned by {agent['host']}" if agent["host"] else "not claimed"
@@ -316,6 +317,21 @@ def _print_status(answer: Any) -> None:
     if reload:
         when = time.strftime("%H:%M:%S", time.localtime(reload["at"]))
         print(f"  last reload at {when}: {_reload_summary(reload)}")
+
+
+def _print_cluster(cluster: Any) -> None:
+    """A cluster's node (docs/cluster.md): who holds the links, since when, and every node."""
+    if not cluster:
+        return
+    lease = cluster.get("lease") or {}
+    holding = f"holding the links, epoch {lease['epoch']} since {time.strftime('%H:%M:%S', time.localtime(lease['since']))}" if lease else cluster["state"]
+    print(f"  cluster: node {cluster['node']} {holding}; lease {cluster['leaseTtl']:g}s, {cluster.get('terms', 0)} terms held,"
+          f" {cluster.get('leasesLost', 0)} lost")
+    for node in cluster.get("nodes", []):
+        info = node.get("info") or {}
+        where = f"pid {info.get('pid')} on {info.get('hostname')}" + (f", {info['hostSocket']}" if info.get("hostSocket") else "")
+        live = "" if node.get("live") else " (gone)"
+        print(f"    node {node['node']:<12} {node['state']:<9} seen {node['seenAgo']:.1f}s ago{live}; {where}")
 
 
 _RECONCILES = (("open-done", "reopened"), ("open-failed", "reopen refused"), ("close-done", "closed again"),

@@ -62,8 +62,9 @@ POLL_SHARE: Final = 0.1
 #: The holder renews this often, as a share of the lease: four renewals may fail before the
 #: local deadline (0.8 of the lease) stops it.
 RENEW_SHARE: Final = 0.2
-#: A node whose heartbeat is older than this many leases is shown as gone.
-GONE_AFTER_LEASES: Final = 3
+#: A node whose heartbeat is older than this many leases is shown as gone (a holder that beat
+#: no more for a lease has lost it anyway).
+GONE_AFTER_LEASES: Final = 1
 #: How long after a term that could not start (the journal refused) the node tries again.
 RETRY_AFTER_REFUSAL: Final = 5.0
 
@@ -221,6 +222,7 @@ class ClusterNode:
                 self.daemon = daemon
                 self.metrics.attach(daemon.metrics.registry)
                 self.state = "holding"
+                nursery.start_soon(self._beat)  # status shows the new holder now, not at the next beat
                 if self.shutdown_requested.is_set():
                     daemon.request_shutdown(self._shutdown_reason or "requested")
                 await daemon.run()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -51,6 +52,7 @@ def cluster_config(workdir: Path, fixture_url: str, dsn: str) -> Path:
         "host": {"unixSocket": str(workdir / "run" / "${MCPL_ROUTER_NODE}.sock"), "websocket": {"enabled": False}},
         "journal": {"backend": "postgres", "dsn": dsn, "path": str(workdir / "unused.sqlite3")},
         "cluster": {"node": "${MCPL_ROUTER_NODE}", "leaseTtl": LEASE},
+        "health": {"enabled": True, "port": 0},
         "logging": {"level": "debug", "format": "json"},
     }
     workdir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +129,15 @@ async def wait_woken(ledger: Ledger, workdir: Path, timeout: float = 90) -> None
         raise AssertionError(f"never woken: {missing[:20]} ({len(missing)}); logs: {json.dumps(tails, indent=1)}") from None
 
 
+async def health_page(workdir: Path, node: str, page: str) -> tuple[int, str]:
+    """GET ``page`` from ``node``'s health listener (its URL from its log)."""
+    from mcpl_router.query import http_get
+
+    [listening] = log_events(workdir / f"{node}.log", "health.listening")
+    status, body = await http_get(f"{listening['url']}{page}", 5.0)
+    return status, body.decode()
+
+
 def log_events(path: Path, event: str) -> list[dict[str, Any]]:
     found = []
     for line in path.read_text(errors="replace").splitlines():
@@ -163,6 +174,9 @@ async def test_the_holder_killed_during_a_flood_is_taken_over_within_the_lease_a
     dsn = postgres.fresh_database(postgres_server, "cluster_kill9")
     with trio.fail_after(240):
         async with two_nodes(short_tmp, dsn) as (server, nodes):
+            # The standby says who holds the links (a load balancer's check sends no host to it).
+            ready, body = await health_page(short_tmp, "b", "/readyz")
+            assert (ready, body.strip()) == (503, "not ready:\n- standby: node a holds the links (epoch 1)")
             async with trio.open_nursery() as nursery:
                 await nursery.start(failover_host, [socket_of(short_tmp, "a"), socket_of(short_tmp, "b")], ledger)
                 async with trio.open_nursery() as senders:
@@ -174,6 +188,17 @@ async def test_the_holder_killed_during_a_flood_is_taken_over_within_the_lease_a
                     took = await takeover_seconds(short_tmp, killed_at)
                 await wait_woken(ledger, short_tmp)
                 nursery.cancel_scope.cancel()
+            # What an operator sees of it: status (host API, the CLI) and /metrics of the new holder.
+            shown = await trio.run_process(
+                [sys.executable, "-m", "mcpl_router", "status", "--socket", socket_of(short_tmp, "b")], capture_stdout=True
+            )
+            text = shown.stdout.decode()
+            assert "cluster: node b holding the links, epoch 2 since" in text, text
+            assert " node a " in text and "(gone)" in text.split(" node a ")[1].splitlines()[0], text
+            _, metrics = await health_page(short_tmp, "b", "/metrics")
+            assert 'mcpl_router_cluster_holding{node="b"} 1.0' in metrics
+            assert "mcpl_router_cluster_lease_epoch 2.0" in metrics
+            assert 'mcpl_router_cluster_terms_total{node="b"} 1.0' in metrics
     print(f"\nholder kill -9: {accepted_before} accepted before; b serving {took:.2f} s after the kill (lease {LEASE:g} s);"
           f" nothing accepted for {quiet_window(ledger, killed_at):.2f} s;"
           f" {len(ledger.woken)} wakes for {TOTAL} messages; woken again after an answered ack: {len(ledger.woken_after_ack())}")
