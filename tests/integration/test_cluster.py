@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import trio
 
-from mcpl_router.client import RouterClient
+from mcpl_router.client import FailoverClient, RouterClient
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
@@ -98,25 +98,23 @@ async def two_nodes(workdir: Path, dsn: str) -> AsyncIterator[tuple[FixtureProce
 
 
 async def failover_host(sockets: Sequence[str], ledger: Ledger, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """A host that acks every wake; when its node goes, it says hello on the next one."""
-    started = False
-    while True:
-        for socket in sockets:
-            try:
-                async with RouterClient.connect_unix(socket, timeout=5) as host:
-                    await host.hello("host", ["kai"])
-                    if not started:
-                        started = True
-                        task_status.started()
-                    while True:
-                        wake = await host.next_wake()
-                        message_id = wake.messages[0]["messageId"]
-                        ledger.woken.append((time.monotonic(), message_id))
-                        await host.ack([wake.seq])
-                        ledger.ack_answered_at.setdefault(message_id, time.monotonic())
-            except Exception:
-                continue  # refused (a standby), or the node went: the next one
-        await trio.sleep(0.05)
+    """The typed client as shipped, given both nodes: it acks every wake and follows the
+    links' holder by itself (client/failover.py)."""
+    async with FailoverClient.connect(list(sockets), give_up_after=120) as host:
+        await host.hello("host", ["kai"])
+        task_status.started()
+        while True:
+            wake = await host.next_wake()
+            message_id = wake.messages[0]["messageId"]
+            ledger.woken.append((time.monotonic(), message_id))
+            while True:
+                try:
+                    await host.ack([wake.seq])
+                except Exception:
+                    await trio.sleep(0.05)  # the node went before answering: the client sends it on
+                    continue
+                ledger.ack_answered_at.setdefault(message_id, time.monotonic())
+                break
 
 
 async def wait_woken(ledger: Ledger, workdir: Path, timeout: float = 90) -> None:
