@@ -93,6 +93,9 @@ def _as_server_user(args: list[str], **kwargs: object) -> subprocess.Popen[bytes
         user=account.pw_uid,
         group=account.pw_gid,
         extra_groups=[],
+        # Its own session: a Ctrl-C in the terminal reaches the process that started the server
+        # (a test run, deploy/cluster-local.py), which stops it after what uses it.
+        start_new_session=True,
         preexec_fn=_die_with_parent,
         **kwargs,
     )
