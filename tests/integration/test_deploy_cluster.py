@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -40,6 +40,18 @@ def start_script(*args: str) -> subprocess.Popen[str]:
         [sys.executable, str(SCRIPT), *args],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
+
+
+def stop(script: subprocess.Popen[str]) -> None:
+    """When the test failed with the script still running: asked to stop (it removes what it
+    made), killed only if it does not (its processes die with it, its directories stay)."""
+    if script.poll() is None:
+        script.send_signal(signal.SIGINT)
+        try:
+            script.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            script.kill()
+            script.communicate()
 
 
 def left_behind(output: str) -> list[str]:
@@ -86,9 +98,7 @@ def test_the_recipe_shows_a_takeover_and_leaves_nothing_behind() -> None:
     try:
         output, _ = script.communicate(timeout=240)
     finally:
-        if script.poll() is None:
-            script.kill()
-            script.communicate()
+        stop(script)
     print(output)
     assert script.returncode == 0, output
     taken = re.search(r"^\[.*\] takeover: (\d+\.\d+) s from kill -9 to the other node ready", output, re.MULTILINE)
@@ -103,13 +113,16 @@ def test_kept_running_it_stops_everything_on_ctrl_c() -> None:
     postgres.require()
     script = start_script("--keep")
     lines: list[str] = []
+    # A script that never gets there is asked to stop (its output then ends, and the test fails).
+    watchdog = threading.Timer(240, script.send_signal, (signal.SIGINT,))
+    watchdog.start()
     try:
         assert script.stdout is not None
-        deadline = time.monotonic() + 240
         for line in script.stdout:
             lines.append(line)
-            if "left running until Ctrl-C" in line or time.monotonic() > deadline:
+            if "left running until Ctrl-C" in line:
                 break
+        watchdog.cancel()
         assert any("left running until Ctrl-C" in line for line in lines), "".join(lines)
         # What a person would try: the holder's /readyz answers ready.
         health = re.findall(r"curl -s (http://127\.0\.0\.1:\d+)/readyz", "".join(lines))
@@ -120,9 +133,8 @@ def test_kept_running_it_stops_everything_on_ctrl_c() -> None:
         script.send_signal(signal.SIGINT)
         rest, _ = script.communicate(timeout=60)
     finally:
-        if script.poll() is None:
-            script.kill()
-            script.communicate()
+        watchdog.cancel()
+        stop(script)
     output = "".join(lines) + rest
     print(output)
     assert script.returncode == 0, output
