@@ -29,8 +29,9 @@ class _Unreachable(Exception):
     """The daemon could not be reached; the message says where we looked and what to try."""
 
 
-def _target(args: argparse.Namespace) -> tuple[str, str, str | None]:
-    """Where to ask: ``("unix", path, None)``, ``("http", url, None)`` or ``("ws", url, token)``.
+def _target(args: argparse.Namespace) -> tuple[str, str, str | None, DaemonLocation | None]:
+    """Where to ask: ``("unix", path, None)``, ``("http", url, None)`` or ``("ws", url, token)``,
+    and the daemon's location when its config was read.
 
     Raises:
         ConfigError: the config's host/health sections are invalid.
@@ -43,22 +44,22 @@ def _target(args: argparse.Namespace) -> tuple[str, str, str | None]:
     location = locate_daemon(args.config) if args.config and wanted else None
     if args.url:
         if args.url.startswith(("http://", "https://")):
-            return "http", args.url, None
+            return "http", args.url, None, location
         if args.url.startswith("ws://"):
-            return "ws", args.url, _read_token(args, location)
+            return "ws", args.url, _read_token(args, location), location
         raise UsageError(f"--url {args.url!r}: give http://HOST:PORT (the [health] listener) or ws://HOST:PORT/PATH (the host WebSocket).")
     if args.socket:
-        return "unix", args.socket, None
+        return "unix", args.socket, None, location
     if location is not None:
         if args.command == "health" and location.health_url is not None:
-            return "http", location.health_url, None
+            return "http", location.health_url, None, location
         if location.unix_socket is None:
             raise UsageError(
                 f"{location.source}: host.unixSocket is false, so there is no socket to ask. "
                 "Give --url ws://HOST:PORT/ with --token-file, or enable host.unixSocket."
             )
-        return "unix", str(location.unix_socket), None
-    return "unix", str(default_unix_socket_path(os.environ)), None
+        return "unix", str(location.unix_socket), None, location
+    return "unix", str(default_unix_socket_path(os.environ)), None, None
 
 
 def _not_a_socket(path: str) -> str | None:
@@ -109,7 +110,7 @@ def query(args: argparse.Namespace) -> int:
     from mcpl_router.config import ConfigError
 
     try:
-        kind, where, token = _target(args)
+        kind, where, token, location = _target(args)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
@@ -165,6 +166,9 @@ def query(args: argparse.Namespace) -> int:
         message = _unreachable_message(exc, where, kind)
         if message is None:
             raise
+        if location is not None and location.cluster_node is not None:
+            message += (f" Node {location.cluster_node} is a cluster's node: a standby listens for hosts only while it holds"
+                        " the links (`mcpl-router health --config …` or its /readyz names the holder; docs/cluster.md).")
         return fail(message, _exit_code_of(exc))
     return _print_answer(args, answer)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final, TypeVar
 
+import structlog
 import trio
 
 from mcpl_router import __version__
@@ -127,7 +128,7 @@ class ClusterNode:
         password = read_password(config.journal)
         self._leases = _Database(config.journal.dsn, password, f"node {self.name} lease")
         self._info = _Database(config.journal.dsn, password, f"node {self.name} heartbeat")
-        self._log = get_logger(node=self.name)
+        self._log = get_logger()
 
     # -- what supervision calls ----------------------------------------------------------------
 
@@ -147,6 +148,8 @@ class ClusterNode:
             self._log.info("cluster.reload.deferred", reason="standby: the config file is read again when this node takes the links")
 
     async def run(self, *, task_status: trio.TaskStatus[ClusterNode] = trio.TASK_STATUS_IGNORED) -> None:
+        # Every line of this node's tasks (and its daemons') says which node wrote it.
+        structlog.contextvars.bind_contextvars(node=self.name)
         self._log.info("cluster.node.starting", version=__version__, lease_ttl=self.ttl, journal=self.config.journal.described)
         try:
             await self._info.run(ensure_cluster_tables)

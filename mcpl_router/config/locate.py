@@ -36,6 +36,8 @@ class DaemonLocation:
     health_url: str | None
     #: The host token's file (``host.tokenFile`` or its default), for a ``ws://`` query.
     token_file: Path | None = None
+    #: ``cluster.node`` as written when the daemon is a cluster's node (a standby listens for no host).
+    cluster_node: str | None = None
 
 
 def locate_daemon(
@@ -71,4 +73,14 @@ def locate_daemon(
         unix_socket=config.host.unix_socket,
         health_url=url,
         token_file=config.host.token_file,
+        cluster_node=_cluster_node_as_written(data.get("cluster")),
     )
+
+
+def _cluster_node_as_written(cluster: object) -> str | None:
+    """``cluster.node`` as the file has it (``${MCPL_ROUTER_NODE}`` unsubstituted: the variable is
+    the node's environment, not the shell's), or None when the daemon is no cluster's node."""
+    if not isinstance(cluster, Mapping):
+        return None
+    node = cluster.get("node")
+    return node if isinstance(node, str) else "(unnamed)"

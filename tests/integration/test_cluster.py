@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -175,6 +176,10 @@ async def test_the_holder_killed_during_a_flood_is_taken_over_within_the_lease_a
             # The standby says who holds the links (a load balancer's check sends no host to it).
             ready, body = await health_page(short_tmp, "b", "/readyz")
             assert (ready, body.strip()) == (503, "not ready:\n- standby: node a holds the links (epoch 1)")
+            page, body = await health_page(short_tmp, "b", "/status.json")
+            standby = json.loads(body)["cluster"]
+            assert page == 200 and (standby["node"], standby["state"], standby["holder"]["node"]) == ("b", "standby", "a")
+            assert (await health_page(short_tmp, "b", "/"))[0] == 200  # the status page of a standby
             async with trio.open_nursery() as nursery:
                 await nursery.start(failover_host, [socket_of(short_tmp, "a"), socket_of(short_tmp, "b")], ledger)
                 async with trio.open_nursery() as senders:
@@ -269,6 +274,12 @@ async def test_a_drained_holder_hands_the_links_over_at_once(short_tmp: Path, po
     print(f"\nholder drained: stopped {stopped_at - drained_at:.2f} s after SIGTERM; b serving {took:.2f} s after a stopped"
           f" (lease {LEASE:g} s)")
     assert log_events(short_tmp / "a.log", "cluster.lease.released") != []
+    # Every line of a node says which node wrote it, its daemon's too.
+    assert {line.get("node") for line in log_events(short_tmp / "a.log", "daemon.draining")} == {"a"}
+    # Asked of a's config after it left: the error says a cluster's node may be a standby.
+    asked = subprocess.run([sys.executable, "-m", "mcpl_router", "status", "--config", str(short_tmp / "cluster.json")],
+                           capture_output=True, text=True, env={**os.environ, "MCPL_ROUTER_NODE": "a"}, check=False)
+    assert asked.returncode != 0 and "a cluster's node: a standby listens for hosts only while it holds the links" in asked.stderr, asked.stderr
     # Released, not waited out: b took the links well within the lease.
     assert took < LEASE
 
