@@ -101,8 +101,17 @@ class RouterClient:
     """One connection to the daemon. Open it with :meth:`connect_unix`,
     :meth:`connect_default` or :meth:`connect_websocket`; it closes when the block ends."""
 
-    def __init__(self, peer: Peer, notifications: NotificationBuffer, requests: HostRequests, ended: trio.Event | None = None) -> None:
+    def __init__(
+        self,
+        peer: Peer,
+        notifications: NotificationBuffer,
+        requests: HostRequests,
+        ended: trio.Event | None = None,
+        stream: MessageStream | None = None,
+    ) -> None:
         self._peer = peer
+        # What says when anything last arrived (both transports stamp it on every read).
+        self._stream = stream
         # Set once the connection has ended (read loop done): what a failover waits on.
         self._ended = ended if ended is not None else trio.Event()
         #: Every notification not read yet, bounded per kind (see the buffer's policy).
@@ -221,7 +230,7 @@ class RouterClient:
         async with trio.open_nursery() as nursery:
             await nursery.start(run_peer)
             try:
-                yield cls(peer, buffer, requests, ended)
+                yield cls(peer, buffer, requests, ended, stream)
             except Exception as exc:
                 failure = exc  # re-raised below, as raised: not inside an exception group
             finally:
@@ -238,6 +247,25 @@ class RouterClient:
     async def wait_closed(self) -> None:
         """Until the connection has ended (the daemon closed it, or it broke)."""
         await self._ended.wait()
+
+    async def aclose(self, reason: str = "closed by the host") -> None:
+        """Close the connection now, without waiting for what is queued to go out: every call
+        waiting for an answer raises ``PeerClosed(reason)``, and reading wakes ends. For a
+        daemon that stopped answering (:class:`FailoverClient` then moves to the next node)."""
+        await self._peer.aclose(reason, flush=False)
+
+    @property
+    def last_received(self) -> float | None:
+        """When anything (an answer, a wake, any notification, part of one) last arrived from
+        the daemon, on the trio clock; None for a stream that doesn't say (``connect_stream``'s)."""
+        stamp = getattr(self._stream, "last_received", None)
+        return stamp if isinstance(stamp, float) else None
+
+    @property
+    def backed_up(self) -> bool:
+        """Whether the read loop waits for the host to read a wake (the wake buffer is full):
+        nothing more is read meanwhile, answers included, whatever the daemon does."""
+        return self.notifications.wakes_full
 
     # -- calls -----------------------------------------------------------------------------------
 

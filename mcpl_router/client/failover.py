@@ -17,6 +17,11 @@ and the next, round and round, sleeping a backoff after each full round in which
 (doubling from ``backoff[0]`` to ``backoff[1]``; each round logged); with no connection for
 ``give_up_after`` seconds it stops and raises :class:`NoNodeReachable` to the caller.
 
+A node that stops answering without closing the connection (SIGSTOP, a paused VM, a silent
+partition) is found by a liveness probe (:mod:`mcpl_router.client.liveness`): nothing arrived
+for ``probe_after`` seconds, a ``servers/list`` with a ``probe_timeout`` deadline, no answer:
+the connection is closed (logged, counted) and the client moves on as for a lost one.
+
 **Retried** on the next node: connecting; the hello (same host, every agent declared so far,
 the caller's ``resume_from``; inference handlers registered again first); and an ack whose
 connection ended before it was answered (acking twice is harmless). **Not retried**: anything
@@ -51,6 +56,7 @@ import trio_websocket
 
 from mcpl_router.client.buffer import DEFAULT_MAX_NOTIFICATIONS, DEFAULT_MAX_WAKES, Notification
 from mcpl_router.client.connection import ChannelArg, ClientStatistics, RouterClient
+from mcpl_router.client.liveness import ProbeCounts, watch
 from mcpl_router.client.results import HelloResult, PublishResult, Status, TypingResult
 from mcpl_router.client.serving import ForkSpawnHandler, InferenceHandler, ModelInfoHandler
 from mcpl_router.client.turn import Turn, turn_block
@@ -105,6 +111,10 @@ class FailoverStatistics:
     #: Wakes left unread in a lost connection's buffer: dropped (the next node sends them again).
     wakes_left_behind: int
     connection: ClientStatistics | None
+    #: Liveness probes sent (each after ``probe_after`` seconds in which nothing arrived), and
+    #: those unanswered by ``probe_timeout``: each closed its connection (a failover follows).
+    probes: int = 0
+    probes_unanswered: int = 0
 
 
 @attrs.define
@@ -139,7 +149,11 @@ class FailoverClient:
         max_notifications: int = DEFAULT_MAX_NOTIFICATIONS,
         backoff: tuple[float, float] = (0.1, 2.0),
         give_up_after: float | None = 60.0,
+        probe_after: float | None = 5.0,
+        probe_timeout: float = 5.0,
     ) -> None:
+        if (probe_after is not None and probe_after <= 0) or probe_timeout <= 0:
+            raise ValueError(f"probe_after and probe_timeout must be positive; got {probe_after}, {probe_timeout}")
         self._addresses = [_address(address) for address in addresses]
         if not self._addresses:
             raise ValueError("FailoverClient needs at least one address")
@@ -150,6 +164,9 @@ class FailoverClient:
         self._bounds = (max_wakes, max_notifications)
         self._backoff = backoff
         self._give_up_after = give_up_after
+        self._probe_after = probe_after
+        self._probe_timeout = probe_timeout
+        self._probes = ProbeCounts()
         self._link: _Link | None = None
         self._failure: Exception | None = None
         self._changed = trio.Event()
@@ -179,6 +196,8 @@ class FailoverClient:
         max_notifications: int = DEFAULT_MAX_NOTIFICATIONS,
         backoff: tuple[float, float] = (0.1, 2.0),
         give_up_after: float | None = 60.0,
+        probe_after: float | None = 5.0,
+        probe_timeout: float = 5.0,
     ) -> AsyncIterator[FailoverClient]:
         """Connect to the first of ``addresses`` that accepts: Unix socket paths and
         ``ws://``/``wss://`` URLs (one ``token``, ``ssl_context``/``ca_file`` for them all).
@@ -186,7 +205,9 @@ class FailoverClient:
         ``timeout``, ``max_wakes`` and ``max_notifications`` are each connection's, as
         :meth:`RouterClient.connect_unix`'s; ``backoff`` (first, most) is the sleep after a
         full round of refusals, doubling; ``give_up_after`` the seconds with no connection
-        before :class:`NoNodeReachable` (None: never).
+        before :class:`NoNodeReachable` (None: never). A connection on which nothing arrived
+        for ``probe_after`` seconds is probed, and closed when the probe has no answer within
+        ``probe_timeout`` (None: never probed; see :mod:`mcpl_router.client.liveness`).
 
         Raises:
             NoNodeReachable: none accepted for ``give_up_after`` seconds.
@@ -195,6 +216,7 @@ class FailoverClient:
         client = cls(
             addresses, token=token, timeout=timeout, ssl_context=ssl_context, ca_file=ca_file, max_wakes=max_wakes,
             max_notifications=max_notifications, backoff=backoff, give_up_after=give_up_after,
+            probe_after=probe_after, probe_timeout=probe_timeout,
         )  # fmt: skip
         failure: Exception | None = None
         async with trio.open_nursery() as nursery:
@@ -252,31 +274,53 @@ class FailoverClient:
         link: _Link | None = None
         try:
             async with self._open(address) as client:
-                for method, handler in self._handlers.items():
-                    getattr(client, method)(handler)
-                if self._host is not None:
-                    await client.hello(self._host, list(self._agents.values()), self._resume_from)
-                # A wake the caller had unacked may come again here: see next_wake.
-                link = _Link(client, address, set(self._unacked))
-                failover = self._counts["connects"] > 0
-                self._counts["connects"] += 1
-                self._counts["failovers"] += failover
-                self._log.info("client.failover.connected", address=address, failover=failover, unacked=len(link.carried))
-                self._set_link(link)
-                try:
-                    await client.wait_closed()
-                finally:
-                    # Not read, and unacked: the next node sends them again.
-                    left = 0
-                    while client.notifications.receive_nowait("wake") is not None:
-                        left += 1
-                    self._counts["wakes_left_behind"] += left
-                    self._set_link(None)
-                self._log.warning("client.failover.lost", address=address, wakes_left_behind=left)
+                failure: Exception | None = None
+                async with trio.open_nursery() as watching:
+                    # From the connect on: a stopped node accepts (its kernel does) but never
+                    # answers the hello either.
+                    if self._probe_after is not None:
+                        watching.start_soon(self._watch, client, address, self._probe_after)
+                    try:
+                        for method, handler in self._handlers.items():
+                            getattr(client, method)(handler)
+                        if self._host is not None:
+                            await client.hello(self._host, list(self._agents.values()), self._resume_from)
+                        # A wake the caller had unacked may come again here: see next_wake.
+                        link = _Link(client, address, set(self._unacked))
+                        failover = self._counts["connects"] > 0
+                        self._counts["connects"] += 1
+                        self._counts["failovers"] += failover
+                        self._log.info("client.failover.connected", address=address, failover=failover, unacked=len(link.carried))
+                        self._set_link(link)
+                        try:
+                            await client.wait_closed()
+                        finally:
+                            # Not read, and unacked: the next node sends them again.
+                            left = 0
+                            while client.notifications.receive_nowait("wake") is not None:
+                                left += 1
+                            self._counts["wakes_left_behind"] += left
+                            self._set_link(None)
+                        self._log.warning("client.failover.lost", address=address, wakes_left_behind=left)
+                    except Exception as exc:
+                        failure = exc  # re-raised below, as raised: not inside an exception group
+                    finally:
+                        watching.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
         except _PASSED_OVER:
             if link is None:
                 raise
             # It broke on its way out: it was served all the same.
+
+    async def _watch(self, client: RouterClient, address: str, probe_after: float) -> None:
+        silent = await watch(client, probe_after=probe_after, probe_timeout=self._probe_timeout, counts=self._probes)
+        if silent is None:
+            return
+        self._log.warning("client.failover.unresponsive", address=address, silent=round(silent, 1), probe_timeout=self._probe_timeout)
+        # Calls waiting on it raise PeerClosed (a hello: the address is passed over), and
+        # wait_closed returns: the next address, as for a lost connection.
+        await client.aclose(f"{address} answered nothing for {silent:.1f}s, a liveness probe included")
 
     def _open(self, address: str) -> contextlib.AbstractAsyncContextManager[RouterClient]:
         max_wakes, max_notifications = self._bounds
@@ -454,6 +498,8 @@ class FailoverClient:
             wakes_suppressed=counts["wakes_suppressed"],
             wakes_left_behind=counts["wakes_left_behind"],
             connection=None if link is None else link.client.statistics(),
+            probes=self._probes.sent,
+            probes_unanswered=self._probes.unanswered,
         )
 
 

@@ -12,6 +12,9 @@ connects to the other one.
   resumed node ends its term (fenced), accepts nothing more, and the server got no post twice.
 - The holder drained (SIGTERM): it releases the lease, the standby takes over within its poll
   (not the lease's length), and no wake is lost or repeated.
+- The holder stopped (SIGSTOP) for good: the host's connection to it stays open and silent; the
+  client's liveness probe finds it unanswered and leaves it, and the host is woken by the new
+  holder within the lease and the probe's bounds.
 
 The figures (takeover times) are printed (``pytest -s``) for the closing note and
 docs/performance.md.
@@ -19,6 +22,7 @@ docs/performance.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -282,6 +286,72 @@ async def test_a_drained_holder_hands_the_links_over_at_once(short_tmp: Path, po
     assert asked.returncode != 0 and "a cluster's node: a standby listens for hosts only while it holds the links" in asked.stderr, asked.stderr
     # Released, not waited out: b took the links well within the lease.
     assert took < LEASE
+
+
+#: FailoverClient's defaults (docs/client.md): the test measures the documented bound.
+PROBE_AFTER, PROBE_TIMEOUT = 5.0, 5.0
+
+
+async def send_until_accepted(server: FixtureProcess, message_id: str) -> None:
+    while True:
+        try:
+            answer = await server.incoming([{"channelId": "general", "messageId": message_id, "text": "hi", "tags": ["chat:mention"]}])
+            if answer["results"][0]["accepted"]:
+                return
+        except Exception:
+            pass
+        await trio.sleep(0.1)
+
+
+async def test_a_host_leaves_a_holder_stopped_for_good_and_is_woken_by_the_new_holder_within_the_bounds(
+    short_tmp: Path, postgres_server: postgres.Server
+) -> None:
+    """SIGSTOP and never SIGCONT while the host waits: the connection to a neither closes nor
+    answers. Without the probe the host waits on it for ever; with it, it is woken by b."""
+    dsn = postgres.fresh_database(postgres_server, "cluster_stopped")
+    woken: list[tuple[float, str]] = []
+    with trio.fail_after(180):
+        async with two_nodes(short_tmp, dsn) as (server, nodes):
+            a = nodes["a"].process
+            assert a is not None
+            async with FailoverClient.connect([socket_of(short_tmp, "a"), socket_of(short_tmp, "b")], give_up_after=120) as host:
+                await host.hello("host", ["kai"])
+
+                async def acking() -> None:
+                    async for wake in host.wakes():
+                        woken.append((time.monotonic(), str(wake.messages[0]["messageId"])))
+                        with contextlib.suppress(Exception):  # a's connection left meanwhile: b sends it again
+                            await host.ack([wake.seq])
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(acking)
+                    await send_until_accepted(server, "m-before")
+                    await wait_until(lambda: any(m == "m-before" for _, m in woken), timeout=20)
+                    stopped_at = time.monotonic()
+                    os.kill(a.pid, signal.SIGSTOP)
+                    try:
+                        await wait_until(lambda: serving(socket_of(short_tmp, "b")), timeout=30, interval=0.1)
+                        taken = time.monotonic() - stopped_at
+                        await send_until_accepted(server, "m-after")
+                        accepted = time.monotonic() - stopped_at
+                        try:
+                            await wait_until(lambda: any(m == "m-after" for _, m in woken), timeout=PROBE_AFTER + PROBE_TIMEOUT + LEASE + 15)
+                        except trio.TooSlowError:
+                            raise AssertionError(f"the host was never woken by b; it is still on {host.address}: {host.statistics()}") from None
+                        followed = next(at for at, m in woken if m == "m-after") - stopped_at
+                        statistics = host.statistics()
+                    finally:
+                        nodes["a"].kill9()  # never resumed during the wait; SIGKILL ends a stopped process too
+                        os.kill(a.pid, signal.SIGCONT)
+                    nursery.cancel_scope.cancel()
+    print(f"\nholder stopped for good: b serving {taken:.2f} s after the stop, m-after accepted at {accepted:.2f} s,"
+          f" the host woken by b {followed:.2f} s after the stop (lease {LEASE:g} s, probe {PROBE_AFTER:g}+{PROBE_TIMEOUT:g} s)")
+    assert (statistics.address, statistics.failovers) == (socket_of(short_tmp, "b"), 1), statistics
+    assert statistics.probes_unanswered >= 1, statistics
+    # Left within the probe's bounds after the last thing a sent (m-before's ack, just before
+    # the stop), or once b served, whichever is later; then a backoff round at most.
+    assert followed <= max(PROBE_AFTER + PROBE_TIMEOUT, accepted) + 3, followed
+    assert [m for _, m in woken].count("m-after") == 1
 
 
 def _wall(line: dict[str, Any]) -> float:

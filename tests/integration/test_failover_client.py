@@ -237,3 +237,66 @@ async def test_acks_across_a_failover_an_unanswered_one_goes_to_the_next_node_an
                     statistics = client.statistics()
                     assert (statistics.address, statistics.acks_resent) == (str(socket_b), 1)
                     assert statistics.wakes_suppressed >= 1  # m-2's copy (m-1's too, had it come before its ack)
+
+
+# -- the liveness probe: a node that stops answering without closing ---------------------------
+
+
+async def test_a_busy_connection_is_never_probed_and_a_quiet_one_is_probed_and_kept(short_tmp: Path) -> None:
+    """Wakes arriving every ~0.1 s for 3 s: no probe (nothing to add while traffic flows).
+    Then quiet: a probe each ``probe_after``, each answered, and the connection stays."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(short_tmp, ["s"]) as (daemon, servers):
+            assert daemon.host_socket_path is not None
+            await servers["s"].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+            await wait_channel(daemon, "s", "general")
+            async with FailoverClient.connect([daemon.host_socket_path], probe_after=1.0, probe_timeout=2.0) as client:
+                await client.hello("host", ["kai"])
+                woken: list[str] = []
+
+                async def host() -> None:
+                    async for wake in client.wakes():
+                        woken.append(_message_id(wake))
+                        await client.ack([wake.seq])
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(host)
+                    busy_until = trio.current_time() + 3.0
+                    sent = 0
+                    while trio.current_time() < busy_until:
+                        await servers["s"].incoming(
+                            [{"channelId": "general", "messageId": f"m-{sent}", "text": "hi", "tags": ["chat:mention"]}]
+                        )
+                        sent += 1
+                        await trio.sleep(0.1)
+                    await wait_until(lambda: len(woken) == sent, timeout=10)
+                    busy = client.statistics()
+                    await trio.sleep(3.5)  # quiet: a probe a second, after the first second
+                    quiet = client.statistics()
+                    nursery.cancel_scope.cancel()
+    assert sent >= 10
+    assert (busy.probes, busy.probes_unanswered) == (0, 0), busy
+    assert quiet.probes >= 2 and quiet.probes_unanswered == 0, quiet
+    assert (quiet.address, quiet.connects, quiet.failovers) == (str(daemon.host_socket_path), 1, 0)
+
+
+async def test_an_address_that_accepts_and_never_answers_is_left_within_the_probe_bounds(short_tmp: Path) -> None:
+    """A listening socket nobody accepts on: the kernel completes the connect, and the hello is
+    never answered, as with a SIGSTOPped node. Probed and closed, the next address serves."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(short_tmp, ["s"]) as (daemon, _servers):
+            assert daemon.host_socket_path is not None
+            silent_path = short_tmp / "silent.sock"
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+                silent.bind(str(silent_path))
+                silent.listen(8)
+                started = trio.current_time()
+                async with FailoverClient.connect([silent_path, daemon.host_socket_path], probe_after=0.5, probe_timeout=0.5) as client:
+                    await client.hello("host", ["kai"])
+                    took = trio.current_time() - started
+                    statistics = client.statistics()
+    # The first connect knows no hello yet: "connected" to the silent one, the caller's hello
+    # waited there until the probe closed it, then went to the next.
+    assert (statistics.address, statistics.connects, statistics.failovers) == (str(daemon.host_socket_path), 2, 1)
+    assert (statistics.probes, statistics.probes_unanswered) == (1, 1)
+    assert took < 0.5 + 0.5 + 1.0, took
