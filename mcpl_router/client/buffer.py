@@ -107,11 +107,6 @@ class NotificationBuffer:
             self._others_received += 1
         self._signal()
 
-    @property
-    def wakes_full(self) -> bool:
-        """Whether ``max_wakes`` wakes are held: the read loop's next wake waits for room."""
-        return len(self._wakes) >= self.max_wakes
-
     def close(self) -> None:
         """The connection ended: what is held can still be read, then readers get EndOfChannel."""
         self._closed = True

@@ -261,12 +261,6 @@ class RouterClient:
         stamp = getattr(self._stream, "last_received", None)
         return stamp if isinstance(stamp, float) else None
 
-    @property
-    def backed_up(self) -> bool:
-        """Whether the read loop waits for the host to read a wake (the wake buffer is full):
-        nothing more is read meanwhile, answers included, whatever the daemon does."""
-        return self.notifications.wakes_full
-
     # -- calls -----------------------------------------------------------------------------------
 
     async def notify(self, method: str, params: Any = None) -> None:

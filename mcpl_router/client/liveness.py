@@ -12,9 +12,10 @@ deadline — its answer (an error answer too), a wake, any notification — says
 Nothing: the node is unresponsive, and the caller closes the connection.
 
 No load while traffic flows: the probe only goes after ``probe_after`` seconds of silence, so a
-connection on which wakes or answers keep arriving is never probed. A full wake buffer is the
-host's wait, not the daemon's (the read loop reads nothing until the host takes a wake, answers
-included): no probe then, and a probe unanswered while it was full proves nothing.
+connection on which wakes or answers keep arriving is never probed. A host that doesn't read its
+wakes is not taken for a dead node: a wake waiting for room in the buffer waits in its lane, and
+the read loop reads on (answers included) until the connection's inbound bound (4096 messages)
+is full behind it, which the daemon's 1024 outstanding wakes per connection never fill.
 """
 
 from __future__ import annotations
@@ -51,9 +52,6 @@ async def watch(client: RouterClient, *, probe_after: float, probe_timeout: floa
         if quiet < probe_after:
             await trio.sleep(probe_after - quiet)
             continue
-        if client.backed_up:
-            await trio.sleep(probe_after)  # the host's wait: see the module docstring
-            continue
         counts.sent += 1
         try:
             await client.call(PROBE_METHOD, timeout=probe_timeout)
@@ -61,8 +59,6 @@ async def watch(client: RouterClient, *, probe_after: float, probe_timeout: floa
             now, heard_since = trio.current_time(), client.last_received
             if heard_since is not None and heard_since > heard:
                 continue  # something else arrived meanwhile: alive, its answer only slow
-            if client.backed_up:
-                continue
             counts.unanswered += 1
             return now - heard
         except RpcError:

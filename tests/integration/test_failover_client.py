@@ -300,3 +300,32 @@ async def test_an_address_that_accepts_and_never_answers_is_left_within_the_prob
     assert (statistics.address, statistics.connects, statistics.failovers) == (str(daemon.host_socket_path), 2, 1)
     assert (statistics.probes, statistics.probes_unanswered) == (1, 1)
     assert took < 0.5 + 0.5 + 1.0, took
+
+
+async def test_a_host_that_does_not_read_its_wakes_is_not_taken_for_a_dead_node(short_tmp: Path) -> None:
+    """The wake buffer full (2 held, the rest waiting in their lane): the connection reads on,
+    so the probes' answers arrive and nothing is closed; no wake is lost meanwhile."""
+    with trio.fail_after(60):
+        async with servers_and_daemon(short_tmp, ["s"]) as (daemon, servers):
+            assert daemon.host_socket_path is not None
+            await servers["s"].register([{**channel_descriptor("general"), "initiallyOpen": True}])
+            await wait_channel(daemon, "s", "general")
+            async with FailoverClient.connect([daemon.host_socket_path], probe_after=0.3, probe_timeout=0.3, max_wakes=2) as client:
+                await client.hello("host", ["kai"])
+                for n in range(4):
+                    await servers["s"].incoming([{"channelId": "general", "messageId": f"m-{n}", "text": "hi", "tags": ["chat:mention"]}])
+
+                def held() -> int:
+                    connection = client.statistics().connection
+                    return 0 if connection is None else connection.notifications.wakes_buffered
+
+                await wait_until(lambda: held() == 2, timeout=10)
+                await trio.sleep(2.0)  # more than six probe periods, the host reading nothing
+                unread = client.statistics()
+                ids = []
+                for _ in range(4):
+                    wake = await client.next_wake()
+                    ids.append(_message_id(wake))
+                    await client.ack([wake.seq])
+    assert unread.probes >= 1 and (unread.probes_unanswered, unread.connects, unread.wakes_left_behind) == (0, 1, 0), unread
+    assert ids == ["m-0", "m-1", "m-2", "m-3"]
