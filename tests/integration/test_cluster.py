@@ -318,7 +318,8 @@ async def test_a_host_leaves_a_holder_stopped_for_good_and_is_woken_by_the_new_h
                 await host.hello("host", ["kai"])
 
                 async def acking() -> None:
-                    async for wake in host.wakes():
+                    while True:
+                        wake = await host.next_wake()
                         woken.append((time.monotonic(), str(wake.messages[0]["messageId"])))
                         with contextlib.suppress(Exception):  # a's connection left meanwhile: b sends it again
                             await host.ack([wake.seq])

@@ -255,7 +255,8 @@ async def test_a_busy_connection_is_never_probed_and_a_quiet_one_is_probed_and_k
                 woken: list[str] = []
 
                 async def host() -> None:
-                    async for wake in client.wakes():
+                    while True:
+                        wake = await client.next_wake()
                         woken.append(_message_id(wake))
                         await client.ack([wake.seq])
 
