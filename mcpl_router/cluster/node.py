@@ -122,6 +122,8 @@ class ClusterNode:
         #: The cluster as the database showed it at the last heartbeat (nodes, leases).
         self.view: dict[str, object] = {"nodes": [], "leases": []}
         self.counts = {"terms": 0, "leasesLost": 0, "renewFailures": 0, "heartbeatFailures": 0, "refusedTerms": 0}
+        #: Why a standby could not try for the lease just now (the database unreachable), if so.
+        self.problem: str | None = None
         self._shutdown_reason: str | None = None
         self._reload_pending = False
         self._term_scope: trio.CancelScope | None = None
@@ -152,7 +154,6 @@ class ClusterNode:
         structlog.contextvars.bind_contextvars(node=self.name)
         self._log.info("cluster.node.starting", version=__version__, lease_ttl=self.ttl, journal=self.config.journal.described)
         try:
-            await self._info.run(ensure_cluster_tables)
             async with trio.open_nursery() as nursery:
                 if self.config.health.enabled:
                     self.health_url = await nursery.start(
@@ -161,11 +162,13 @@ class ClusterNode:
                             metrics=self.metrics, status=self.status_page, page_token=None,
                         )
                     )
-                await self._beat()
-                nursery.start_soon(self._heartbeats)
                 task_status.started(self)
-                await self._serve_terms()
-                nursery.cancel_scope.cancel()
+                # The database may not be up yet (the node started first): waited for, said once.
+                if await self._until_reachable():
+                    await self._beat()
+                    nursery.start_soon(self._heartbeats)
+                    await self._serve_terms()
+                nursery.cancel_scope.cancel()  # the health listener and the heartbeats
         finally:
             self.state = "stopped"
             with trio.CancelScope(shield=True), trio.move_on_after(2):
@@ -176,6 +179,28 @@ class ClusterNode:
             self._leases.close()
             self._info.close()
             self._log.info("cluster.node.stopped", reason=self._shutdown_reason)
+
+    async def _until_reachable(self) -> bool:
+        """Make the cluster's tables, trying again every second until the database answers;
+        False when shutdown came first."""
+        said: str | None = None
+        while not self.shutdown_requested.is_set():
+            try:
+                await self._info.run(ensure_cluster_tables)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}".strip()
+                if error != said:
+                    said = error
+                    self._log.warning("cluster.database.unreachable", error=error, retry_every=1.0)
+                self.problem = f"the journal's database can't be reached: {error}"
+                with trio.move_on_after(1.0):
+                    await self.shutdown_requested.wait()
+                continue
+            if said is not None:
+                self._log.info("cluster.database.reachable")
+            self.problem = None
+            return True
+        return False
 
     # -- standby and terms ---------------------------------------------------------------------
 
@@ -195,12 +220,23 @@ class ClusterNode:
         self.state = "standby"
         poll = min(1.0, self.ttl * POLL_SHARE)
         said_standby = False
+        said_unreachable: str | None = None
         while not self.shutdown_requested.is_set():
             try:
                 term, valid_until = await self._leases.run(partial(_try_acquire, node=self.name, ttl=self.ttl))
             except Exception as exc:
-                self._log.warning("cluster.lease.unreachable", error=f"{type(exc).__name__}: {exc}")
+                # Said when it starts or changes, not at every poll.
+                error = f"{type(exc).__name__}: {exc}".strip()
+                if error != said_unreachable:
+                    said_unreachable = error
+                    self._log.warning("cluster.lease.unreachable", error=error)
+                self.problem = f"the lease can't be read: {error}"
                 term, valid_until = None, 0.0
+            else:
+                if said_unreachable is not None:
+                    said_unreachable = None
+                    self._log.info("cluster.lease.reachable")
+                self.problem = None
             if term is not None:
                 return term, valid_until
             if not said_standby:
@@ -362,6 +398,8 @@ class ClusterNode:
         daemon = self.daemon
         if daemon is not None and self.state == "holding":
             return daemon.readiness()
+        if self.problem is not None:
+            return Readiness((f"standby: {self.problem}",))
         holder = self._holder()
         if holder is None or float(str(holder.get("expiresIn", 0))) <= 0:
             return Readiness((f"standby: node {self.name} does not hold the links, and no node holds them now",))

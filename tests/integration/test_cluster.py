@@ -359,3 +359,23 @@ def _wall(line: dict[str, Any]) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+async def test_a_node_whose_database_is_not_up_waits_for_it_and_says_so(short_tmp: Path) -> None:
+    """Started before its database (a port nothing listens on): it neither exits nor serves;
+    /readyz says why, the log says it once, and SIGTERM stops it cleanly."""
+    from mcpl_router.testing.postgres import free_port
+
+    dsn = f"host=127.0.0.1 port={free_port()} dbname=nothing user=postgres connect_timeout=1"
+    config = cluster_config(short_tmp, "tcp://127.0.0.1:9", dsn)
+    with trio.fail_after(60):
+        async with daemon_process(config, short_tmp / "a.log", env={**os.environ, "MCPL_ROUTER_NODE": "a"}) as node:
+            await node.start()
+            await wait_until(lambda: log_events(short_tmp / "a.log", "health.listening") != [], timeout=20)
+            await trio.sleep(3)  # a few attempts
+            status, body = await health_page(short_tmp, "a", "/readyz")
+            assert status == 503 and "standby: the journal's database can't be reached" in body, body
+            assert len(log_events(short_tmp / "a.log", "cluster.database.unreachable")) == 1
+            assert node.process is not None and node.process.poll() is None
+            node.process.send_signal(signal.SIGTERM)
+            assert await node.wait() == 0
