@@ -29,7 +29,6 @@ from mcpl_router.client import RouterClient  # noqa: E402
 from mcpl_router.store.journal import Journal  # noqa: E402
 from mcpl_router.testing.control import FixtureProcess, wait_until  # noqa: E402
 
-ACK_BATCH = 100
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -203,31 +202,19 @@ async def forwarder_running(
 
 
 async def read_wakes(host: RouterClient, total: int, *, latencies: list[float] | None = None) -> float:
-    """Read ``total`` wakes, acking in batches from another task; the moment the last arrived.
+    """Read ``total`` wakes, acking each as a host as shipped would: one ``host.ack([seq])`` a wake
+    from a task of its own, which the client gathers into one ``wake/ack`` a round trip
+    (client/acks.py); the moment the last wake arrived.
 
     With ``latencies``, each wake's delay from its ``metadata.sentAt`` (CLOCK_MONOTONIC) is kept.
     """
-    acks_send, acks_receive = trio.open_memory_channel[list[int]](1000)
     async with trio.open_nursery() as nursery:
-
-        async def acker() -> None:
-            async for batch in acks_receive:
-                await host.ack(batch)
-
-        nursery.start_soon(acker)
-        pending: list[int] = []
-        async with acks_send:
-            for _ in range(total):
-                wake = await host.next_wake()
-                if latencies is not None and wake.messages:
-                    sent_at = (wake.messages[0].get("metadata") or {}).get("sentAt")
-                    if isinstance(sent_at, (int, float)):
-                        latencies.append(time.monotonic() - sent_at)
-                pending.append(wake.seq)
-                if len(pending) >= ACK_BATCH:
-                    await acks_send.send(pending)
-                    pending = []
-            done = time.perf_counter()
-            if pending:
-                await acks_send.send(pending)
+        for _ in range(total):
+            wake = await host.next_wake()
+            if latencies is not None and wake.messages:
+                sent_at = (wake.messages[0].get("metadata") or {}).get("sentAt")
+                if isinstance(sent_at, (int, float)):
+                    latencies.append(time.monotonic() - sent_at)
+            nursery.start_soon(host.ack, [wake.seq])
+        done = time.perf_counter()
     return done
