@@ -440,6 +440,7 @@ def inspect_postgres(dsn: str, *, password: str | None = None) -> list[str]:
                 " AND (classid::bigint << 32) | objid::bigint = %s",
                 (LOCK_KEY,),
             ).fetchone()
+            cluster = _cluster_lines(conn)
     except psycopg.Error as exc:
         raise JournalRefused(where, f"can't be read: {type(exc).__name__}: {str(exc).strip()}", "Check the DSN and that the database is up.") from None
     if meta is None or int(meta[0]) > SCHEMA_VERSION:
@@ -450,4 +451,23 @@ def inspect_postgres(dsn: str, *, password: str | None = None) -> list[str]:
         f"journal {where}: OK (schema {meta[0]}{'; this server is a standby: a daemon needs the primary' if read_only[0] else ''})",
         f"  events kept: {events[0]}, last seq given: {meta[1]}; wakes not acked: {unacked[0]}; live drafts: {drafts[0]}",
         f"  {'a daemon holds it now' if holder[0] else 'no daemon holds it now'}",
+        *cluster,
     ]
+
+
+def _cluster_lines(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
+    """A cluster's nodes on this journal (docs/cluster.md): who holds the links, who is there."""
+    if conn.execute("SELECT to_regclass('cluster_leases')").fetchone() == (None,):
+        return []
+    leases = conn.execute(
+        "SELECT node, epoch, expires_at > clock_timestamp() FROM cluster_leases WHERE scope = 'links'"
+    ).fetchall()
+    nodes = conn.execute(
+        "SELECT node, state, extract(epoch FROM clock_timestamp() - seen_at) FROM cluster_nodes ORDER BY node"
+    ).fetchall()
+    lines = []
+    for node, epoch, live in leases:
+        lines.append(f"  cluster: node {node} {'holds' if live else 'held'} the links (epoch {epoch}{'' if live else ', expired'})")
+    if nodes:
+        lines.append("  nodes: " + ", ".join(f"{node} ({state}, seen {float(str(ago)):.1f}s ago)" for node, state, ago in nodes))
+    return lines

@@ -206,6 +206,11 @@ async def test_the_holder_killed_during_a_flood_is_taken_over_within_the_lease_a
             assert 'mcpl_router_cluster_holding{node="b"} 1.0' in metrics
             assert "mcpl_router_cluster_lease_epoch 2.0" in metrics
             assert 'mcpl_router_cluster_terms_total{node="b"} 1.0' in metrics
+            checked = await trio.run_process(
+                [sys.executable, "-m", "mcpl_router", "journal", "check", "--config", str(short_tmp / "cluster.json")],
+                capture_stdout=True, env={**os.environ, "MCPL_ROUTER_NODE": "b"},
+            )
+            assert "cluster: node b holds the links (epoch 2)" in checked.stdout.decode(), checked.stdout.decode()
     print(f"\nholder kill -9: {accepted_before} accepted before; b serving {took:.2f} s after the kill (lease {LEASE:g} s);"
           f" nothing accepted for {quiet_window(ledger, killed_at):.2f} s;"
           f" {len(ledger.woken)} wakes for {TOTAL} messages; woken again after an answered ack: {len(ledger.woken_after_ack())}")
