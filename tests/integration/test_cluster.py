@@ -42,7 +42,7 @@ from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
 from .conftest import FAST_RECONNECT, DaemonProcess, daemon_process
-from .test_journal_failover import SENDERS, TOTAL, Ledger, check, send_all
+from .test_journal_failover import SENDERS, TOTAL, Ledger, check, read_and_ack, send_all
 
 pytestmark = pytest.mark.integration
 
@@ -108,18 +108,7 @@ async def failover_host(sockets: Sequence[str], ledger: Ledger, *, task_status: 
     async with FailoverClient.connect(list(sockets), give_up_after=120) as host:
         await host.hello("host", ["kai"])
         task_status.started()
-        while True:
-            wake = await host.next_wake()
-            message_id = wake.messages[0]["messageId"]
-            ledger.woken.append((time.monotonic(), message_id))
-            while True:
-                try:
-                    await host.ack([wake.seq])
-                except Exception:
-                    await trio.sleep(0.05)  # the node went before answering: the client sends it on
-                    continue
-                ledger.ack_answered_at.setdefault(message_id, time.monotonic())
-                break
+        await read_and_ack(host, ledger)
 
 
 async def wait_woken(ledger: Ledger, workdir: Path, timeout: float = 90) -> None:

@@ -17,15 +17,15 @@ The figures (messages, the failover's window) are printed (``pytest -s``) for th
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import trio
 
-from mcpl_router.client import RouterClient
+from mcpl_router.client import RouterClient, WakeNotice
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.journal import JournalPlace
@@ -75,23 +75,35 @@ async def send_all(server: FixtureProcess, ledger: Ledger, numbers: list[int]) -
             await trio.sleep(0.02)
 
 
+class Acking(Protocol):
+    async def next_wake(self) -> WakeNotice: ...
+
+    async def ack(self, seqs: Sequence[int], *, agent: str | None = None) -> int: ...
+
+
+async def read_and_ack(host: Acking, ledger: Ledger) -> None:
+    """Every wake noted as it comes, then acked, an ack the daemon could not record (its journal
+    failing over, its node gone) tried again until it is answered."""
+    while True:
+        wake = await host.next_wake()
+        message_id = wake.messages[0]["messageId"]
+        ledger.woken.append((time.monotonic(), message_id))
+        while True:
+            try:
+                await host.ack([wake.seq])
+            except Exception:
+                await trio.sleep(0.05)
+                continue
+            ledger.ack_answered_at.setdefault(message_id, time.monotonic())
+            break
+
+
 async def host_reading(socket: str, ledger: Ledger, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """A host that acks every wake, retrying an ack the daemon could not record."""
     async with RouterClient.connect_unix(socket) as host:
         await host.hello("host", ["kai"])
         task_status.started()
-        while True:
-            wake = await host.next_wake()
-            message_id = wake.messages[0]["messageId"]
-            ledger.woken.append((time.monotonic(), message_id))
-            while True:
-                try:
-                    await host.ack([wake.seq])
-                except Exception:
-                    await trio.sleep(0.05)  # not recorded (the journal is failing over): again
-                    continue
-                ledger.ack_answered_at.setdefault(message_id, time.monotonic())
-                break
+        await read_and_ack(host, ledger)
 
 
 async def wait_all_woken(ledger: Ledger, log: Path, *, timeout: float = 60) -> None:
