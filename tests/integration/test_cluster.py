@@ -12,6 +12,9 @@ connects to the other one.
   resumed node ends its term (fenced), accepts nothing more, and the server got no post twice.
 - The holder drained (SIGTERM): it releases the lease, the standby takes over within its poll
   (not the lease's length), and no wake is lost or repeated.
+- The journal's PostgreSQL primary killed and its standby promoted under the nodes: nothing
+  lost, nothing repeated (the holder renews on the new primary).
+- A node started before its database: it waits, says why, and stops cleanly.
 - The holder stopped (SIGSTOP) for good: the host's connection to it stays open and silent; the
   client's liveness probe finds it unanswered and leaves it, and the host is woken by the new
   holder within the lease and the probe's bounds.
@@ -373,3 +376,33 @@ async def test_a_node_whose_database_is_not_up_waits_for_it_and_says_so(short_tm
             assert node.process is not None and node.process.poll() is None
             node.process.send_signal(signal.SIGTERM)
             assert await node.wait() == 0
+
+
+async def test_the_databases_primary_lost_under_a_cluster_loses_nothing(short_tmp: Path) -> None:
+    """The journal's PostgreSQL primary killed during a flood and its synchronous standby promoted
+    (as an HA manager would), under two nodes on the multi-host DSN: the lease row was replicated
+    with every commit, so the holder renews on the new primary (or, had the promotion taken longer
+    than its local deadline, another node takes over); either way every accepted message wakes the
+    host and none is woken again after its ack was answered."""
+    postgres.require()
+    ledger = Ledger()
+    with postgres.postgres_pair() as pair:
+        with trio.fail_after(240):
+            async with two_nodes(short_tmp, pair.multi_host_dsn) as (server, _nodes):
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(failover_host, [socket_of(short_tmp, "a"), socket_of(short_tmp, "b")], ledger)
+                    async with trio.open_nursery() as senders:
+                        await flood_until_third(server, ledger, senders)
+                        killed_at = time.monotonic()
+                        pair.primary.kill()
+                        await trio.sleep(0.5)  # the HA manager notices
+                        await trio.to_thread.run_sync(pair.promote)
+                        promoted_at = time.monotonic()
+                    await wait_woken(ledger, short_tmp)
+                    nursery.cancel_scope.cancel()
+    check(ledger)
+    taken = [(name, line["epoch"]) for name in ("a", "b") for line in log_events(short_tmp / f"{name}.log", "cluster.lease.taken")]
+    lost = [name for name in ("a", "b") if log_events(short_tmp / f"{name}.log", "cluster.lease.lost")]
+    print(f"\ndatabase primary lost under the cluster: promoted {promoted_at - killed_at:.2f} s after the kill;"
+          f" nothing accepted for {quiet_window(ledger, killed_at):.2f} s; leases taken {taken}, lost by {lost or 'none'};"
+          f" {len(ledger.woken)} wakes for {TOTAL} messages; woken again after an answered ack: {len(ledger.woken_after_ack())}")
