@@ -46,6 +46,7 @@ from mcpl_router.store.leases import (
     acquire,
     cluster_view,
     ensure_cluster_tables,
+    forget_gone_nodes,
     heartbeat,
     leave,
     release,
@@ -424,4 +425,5 @@ def _try_acquire(db: Connection, *, node: str, ttl: float) -> tuple[LeaseTerm | 
 
 def _beat_and_view(db: Connection, *, node: str, state: str, info: dict[str, object]) -> dict[str, object]:
     heartbeat(db, node, state, info)
+    forget_gone_nodes(db)
     return cluster_view(db)

@@ -43,6 +43,7 @@ __all__ = [
     "acquire",
     "cluster_view",
     "ensure_cluster_tables",
+    "forget_gone_nodes",
     "heartbeat",
     "leave",
     "release",
@@ -226,6 +227,19 @@ def heartbeat(db: Connection, node: str, state: str, info: Mapping[str, object])
         " ON CONFLICT (node) DO UPDATE SET state = excluded.state, seen_at = excluded.seen_at, info = excluded.info",
         (node, state, json.dumps(dict(info), sort_keys=True)),
     )
+
+
+#: A node row unseen this long is deleted at the next heartbeat of any node: a node renamed or
+#: retired does not stay in ``status`` for ever.
+FORGET_NODES_AFTER_S: Final = 24 * 3600
+
+
+def forget_gone_nodes(db: Connection) -> int:
+    """Delete the rows of nodes unseen for :data:`FORGET_NODES_AFTER_S`; how many."""
+    cursor = db.execute(
+        "DELETE FROM cluster_nodes WHERE seen_at < clock_timestamp() - make_interval(secs => ?)", (FORGET_NODES_AFTER_S,)
+    )
+    return max(0, cursor.rowcount)
 
 
 def leave(db: Connection, node: str) -> None:

@@ -17,7 +17,18 @@ import trio
 
 from mcpl_router.jsonrpc.fenced import FencedStream
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure
-from mcpl_router.store.leases import LINKS, LeaseFence, LeaseLost, acquire, cluster_view, ensure_cluster_tables, heartbeat, release, renew
+from mcpl_router.store.leases import (
+    LINKS,
+    LeaseFence,
+    LeaseLost,
+    acquire,
+    cluster_view,
+    ensure_cluster_tables,
+    forget_gone_nodes,
+    heartbeat,
+    release,
+    renew,
+)
 from mcpl_router.store.postgres_backend import PgConnection, connect
 from mcpl_router.testing import postgres
 from mcpl_router.testing.journal import JournalPlace, open_journal
@@ -207,3 +218,11 @@ def test_nodes_started_together_on_a_fresh_database_all_make_the_tables(postgres
         assert cluster_view(reader) == {"nodes": [], "leases": []}
     finally:
         reader.close()
+
+
+def test_a_node_unseen_for_a_day_is_forgotten(db: PgConnection) -> None:
+    heartbeat(db, "old", "stopped", {})
+    heartbeat(db, "live", "standby", {})
+    db.execute("UPDATE cluster_nodes SET seen_at = clock_timestamp() - interval '25 hours' WHERE node = 'old'")
+    assert forget_gone_nodes(db) == 1
+    assert [n["node"] for n in cluster_view(db)["nodes"]] == ["live"]  # type: ignore[index]
