@@ -3,10 +3,12 @@
     python bench/bench_decisions.py [--agents 1] [--messages 20000]
 
 Whom an event wakes (``Forks.deliveries_for`` over ``AgentDirectory.deliveries_for``, as the
-daemon wires them; agents declared as a host's hello declares them, the default wake policy)
-and a message's admission (``ChannelRegistry.admit_incoming``), for the inbound bench's
-messages: 4 servers' ``general``, tagged ``chat:mention``. Prints µs a message of the calling
-thread's CPU, the best of 5 passes. Runs on any tree with these APIs, so two trees can be
+daemon wires them; agents declared as a host's hello declares them, the default wake policy),
+a message's admission (``ChannelRegistry.admit_incoming``) and each woken agent's wake
+rendered (``SessionManager.wake_params``, its closed-channel invitation asked of the channel
+lifecycle as the daemon wires them: none of the agents opened the channel, so each wake
+carries one), for the inbound bench's messages: 4 servers' ``general``, tagged
+``chat:mention``. Prints µs a message of the calling thread's CPU, the best of 5 passes. Runs on any tree with these APIs, so two trees can be
 compared: ``PYTHONPATH=<tree> python bench/bench_decisions.py``. Nothing is asserted beyond
 the agents woken.
 """
@@ -22,6 +24,13 @@ import trio
 
 from mcpl_router.hosts.directory import AgentDirectory
 from mcpl_router.hosts.forks import Forks
+from mcpl_router.hosts.sessions import SessionManager
+from mcpl_router.metrics import DaemonMetrics
+from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.routing.wakes import REASON_MESSAGE, Wake
+from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
+from mcpl_router.turns.invitations import Invitations
+from mcpl_router.events import EventBus
 from mcpl_router.host_notices import HostNotice
 from mcpl_router.routing.agents import AgentSpec
 from mcpl_router.routing.registry import RegistrationPolicy
@@ -29,7 +38,7 @@ from mcpl_router.routing.router import Router
 from mcpl_router.store.journal import InboundEvent, Journal
 
 
-async def measure(agents: int, messages: int) -> tuple[float, float]:
+async def measure(agents: int, messages: int) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory(prefix="mr-decisions-") as tmp:
         journal = Journal(Path(tmp) / "journal.sqlite3")
         try:
@@ -53,7 +62,17 @@ async def measure(agents: int, messages: int) -> tuple[float, float]:
                               "timestamp": "2026-01-01T00:00:00Z", "metadata": {"sentAt": 1.0}})
                 for i in range(messages)
             ]
-            woken = admitted = float("inf")
+            bus = EventBus()
+            lifecycle = ChannelLifecycle(router, {}, journal, fork_home=forks.home_of, events=bus)
+            sessions = SessionManager(directory=directory, journal=journal, router=router, metrics=DaemonMetrics([]),
+                                      invitations=Invitations(router, lifecycle.has_open), servers_list=list, events=bus)
+            refs = [ChannelRef(f"s{server}", "general") for server in range(4)]
+            wakes = [
+                [Wake(i, f"bench{n}", REASON_MESSAGE, refs[i % 4], event.payload, ("chat:mention", "chat:addressed"), True,
+                      event.server_id) for n in range(agents)]
+                for i, event in enumerate(events)
+            ]
+            woken = admitted = rendered = float("inf")
             for _ in range(5):
                 start = time.thread_time()
                 for event in events:
@@ -63,8 +82,14 @@ async def measure(agents: int, messages: int) -> tuple[float, float]:
                 for event in events:
                     router.registry.admit_incoming(event.server_id, str(event.channel_id), policy)
                 admitted = min(admitted, (time.thread_time() - start) / messages * 1e6)
+                start = time.thread_time()
+                for per_event in wakes:
+                    for wake in per_event:
+                        sessions.wake_params(wake)
+                rendered = min(rendered, (time.thread_time() - start) / messages * 1e6)
+            assert "invitation" in sessions.wake_params(wakes[0][0])
             assert [d.agent for d in forks.deliveries_for(events[0])] == [f"bench{n}" for n in range(agents)]
-            return woken, admitted
+            return woken, admitted, rendered
         finally:
             journal.close()
 
@@ -74,8 +99,9 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=1)
     parser.add_argument("--messages", type=int, default=20_000)
     args = parser.parse_args()
-    woken, admitted = trio.run(measure, args.agents, args.messages)
-    print(f"{args.agents} agent(s): whom a message wakes {woken:.2f} µs, its admission {admitted:.2f} µs")
+    woken, admitted, rendered = trio.run(measure, args.agents, args.messages)
+    print(f"{args.agents} agent(s): whom a message wakes {woken:.2f} µs, its admission {admitted:.2f} µs, "
+          f"its wakes rendered {rendered:.2f} µs")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import trio
 from mcpl_router import __version__
 from mcpl_router.host_notices import ChannelsChangedNotice, HostNotice, ServerStateNotice
 from mcpl_router.config import AgentConfig
-from mcpl_router.routing.agents import AgentSpec, agent_may_call
+from mcpl_router.routing.agents import AgentSpec
 from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams, params_of, spec_from_params
 from mcpl_router.hosts.connection import HostSession
 from mcpl_router.hosts.diversion import NO_DIVERSION, WakeDiversion
@@ -88,6 +88,8 @@ class HostStatistics(TypedDict):
 
 #: Recent wakes kept in memory for ``turn/open`` (older ones are read from the journal).
 RECENT_WAKES: Final = 4096
+#: Channels whose wake ``channel`` param is kept (all let go when full, or the registry moves).
+CHANNEL_WIRE_KEPT: Final = 4096
 #: How long a dropped connection's agents stay reserved for the same host.
 GRACE_SECONDS: Final = 10.0
 
@@ -160,6 +162,10 @@ class SessionManager:
         self._nursery: trio.Nursery | None = None
         self._events = events
         self._log = get_logger()
+        # A wake's ``channel`` param by ref, the same for every wake of the channel (its shown
+        # name reads the registry) while the registry's generation stands (_wire_at).
+        self._channel_wire: dict[ChannelRef, dict[str, object]] = {}
+        self._wire_at = -1
         if events is not None:
             events.subscribe(ServerStateChanged, self._server_state_changed)
             events.subscribe(ChannelsChanged, self._channels_changed)
@@ -395,13 +401,22 @@ class SessionManager:
 
     def wake_params(self, wake: Wake) -> dict[str, object]:
         """The ``wake`` notification's params."""
+        ref = wake.channel
+        channel: dict[str, object] | None = None
+        if ref is not None:
+            generation = self._router.registry.generation
+            if generation != self._wire_at or len(self._channel_wire) >= CHANNEL_WIRE_KEPT:
+                self._channel_wire.clear()
+                self._wire_at = generation
+            wire = self._channel_wire.get(ref)
+            if wire is None:
+                wire = self._channel_wire[ref] = {**ref.to_wire(), "shown": self._router.names.name_shown(ref)}
+            channel = dict(wire)  # each wake's own: its params are the caller's to keep
         params: dict[str, object] = {
             "seq": wake.seq,
             "agent": wake.agent,
             "reason": wake.reason,
-            "channel": None
-            if wake.channel is None
-            else {**wake.channel.to_wire(), "shown": self._router.names.name_shown(wake.channel)},
+            "channel": channel,
             "tags": list(wake.tags),
             "addressed": wake.addressed,
         }
@@ -411,7 +426,7 @@ class SessionManager:
             spec = self._agents.get(wake.agent)
             invitation = None
             if spec is not None:
-                invitation = self._invitations.invitation_for(wake, spec.mode, may_publish=agent_may_call(spec, "channel_publish"))
+                invitation = self._invitations.for_agent(wake, spec)
             if invitation is not None:
                 params["invitation"] = invitation
         else:

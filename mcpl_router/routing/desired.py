@@ -34,6 +34,9 @@ class DesiredChannels:
     _opened_by: dict[ChannelRef, set[str]] = attrs.field(factory=dict, init=False)
     # Every agent's decision per channel: what a registration of that channel is checked against.
     _by_ref: dict[ChannelRef, dict[str, str]] = attrs.field(factory=dict, init=False)
+    #: Bumped by every decision: an answer read from the decisions (:meth:`has_open`) is
+    #: valid while it stands, so one asked of every message wake can be kept.
+    version: int = attrs.field(default=0, init=False)
 
     def get(self, agent: str, ref: ChannelRef) -> str | None:
         """``agent``'s last decision for ``ref``, or None if it made none."""
@@ -42,6 +45,7 @@ class DesiredChannels:
     def decide(self, agent: str, ref: ChannelRef, state: str) -> None:
         """Record ``agent``'s decision for ``ref`` (it replaces the agent's previous one)."""
         self._states[(agent, ref)] = state
+        self.version += 1
         self._by_ref.setdefault(ref, {})[agent] = state
         opened = self._opened_by.setdefault(ref, set())
         if state == OPEN:

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelLifecycle", "RECONCILE_OPEN", "RECONCILE_CLOSE"]
 
+#: (agent, channel) answers :meth:`ChannelLifecycle.has_open` keeps (all let go when full).
+HAS_OPEN_KEPT: Final = 4096
+
 RECONCILE_OPEN: Final = "open"
 RECONCILE_CLOSE: Final = "close"
 #: What a reconcile's outcome is counted as (``mcpl_router_channel_reconciles_total``).
@@ -87,6 +90,11 @@ class ChannelLifecycle:
         # The link epoch each channel's server refused its reconcile on: not asked again on it.
         # Bounded by the channels agents decided for.
         self._refused_on: dict[ChannelRef, int] = {}
+        # has_open's answers by (agent, channel), each with the fork home it was decided with,
+        # while the registry's generation and the decisions' version they were decided at
+        # stand (_kept_at): asked of every message wake, it changes far more rarely.
+        self._kept: dict[tuple[str, ChannelRef], tuple[ChannelRef | None, bool]] = {}
+        self._kept_at = (-1, -1)
         if events is not None:
             events.subscribe(ChannelsChanged, self._channels_changed)
             events.subscribe(ServerStateChanged, self._state_changed)
@@ -107,8 +115,26 @@ class ChannelLifecycle:
     def has_open(self, agent: str, ref: ChannelRef) -> bool:
         """Whether ``agent`` is in channel ``ref`` by its own decisions, not merely because the
         channel's transport is open (:meth:`DesiredChannels.has_open
-        <mcpl_router.routing.desired.DesiredChannels.has_open>` has the rule); a fork is in its home."""
-        return self.desired.has_open(agent, ref, self._router.registry.get(ref), home=self._fork_home(agent))
+        <mcpl_router.routing.desired.DesiredChannels.has_open>` has the rule); a fork is in its home.
+
+        Decided once per (agent, channel) and kept until something it reads changes: the
+        registry (registered, open, its descriptor: the generation), any agent's decision (the
+        rule reads the others' too: the decisions' version), or the agent's fork home. The
+        homes are the forks' (the lifecycle is given only their reader), so each answer keeps
+        the home it was decided with and holds while the agent's home is still that one."""
+        registry = self._router.registry
+        home = self._fork_home(agent)
+        stamp = (registry.generation, self.desired.version)
+        if stamp != self._kept_at or len(self._kept) >= HAS_OPEN_KEPT:
+            self._kept.clear()
+            self._kept_at = stamp
+        key = (agent, ref)
+        kept = self._kept.get(key)
+        if kept is not None and (kept[0] is home or kept[0] == home):
+            return kept[1]
+        answer = self.desired.has_open(agent, ref, registry.get(ref), home=home)
+        self._kept[key] = (home, answer)
+        return answer
 
     # ------------------------------------------------------------------ decisions
 

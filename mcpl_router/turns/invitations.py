@@ -6,6 +6,13 @@ agent* doesn't have open. Decided per agent (:data:`HasOpen`, the channel lifecy
 open for everyone, yet mo, who didn't, is still invited; and kai is still invited to
 ``b:general``, another channel with the same id. The first option is the agent's mode's way to
 reach that channel alone (:meth:`~mcpl_router.routing.modes.ProseMode.invitation_reply`).
+
+Asked of every message wake, and the same for every message of a channel until something it
+reads changes: :meth:`Invitations.for_agent` keeps, per (agent, channel), whether the channel is
+registered, the agent's mode and publish right (its spec, by identity: a hello, a reload or a
+saved agent puts a new one in place) and the texts by author, while the registry's generation
+stands; whether the agent has the channel open is the lifecycle's answer, itself kept until a
+decision, a fork home or the registry changes.
 """
 
 from __future__ import annotations
@@ -13,7 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Final
 
+import attrs
+
 from mcpl_router.routing import rounds
+from mcpl_router.routing.agents import AgentSpec, agent_may_call
 from mcpl_router.routing.modes import ProseMode
 from mcpl_router.routing.refs import ChannelRef
 
@@ -27,8 +37,33 @@ __all__ = ["HasOpen", "Invitations"]
 #: (``ChannelLifecycle.has_open``).
 HasOpen = Callable[[str, ChannelRef], bool]
 
-#: Rendered invitations kept (cleared whenever the registry changes).
+#: Rendered invitations kept (cleared whenever the registry changes); also the (agent,
+#: channel) entries :meth:`Invitations.for_agent` keeps.
 INVITATION_CACHE: Final = 1024
+#: Texts kept per (agent, channel), one per author (let go when full: a busy channel's authors).
+AUTHORS_KEPT: Final = 64
+
+
+@attrs.define
+class _Kept:
+    """What an (agent, channel)'s invitation reads that changes only with the registry or the spec."""
+
+    spec: AgentSpec
+    registered: bool
+    mode: ProseMode
+    may_publish: bool
+    texts: dict[str | None, str] = attrs.field(factory=dict)
+
+
+def _author(payload: object) -> str | None:
+    """The name (else the id) of the message's author, as the invitation names them."""
+    # ``type(...) is dict`` first: what the wire decodes to, without the ABC's instance check.
+    author = payload.get("author") if type(payload) is dict or isinstance(payload, Mapping) else None
+    if type(author) is str:
+        return author
+    if type(author) is dict or isinstance(author, Mapping):
+        author = author.get("name") or author.get("id")
+    return author if isinstance(author, str) else None
 
 
 class Invitations:
@@ -45,11 +80,20 @@ class Invitations:
         self._router = router
         self._has_open: HasOpen = has_open if has_open is not None else self._transport_open
         self._cache: dict[tuple[ProseMode, ChannelRef, str | None, bool], str] = {}
+        self._kept: dict[tuple[str, ChannelRef], _Kept] = {}
         self._generation = -1
 
     def _transport_open(self, agent: str, ref: ChannelRef) -> bool:
         entry = self._router.registry.get(ref)
         return entry is not None and entry.open
+
+    def _stand(self) -> None:
+        """Let every kept value go when the registry moved (or a cache is full)."""
+        generation = self._router.registry.generation
+        if generation != self._generation or len(self._cache) >= INVITATION_CACHE or len(self._kept) >= INVITATION_CACHE:
+            self._cache.clear()
+            self._kept.clear()
+            self._generation = generation
 
     def invitation_for(self, wake: Wake, mode: ProseMode, *, may_publish: bool) -> str | None:
         """The invitation ``wake`` carries for an agent in ``mode``, or None."""
@@ -61,16 +105,35 @@ class Invitations:
         # own tool calls, not the registry's generation. The cached text names no agent.
         if not registry.is_registered(ref) or self._has_open(wake.agent, ref):
             return None
-        payload = wake.payload
-        author = payload.get("author") if isinstance(payload, Mapping) else None
-        if isinstance(author, Mapping):
-            author = author.get("name") or author.get("id")
-        author = author if isinstance(author, str) else None
-        if registry.generation != self._generation or len(self._cache) >= INVITATION_CACHE:
-            self._cache.clear()
-            self._generation = registry.generation
+        author = _author(wake.payload)
+        self._stand()
         key = (mode, ref, author, may_publish)
         text = self._cache.get(key)
         if text is None:
             text = self._cache[key] = rounds.invitation_text(mode, self._router.names, ref, author, may_publish=may_publish)
+        return text
+
+    def for_agent(self, wake: Wake, spec: AgentSpec) -> str | None:
+        """The invitation ``wake`` carries for its agent, whose spec is ``spec``, or None: as
+        :meth:`invitation_for` in the spec's mode and publish right, kept per (agent, channel)."""
+        ref = wake.channel
+        if ref is None or not wake.addressed:
+            return None
+        self._stand()
+        key = (wake.agent, ref)
+        kept = self._kept.get(key)
+        if kept is None or kept.spec is not spec:
+            kept = self._kept[key] = _Kept(spec, self._router.registry.is_registered(ref), spec.mode,
+                                           agent_may_call(spec, "channel_publish"))
+        # Asked every time: the lifecycle keeps its own answer, and knows when it changes (a
+        # decision, a fork home), which this does not.
+        if not kept.registered or self._has_open(wake.agent, ref):
+            return None
+        author = _author(wake.payload)
+        text = kept.texts.get(author)
+        if text is None:
+            if len(kept.texts) >= AUTHORS_KEPT:
+                kept.texts.clear()
+            text = kept.texts[author] = rounds.invitation_text(kept.mode, self._router.names, ref, author,
+                                                               may_publish=kept.may_publish)
         return text
