@@ -158,7 +158,10 @@ class Daemon:
                            hand_over=self.agents.hand_over_wakes, events=events)
         # Each agent's channel decisions, journaled; every registration is checked against them
         # (a server that keeps no subscriptions registers a channel closed again after a restart).
-        self.channel_decisions = ChannelLifecycle(router, servers, journal, fork_home=self.forks.home_of, events=events)
+        # A tuned-out channel is held open as an agent's open one is (the tune-outs are made
+        # below; the decisions ask them at each registration).
+        self.channel_decisions = ChannelLifecycle(router, servers, journal, fork_home=self.forks.home_of,
+                                                  kept_open=lambda: self.tune_outs.kept_open(), events=events)
         # Tune-outs (each agent's tuned-out channels; sessions ask them before sending a wake).
         # Saved in the journal and resumed by its run() before hosts or servers connect.
         self.tune_outs = TuneOuts(router, servers, timings, notify_agent=self.agents.notify_agent, journal=journal)

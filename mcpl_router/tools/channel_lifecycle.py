@@ -15,6 +15,11 @@ reconciled, on that server alone:
   history (the agent had the history it asked for at its own open: asked at most once);
 - an agent closed it, none decided it open, and the server registered it open: ``channels/close``.
 
+A tuned-out channel counts as decided open while the tune-out lasts: a tune-out keeps its
+channel open (its traffic is what it holds and summarizes), so a server that registers it
+closed again, after either side restarts or a cluster's takeover, is asked to open it, or the
+tune-out, resumed from the journal, would hold nothing more and no agent would hear it.
+
 A server that refuses: logged, counted, and each agent that wanted the channel open is told once
 (a notice at its next turn), not at every registration. It is not asked again on that link
 epoch (a server re-registering in a loop gets one ``channels/open``, not one per
@@ -25,7 +30,7 @@ again.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -63,8 +68,11 @@ class ChannelLifecycle:
     timeout: float = LIFECYCLE_TIMEOUT
 
     def __init__(self, router: Router, servers: Mapping[str, ServerSession], journal: Journal, *,
-                 fork_home: Callable[[str], ChannelRef | None] = lambda agent: None, events: EventBus | None = None) -> None:
+                 fork_home: Callable[[str], ChannelRef | None] = lambda agent: None,
+                 kept_open: Callable[[], Collection[ChannelRef]] = frozenset, events: EventBus | None = None) -> None:
         self._router = router
+        #: The channels the tune-outs keep open now (the tune-outs' own, wired by the daemon).
+        self._kept_open = kept_open
         self._servers = servers
         self._journal = journal
         self._fork_home = fork_home
@@ -174,11 +182,20 @@ class ChannelLifecycle:
 
     # ------------------------------------------------------------------ reconciling
 
+    def wanted(self, ref: ChannelRef, kept_open: Collection[ChannelRef] | None = None) -> bool | None:
+        """What ``ref``'s transport should be: open while a tune-out keeps it (``kept_open``,
+        read now when not given), else what the agents' decisions want
+        (:meth:`DesiredChannels.wanted <mcpl_router.routing.desired.DesiredChannels.wanted>`)."""
+        if ref in (self._kept_open() if kept_open is None else kept_open):
+            return True
+        return self.desired.wanted(ref)
+
     def registered(self, refs: Iterable[ChannelRef]) -> None:
         """A server registered ``refs`` (a new epoch, a restart of either side): check those an
-        agent decided something for against what the agents decided."""
+        agent decided something for, or a tune-out keeps open, against what they want."""
+        kept_open = self._kept_open()
         for ref in refs:
-            if self.desired.wanted(ref) is not None:
+            if self.wanted(ref, kept_open) is not None:
                 self._pending[ref] = None
         if self._pending:
             self._arrived.set()
@@ -188,7 +205,8 @@ class ChannelLifecycle:
         agent decided something for. Those it registered while the link was still shaking
         hands were skipped then (nothing can be asked of it before its grant is settled)."""
         registry = self._router.registry
-        self.registered(ref for ref in self.desired.refs() if ref.server_id == server_id and registry.is_registered(ref))
+        refs = dict.fromkeys([*self.desired.refs(), *self._kept_open()])
+        self.registered(ref for ref in refs if ref.server_id == server_id and registry.is_registered(ref))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Reconcile registered channels as they arrive, one at a time, until cancelled."""
@@ -208,7 +226,8 @@ class ChannelLifecycle:
 
     async def _reconcile(self, ref: ChannelRef) -> None:
         entry = self._router.registry.get(ref)
-        wanted = self.desired.wanted(ref)
+        kept_open = self._kept_open()
+        wanted = self.wanted(ref, kept_open)
         if entry is None or wanted is None or entry.open == wanted:
             return
         session = self._servers.get(ref.server_id)
@@ -231,13 +250,14 @@ class ChannelLifecycle:
         agents = sorted(agent for agent, state in self.desired.deciders(ref).items() if state == (OPEN if wanted else CLOSED))
         if reason is None:
             self._refused_on.pop(ref, None)
-            self._log.info("channel.reconciled", server=ref.server_id, channel=ref.channel_id, action=action, agents=agents)
+            self._log.info("channel.reconciled", server=ref.server_id, channel=ref.channel_id, action=action, agents=agents,
+                           tuned_out=ref in kept_open)
             for agent in agents:
                 self._told.discard((agent, ref))
             return
         self._refused_on[ref] = epoch
         self._log.warning("channel.reconcile.failed", server=ref.server_id, channel=ref.channel_id, action=action,
-                          reason=reason, agents=agents, epoch=epoch)
+                          reason=reason, agents=agents, tuned_out=ref in kept_open, epoch=epoch)
         if not wanted:
             return
         shown = self._router.names.name_shown(ref)
@@ -253,8 +273,9 @@ class ChannelLifecycle:
         server state differs from what its agents decided (a reconcile pending or refused)."""
         registry = self._router.registry
         diverging = []
-        for ref in self.desired.refs():
-            wanted = self.desired.wanted(ref)
+        kept_open = self._kept_open()
+        for ref in dict.fromkeys([*self.desired.refs(), *kept_open]):
+            wanted = self.wanted(ref, kept_open)
             entry = registry.get(ref)
             if wanted is None or entry is None or entry.open == wanted:
                 continue

@@ -187,6 +187,11 @@ class TuneOuts:
         """The channels ``agent`` has tuned out (channel_open/close/decline refuse these)."""
         return self.table.tuned_out(agent)
 
+    def kept_open(self) -> frozenset[ChannelRef]:
+        """Every channel some agent has tuned out: each stays open while its tune-out lasts, so
+        the channel decisions hold its server to that (tools/channel_lifecycle.py)."""
+        return frozenset(tune_out.ref for tune_out in self.table.all())
+
     def end_text(self, agent: str, ref: ChannelRef) -> str | None:
         """How ``agent``'s tune-out of ``ref`` ends, in the daemon's words; None if not tuned out."""
         tune_out = self.table.get(agent, ref)

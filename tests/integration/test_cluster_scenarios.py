@@ -17,6 +17,7 @@ one node to the next, as from one restart of a single daemon to the next).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -432,3 +433,38 @@ async def test_after_a_drain_the_new_holder_routes_as_one_daemon_and_the_open_tu
             assert await recorded_opens(nodes.servers["a"]) == [(1, "lounge"), (2, "lounge")]
             assert await scenarios(nodes, client, "two") == ONE_DAEMON
 
+
+async def test_a_tune_out_keeps_its_channel_open_on_a_server_that_keeps_no_subscriptions_after_a_takeover(
+    short_tmp: Path, postgres_server: postgres.Server
+) -> None:
+    """c, as discord-mcpl, registers every channel closed on each connection and sends nothing
+    from one the host hasn't opened there. kai's tune-out opened c's quiet on n1; on n2's
+    connection it is closed again. A tuned-out channel stays open (docs/host-api.md, Tune-out),
+    so the new holder opens it again, as it does a channel an agent opened: otherwise the
+    tune-out, resumed from the journal, holds nothing more, and no agent hears quiet."""
+    dsn = postgres.fresh_database(postgres_server, "cluster_scenarios_tuneout")
+    with trio.fail_after(60):
+        async with cluster(short_tmp, dsn) as nodes, FailoverClient.connect(nodes.sockets(), give_up_after=60) as client:
+            await client.hello("host", AGENTS)
+            done = await turn(client, "kai", [], tools=[("tune_out", {"channelId": "quiet"})])
+            assert done["tools"][0].get("isError") is False, done["tools"]
+            for tag in ("before", "after"):
+                if tag == "after":
+                    n1 = nodes.nodes["n1"].process
+                    assert n1 is not None
+                    n1.send_signal(signal.SIGTERM)
+                    assert await nodes.nodes["n1"].wait() == 0
+                    await nodes.wait_serving("n2", timeout=10)
+                    with contextlib.suppress(trio.TooSlowError):  # the assertion below says what came
+                        await wait_until(lambda: reopened(nodes.servers["c"]), timeout=5)
+                answer = await nodes.servers["c"].incoming([{"channelId": "quiet", "text": f"quiet {tag}", "tags": ["chat:mention"]}])
+                assert not answer.get("notSent"), (tag, answer, await recorded_opens(nodes.servers["c"]))
+                woken = await wakes_of(client, f"quiet {tag}", {"ann", "nell"})
+                for agent, wake in woken.items():
+                    await client.ack([wake.seq], agent=agent)
+            assert not [w for w in _stash.get(id(client), []) if w.agent == "kai"]
+            assert await recorded_opens(nodes.servers["c"]) == [(1, "quiet"), (2, "quiet")]
+
+
+async def reopened(server: FixtureProcess) -> bool:
+    return (2, "quiet") in await recorded_opens(server)
