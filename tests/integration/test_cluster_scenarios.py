@@ -501,3 +501,35 @@ async def test_a_tune_out_and_a_channel_decision_the_agent_was_told_of_survive_a
             rows = {(row["serverId"], row["channelId"]): row for row in (await client.call("channels/list", {}))["channels"]}
             kept = ([row["shown"] for row in agent_row(status, "kai")["tunedOut"]], rows[("a", "lounge")]["open"])
             assert kept == (["quiet"], True), kept  # today: ([], False)
+
+
+@pytest.mark.xfail(strict=True, reason="differs from one node (issue 29 report): a default channel lives in the holder's memory")
+async def test_the_default_channel_a_wake_set_holds_on_the_node_that_took_over(
+    short_tmp: Path, postgres_server: postgres.Server
+) -> None:
+    """kai was woken on b's general and answered; a later turn with no wake (a heartbeat) calls
+    channel_publish with no channelId. One daemon posts it to b's general, the default that
+    wake set. After a drain hands the links over, the new holder has no default for kai
+    ("defaults live in memory", docs/host-api.md): the same call is refused, at every
+    takeover, which in a cluster is every upgrade."""
+    dsn = postgres.fresh_database(postgres_server, "cluster_scenarios_default")
+    with trio.fail_after(60):
+        async with cluster(short_tmp, dsn) as nodes, FailoverClient.connect(nodes.sockets(), give_up_after=60) as client:
+            await client.hello("host", AGENTS)
+            await mention(nodes.servers["b"], "general", "sets the default")
+            woken = await wakes_of(client, "sets the default", {"kai", "ann", "nell"})
+            await turn(client, "kai", ["noted"], wakes=[woken["kai"].seq])
+            for agent, wake in woken.items():
+                await client.ack([wake.seq], agent=agent)
+            outcomes = []
+            for tag in ("before", "after"):
+                if tag == "after":
+                    n1 = nodes.nodes["n1"].process
+                    assert n1 is not None
+                    n1.send_signal(signal.SIGTERM)
+                    assert await nodes.nodes["n1"].wait() == 0
+                    await nodes.wait_serving("n2", timeout=10)
+                beat = await turn(client, "kai", [], tools=[("channel_publish", {"text": f"heartbeat {tag}"})])
+                result = beat["tools"][0]
+                outcomes.append((result.get("reason"), (result.get("structuredContent") or {}).get("serverId")))
+            assert outcomes == [(None, "b"), (None, "b")], outcomes  # today the second: ("no-default", None)
