@@ -466,8 +466,21 @@ def _cluster_lines(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
         "SELECT node, state, extract(epoch FROM clock_timestamp() - seen_at) FROM cluster_nodes ORDER BY node"
     ).fetchall()
     lines = []
+    holders: set[str] = set()
     for node, epoch, live in leases:
         lines.append(f"  cluster: node {node} {'holds' if live else 'held'} the links (epoch {epoch}{'' if live else ', expired'})")
+        if live:
+            holders.add(str(node))
     if nodes:
-        lines.append("  nodes: " + ", ".join(f"{node} ({state}, seen {float(str(ago)):.1f}s ago)" for node, state, ago in nodes))
+        lines.append("  nodes: " + ", ".join(_node_entry(str(node), str(state), float(str(ago)), holders) for node, state, ago in nodes))
     return lines
+
+
+def _node_entry(node: str, state: str, ago: float, holders: set[str]) -> str:
+    """One node as its last heartbeat left it. A row still saying ``holding`` (or
+    ``draining``) while the lease is another node's, or nobody's, is a node that died or stopped
+    holding: said as its last word, not as what it does now, so two nodes never both read as
+    holding the links."""
+    if state in ("holding", "draining") and node not in holders:
+        return f"{node} (said {state} {ago:.1f}s ago; holds nothing now)"
+    return f"{node} ({state}, seen {ago:.1f}s ago)"

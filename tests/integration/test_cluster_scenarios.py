@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -387,6 +388,13 @@ async def test_after_a_kill_9_the_new_holder_routes_as_one_daemon_and_keeps_what
             assert await scenarios(nodes, client, "two") == ONE_DAEMON
             texts = [text for _, text in await posts(b)]
             assert "words at the kill" not in texts and texts.count("kai after the kill") == 1
+            # What an operator reads of the nodes from the database: n1 no longer holds anything.
+            checked = await trio.run_process(
+                [sys.executable, "-m", "mcpl_router", "journal", "check", "--config", str(nodes.config)],
+                capture_stdout=True, env={**os.environ, "MCPL_ROUTER_NODE": "n2"},
+            )
+            [listed] = [line for line in checked.stdout.decode().splitlines() if line.strip().startswith("nodes:")]
+            assert "n2 (holding, seen" in listed and "n1 (said holding" in listed and "holds nothing now" in listed, listed
             # zed, declared by a host that left before the kill (its spec as n2's status showed
             # it, from the journal), claimed on n2: the wakes kept for it come.
             async with RouterClient.connect_unix(socket_of(nodes.workdir, "n2")) as other:
