@@ -58,8 +58,9 @@ ENDED_TURNS_KEPT: Final = 1024
 def _not_open(turn_id: str) -> RpcError:
     return RpcError(
         TURN_NOT_OPEN,
-        f"Turn {texts.quoted(turn_id)} is not open (never opened, closed, superseded, or its"
-        " lease expired). Open a new turn with turn/open.",
+        f"Turn {texts.quoted(turn_id)} is not open here (never opened on this daemon, as one opened"
+        " on another node of a cluster before a takeover; closed; superseded; or its lease expired)."
+        " Open a new turn with turn/open.",
         {"turnId": turn_id},
     )
 

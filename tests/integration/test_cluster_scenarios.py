@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import trio
 
-from mcpl_router.client import ConnectionLost, FailoverClient, RouterClient
+from mcpl_router.client import ConnectionLost, FailoverClient, RouterClient, RpcError
 from mcpl_router.client.wakes import WakeNotice
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
@@ -366,6 +366,10 @@ async def test_after_a_kill_9_the_new_holder_routes_as_one_daemon_and_keeps_what
             await b.configure(publish={"delayMs": 0})
             await nodes.wait_serving("n2")
 
+            # A call about kai's turn, made on n2 as a raw call: the error says why n2 doesn't know it.
+            with pytest.raises(RpcError) as unknown:
+                await client.call("turn/text", {"turnId": kai_turn["turnId"], "round": 1, "delta": "more"})
+            assert unknown.value.code == -32050 and "opened on another node of a cluster" in unknown.value.message
             # The wakes not acked come again from n2: the kill's, and nell's older one.
             again = await wakes_of(client, "at the kill", {"kai", "ann", "nell"})
             assert {agent: w.seq for agent, w in again.items()} == {agent: w.seq for agent, w in woken.items()}
