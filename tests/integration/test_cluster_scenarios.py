@@ -288,7 +288,8 @@ def agent_row(status: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 async def set_up_state(nodes: Cluster, client: FailoverClient) -> dict[str, Any]:
-    """What must outlive the holder: a channel decision (a's lounge, registered closed, opened),
+    """What must outlive the holder: channel decisions (a's lounge, registered closed, opened by
+    kai, declined by ann),
     a tune-out (b's random), a held draft, an agent declared by a host that has left, with a
     wake waiting for it, and an unacked wake of an owned agent."""
     state: dict[str, Any] = {}
@@ -297,6 +298,8 @@ async def set_up_state(nodes: Cluster, client: FailoverClient) -> dict[str, Any]
         ("tune_out", {"channelId": "b:random"}),
     ])
     assert [r.get("isError") for r in done["tools"]] == [False, False], done["tools"]
+    declined = await turn(client, "ann", [], tools=[("channel_decline", {"channelId": "lounge"})])
+    assert declined["tools"][0].get("isError") is False, declined["tools"]
     bounced = await turn(client, "ann", [">>general kept for later"], channel="general")
     [draft] = bounced["closed"]["drafts"]
     state["draft"] = draft["id"]
@@ -317,6 +320,11 @@ async def check_state(nodes: Cluster, client: FailoverClient, node: str, tag: st
     assert (zed["proseRouting"], zed["host"]) == ("explicit", None) and zed["unackedWakes"] >= 1, zed
     rows = {(row["serverId"], row["channelId"]): row for row in (await client.call("channels/list", {}))["channels"]}
     assert rows[("a", "lounge")]["open"] is True
+    # Each agent's own decision for a's lounge: kai's open, ann's decline.
+    for agent, decided in (("kai", "open"), ("ann", "declined")):
+        listed = await turn(client, agent, [], tools=[("channel_list", {})])
+        [lounge] = [row for row in listed["tools"][0]["structuredContent"]["channels"] if (row["serverId"], row["channelId"]) == ("a", "lounge")]
+        assert lounge["desired"] == decided, (agent, lounge)
     # A message on b's random while kai has it tuned out wakes ann and nell, never kai.
     await mention(nodes.servers["b"], "random", f"random {tag}")
     woken = await wakes_of(client, f"random {tag}", {"ann", "nell"})
