@@ -4,7 +4,8 @@
 
 **Throughput.** ``--servers`` fixture servers (processes, TCP) each send ``--messages``
 ``channels/incoming`` requests of one message, 128 outstanding (pipelined), all at once. One
-host on the Unix socket reads every wake and acks every 100 from its own task. A side's rate is
+host on the Unix socket reads every wake and acks each from a task of its own, as a host on the
+shipped client does (the client gathers the acks issued during one ``wake/ack`` into the next). A side's rate is
 messages over the time from the first send to the last wake; its CPU cost is messages per
 CPU-second of its own process, split into its main thread's and its other threads' (the daemon's
 journal commits and reads run there: the journal's share off the trio thread), beside the
@@ -218,7 +219,7 @@ async def latency(workdir: Path, rates: tuple[int, ...], seconds: float, rounds:
 
 
 def print_throughput(figures: dict[str, Any], servers: int, messages: int) -> None:
-    print(f"\nInbound: {servers} servers × {messages} messages, 128 outstanding each; host acks every 100")
+    print(f"\nInbound: {servers} servers × {messages} messages, 128 outstanding each; the host acks each wake, the shipped client gathering them")
     print(f"{'':<30}{'msgs/s':>10}{'msgs/CPU-s':>12}{'÷ forwarder':>13}{'÷ floor':>9}{'÷ empty journal':>17}{'µs/msg: trio thread':>21}{'others':>8}{'load':>7}")
     for side, row in figures.items():
         vs_empty = "" if row["vs_empty_journal"] is None else f"{row['vs_empty_journal']:.3f}"

@@ -4,7 +4,7 @@
 
 The same flood as ``bench_inbound.py``'s throughput (``--servers`` fixture servers, each
 ``--messages`` one-message ``channels/incoming`` requests, 128 outstanding; one host acking
-every 100). The daemon runs under a launcher that profiles its main thread (the trio thread;
+each wake as the shipped client does). The daemon runs under a launcher that profiles its main thread (the trio thread;
 trio's worker threads, where the journal commits, are not profiled) from just before the
 flood to just after the last wake, toggled by ``SIGUSR1``. Prints the functions with the most
 own time and the most cumulative time, in µs a message. cProfile's own overhead inflates
