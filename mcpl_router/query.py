@@ -334,8 +334,9 @@ def _print_cluster(cluster: Any) -> None:
     for node in cluster.get("nodes", []):
         info = node.get("info") or {}
         where = f"pid {info.get('pid')} on {info.get('hostname')}" + (f", {info['hostSocket']}" if info.get("hostSocket") else "")
-        live = "" if node.get("live") else " (gone)"
-        print(f"    node {node['node']:<12} {node['state']:<9} seen {node['seenAgo']:.1f}s ago{live}; {where}")
+        # A node not heard of for a lease holds nothing, whatever its last heartbeat said.
+        state = node["state"] if node.get("live") else f"gone (last said {node['state']})"
+        print(f"    node {node['node']:<12} {state:<9} seen {node['seenAgo']:.1f}s ago; {where}")
 
 
 _RECONCILES = (("open-done", "reopened"), ("open-failed", "reopen refused"), ("close-done", "closed again"),

@@ -193,7 +193,7 @@ async def test_the_holder_killed_during_a_flood_is_taken_over_within_the_lease_a
             )
             text = shown.stdout.decode()
             assert "cluster: node b holding the links, epoch 2 since" in text, text
-            assert " node a " in text and "(gone)" in text.split(" node a ")[1].splitlines()[0], text
+            assert " node a " in text and "gone (last said holding)" in text.split(" node a ")[1].splitlines()[0], text
             _, metrics = await health_page(short_tmp, "b", "/metrics")
             assert 'mcpl_router_cluster_holding{node="b"} 1.0' in metrics
             assert "mcpl_router_cluster_lease_epoch 2.0" in metrics
