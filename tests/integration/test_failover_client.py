@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.descriptors import channel_descriptor
 from mcpl_router.testing.journal import JournalPlace
 
-from .conftest import daemon_process, servers_and_daemon, wait_channel, wait_daemon_ready, write_config
+from .conftest import DaemonProcess, daemon_process, servers_and_daemon, wait_channel, wait_daemon_ready, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +41,23 @@ def _message_id(wake: WakeNotice) -> str:
     return str(wake.messages[0]["messageId"])
 
 
+@contextlib.asynccontextmanager
+async def two_nodes_on_one_journal(short_tmp: Path) -> AsyncIterator[tuple[FixtureProcess, DaemonProcess, DaemonProcess, Path, Path]]:
+    """The fixture server, and two daemons on one SQLite journal file (sockets ``a.sock`` and
+    ``b.sock``): the first started and ready, the second made and not started (it may run only
+    once the first is gone)."""
+    journal = JournalPlace(path=short_tmp / "journal.sqlite3")
+    socket_a, socket_b = short_tmp / "a.sock", short_tmp / "b.sock"
+    async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
+        assert server.listen_url is not None
+        config_a = write_config(short_tmp / "n1", server.listen_url, host={"unixSocket": str(socket_a)}, journal=journal)
+        config_b = write_config(short_tmp / "n2", server.listen_url, host={"unixSocket": str(socket_b)}, journal=journal)
+        async with daemon_process(config_a, short_tmp / "n1.log") as first, daemon_process(config_b, short_tmp / "n2.log") as second:
+            await first.start()
+            await wait_daemon_ready(str(socket_a))
+            yield server, first, second, socket_a, socket_b
+
+
 @pytest.mark.parametrize("stop", ["kill -9", "SIGTERM"])
 async def test_a_host_given_two_nodes_follows_the_first_nodes_end_to_the_second_losing_nothing_and_rewaking_nothing_acked(
     short_tmp: Path, stop: str
@@ -47,73 +65,65 @@ async def test_a_host_given_two_nodes_follows_the_first_nodes_end_to_the_second_
     """kill -9: the connection just breaks. SIGTERM: the node drains (``daemon/shutdown``,
     then the connection closes). Either way the client finds the second node by itself."""
     with trio.fail_after(150):
-        journal = JournalPlace(path=short_tmp / "journal.sqlite3")
-        socket_a, socket_b = short_tmp / "a.sock", short_tmp / "b.sock"
-        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
-            assert server.listen_url is not None
-            config_a = write_config(short_tmp / "n1", server.listen_url, host={"unixSocket": str(socket_a)}, journal=journal)
-            config_b = write_config(short_tmp / "n2", server.listen_url, host={"unixSocket": str(socket_b)}, journal=journal)
-            async with daemon_process(config_a, short_tmp / "n1.log") as first, daemon_process(config_b, short_tmp / "n2.log") as second:
-                await first.start()
-                await wait_daemon_ready(str(socket_a))
-                woken: list[WakeNotice] = []
-                answered_before_kill: set[int] = set()
-                killed = trio.Event()
-                async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
-                    await client.hello("host", ["kai"])
+        async with two_nodes_on_one_journal(short_tmp) as (server, first, second, socket_a, socket_b):
+            woken: list[WakeNotice] = []
+            answered_before_kill: set[int] = set()
+            killed = trio.Event()
+            async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
+                await client.hello("host", ["kai"])
 
-                    async def ack(seq: int) -> None:
-                        await client.ack([seq])
-                        if not killed.is_set():
-                            answered_before_kill.add(seq)
+                async def ack(seq: int) -> None:
+                    await client.ack([seq])
+                    if not killed.is_set():
+                        answered_before_kill.add(seq)
 
-                    async def host() -> None:
-                        # Acks from tasks of its own, as it goes: they share wake/acks.
-                        async with trio.open_nursery() as acks, contextlib.aclosing(client.wakes()) as wakes:
-                            async for wake in wakes:
-                                woken.append(wake)
-                                await trio.sleep(WORK)
-                                acks.start_soon(ack, wake.seq)
+                async def host() -> None:
+                    # Acks from tasks of its own, as it goes: they share wake/acks.
+                    async with trio.open_nursery() as acks, contextlib.aclosing(client.wakes()) as wakes:
+                        async for wake in wakes:
+                            woken.append(wake)
+                            await trio.sleep(WORK)
+                            acks.start_soon(ack, wake.seq)
 
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(host)
-                        flooding = trio.Event()
-                        flooded: dict[str, object] = {}
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(host)
+                    flooding = trio.Event()
+                    flooded: dict[str, object] = {}
 
-                        async def flood() -> None:
-                            flooded.update(await server.flood(FLOOD, outstanding=16, rate=RATE, prefix="f", ids=True))
-                            flooding.set()
+                    async def flood() -> None:
+                        flooded.update(await server.flood(FLOOD, outstanding=16, rate=RATE, prefix="f", ids=True))
+                        flooding.set()
 
-                        nursery.start_soon(flood)
-                        await wait_until(lambda: len(answered_before_kill) >= 100, timeout=30)
-                        killed.set()
-                        woken_at_kill = len(woken)
-                        if stop == "kill -9":
-                            first.kill9()
-                            assert await first.wait() == -signal.SIGKILL
-                        else:
-                            assert first.process is not None
-                            first.process.send_signal(signal.SIGTERM)
-                            assert await first.wait() == 0
-                        await flooding.wait()
-                        accepted = set(flooded["acceptedIds"])  # type: ignore[arg-type]
-                        assert flooded["failed"], f"the kill was not mid-flood: {flooded}"
-                        assert len(accepted) > woken_at_kill
+                    nursery.start_soon(flood)
+                    await wait_until(lambda: len(answered_before_kill) >= 100, timeout=30)
+                    killed.set()
+                    woken_at_kill = len(woken)
+                    if stop == "kill -9":
+                        first.kill9()
+                        assert await first.wait() == -signal.SIGKILL
+                    else:
+                        assert first.process is not None
+                        first.process.send_signal(signal.SIGTERM)
+                        assert await first.wait() == 0
+                    await flooding.wait()
+                    accepted = set(flooded["acceptedIds"])  # type: ignore[arg-type]
+                    assert flooded["failed"], f"the kill was not mid-flood: {flooded}"
+                    assert len(accepted) > woken_at_kill
 
-                        # The second node comes up on its own address; the client finds it itself.
-                        await second.start()
-                        await wait_until(lambda: accepted <= {_message_id(wake) for wake in woken}, timeout=60)
-                        # The flood goes on through the second node, to the same host.
-                        more = await server.flood(50, outstanding=8, prefix="g", ids=True)
-                        assert more["accepted"] == 50
-                        await wait_until(lambda: set(more["acceptedIds"]) <= {_message_id(wake) for wake in woken}, timeout=30)
-                        nursery.cancel_scope.cancel()
+                    # The second node comes up on its own address; the client finds it itself.
+                    await second.start()
+                    await wait_until(lambda: accepted <= {_message_id(wake) for wake in woken}, timeout=60)
+                    # The flood goes on through the second node, to the same host.
+                    more = await server.flood(50, outstanding=8, prefix="g", ids=True)
+                    assert more["accepted"] == 50
+                    await wait_until(lambda: set(more["acceptedIds"]) <= {_message_id(wake) for wake in woken}, timeout=30)
+                    nursery.cancel_scope.cancel()
 
-                    again = [wake.seq for wake in woken[woken_at_kill:] if wake.seq in answered_before_kill]
-                    assert again == [], f"{len(again)} wakes woken again after their ack was answered"
-                    statistics = client.statistics()
-                    assert (statistics.address, statistics.failovers) == (str(socket_b), 1)
-                    assert not (accepted - {_message_id(wake) for wake in woken})
+                again = [wake.seq for wake in woken[woken_at_kill:] if wake.seq in answered_before_kill]
+                assert again == [], f"{len(again)} wakes woken again after their ack was answered"
+                statistics = client.statistics()
+                assert (statistics.address, statistics.failovers) == (str(socket_b), 1)
+                assert not (accepted - {_message_id(wake) for wake in woken})
 
 
 def _closed_port() -> int:
@@ -153,34 +163,26 @@ async def test_no_address_accepting_is_a_clear_error_naming_each(short_tmp: Path
 
 async def test_a_turn_open_on_a_lost_connection_fails_with_connection_lost_and_the_wake_comes_again(short_tmp: Path) -> None:
     with trio.fail_after(90):
-        journal = JournalPlace(path=short_tmp / "journal.sqlite3")
-        socket_a, socket_b = short_tmp / "a.sock", short_tmp / "b.sock"
-        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
-            assert server.listen_url is not None
-            config_a = write_config(short_tmp / "n1", server.listen_url, host={"unixSocket": str(socket_a)}, journal=journal)
-            config_b = write_config(short_tmp / "n2", server.listen_url, host={"unixSocket": str(socket_b)}, journal=journal)
-            async with daemon_process(config_a, short_tmp / "n1.log") as first, daemon_process(config_b, short_tmp / "n2.log") as second:
-                await first.start()
-                await wait_daemon_ready(str(socket_a))
-                async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
-                    await client.hello("host", ["kai"])
-                    await server.incoming([{"channelId": "general", "messageId": "m-1", "text": "hi", "tags": ["chat:mention"]}])
-                    wake = await client.next_wake()
-                    with pytest.raises(ConnectionLost) as raised:
-                        async with client.turn(wake.agent, wakes=[wake.seq]) as turn:
-                            first.kill9()
-                            await first.wait()
-                            await wait_until(lambda: client.address is None, timeout=10)
-                            await turn.text("lost")
-                            await turn.end_round()
-                    assert raised.value.address == str(socket_a)
-                    await second.start()
-                    again = await client.next_wake()
-                    assert (again.seq, _message_id(again)) == (wake.seq, "m-1")
-                    async with client.turn(again.agent, wakes=[again.seq]) as turn:
-                        await turn.text("On it.")
-                    assert turn.receipt is not None
-                    assert await client.ack([again.seq]) == 1
+        async with two_nodes_on_one_journal(short_tmp) as (server, first, second, socket_a, socket_b):
+            async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
+                await client.hello("host", ["kai"])
+                await server.incoming([{"channelId": "general", "messageId": "m-1", "text": "hi", "tags": ["chat:mention"]}])
+                wake = await client.next_wake()
+                with pytest.raises(ConnectionLost) as raised:
+                    async with client.turn(wake.agent, wakes=[wake.seq]) as turn:
+                        first.kill9()
+                        await first.wait()
+                        await wait_until(lambda: client.address is None, timeout=10)
+                        await turn.text("lost")
+                        await turn.end_round()
+                assert raised.value.address == str(socket_a)
+                await second.start()
+                again = await client.next_wake()
+                assert (again.seq, _message_id(again)) == (wake.seq, "m-1")
+                async with client.turn(again.agent, wakes=[again.seq]) as turn:
+                    await turn.text("On it.")
+                assert turn.receipt is not None
+                assert await client.ack([again.seq]) == 1
 
 
 async def test_acks_across_a_failover_an_unanswered_one_goes_to_the_next_node_and_no_acked_wake_is_yielded_again(short_tmp: Path) -> None:
@@ -188,55 +190,47 @@ async def test_acks_across_a_failover_an_unanswered_one_goes_to_the_next_node_an
     the client sends it to the next node. m-2 was given and not acked: the next node sends it
     again, and the host acks it (answered) before reading that copy: the copy is not yielded."""
     with trio.fail_after(90):
-        journal = JournalPlace(path=short_tmp / "journal.sqlite3")
-        socket_a, socket_b = short_tmp / "a.sock", short_tmp / "b.sock"
-        async with FixtureProcess.start(transport="tcp", channels=["general"], control_dir=short_tmp, grace=1) as server:
-            assert server.listen_url is not None
-            config_a = write_config(short_tmp / "n1", server.listen_url, host={"unixSocket": str(socket_a)}, journal=journal)
-            config_b = write_config(short_tmp / "n2", server.listen_url, host={"unixSocket": str(socket_b)}, journal=journal)
-            async with daemon_process(config_a, short_tmp / "n1.log") as first, daemon_process(config_b, short_tmp / "n2.log") as second:
-                await first.start()
-                await wait_daemon_ready(str(socket_a))
-                async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
-                    await client.hello("host", ["kai"])
-                    for message_id in ("m-1", "m-2"):
-                        await server.incoming([{"channelId": "general", "messageId": message_id, "text": "hi", "tags": ["chat:mention"]}])
-                    one, two = await client.next_wake(), await client.next_wake()
-                    assert (_message_id(one), _message_id(two)) == ("m-1", "m-2")
-                    assert first.process is not None
-                    # Stopped, the node reads no more: m-1's ack goes out and is never answered.
-                    os.kill(first.process.pid, signal.SIGSTOP)
-                    answers: list[int] = []
+        async with two_nodes_on_one_journal(short_tmp) as (server, first, second, socket_a, socket_b):
+            async with FailoverClient.connect([socket_a, socket_b], backoff=(0.05, 0.5)) as client:
+                await client.hello("host", ["kai"])
+                for message_id in ("m-1", "m-2"):
+                    await server.incoming([{"channelId": "general", "messageId": message_id, "text": "hi", "tags": ["chat:mention"]}])
+                one, two = await client.next_wake(), await client.next_wake()
+                assert (_message_id(one), _message_id(two)) == ("m-1", "m-2")
+                assert first.process is not None
+                # Stopped, the node reads no more: m-1's ack goes out and is never answered.
+                os.kill(first.process.pid, signal.SIGSTOP)
+                answers: list[int] = []
 
-                    def acks_sent() -> int:
-                        connection = client.statistics().connection
-                        return 0 if connection is None else connection.acks
+                def acks_sent() -> int:
+                    connection = client.statistics().connection
+                    return 0 if connection is None else connection.acks
 
-                    async with trio.open_nursery() as nursery:
+                async with trio.open_nursery() as nursery:
 
-                        async def ack_one() -> None:
-                            answers.append(await client.ack([one.seq]))
+                    async def ack_one() -> None:
+                        answers.append(await client.ack([one.seq]))
 
-                        nursery.start_soon(ack_one)
-                        await wait_until(lambda: acks_sent() == 1, timeout=10)
-                        first.kill9()
-                        await first.wait()
-                        await second.start()
-                    assert answers == [1]  # answered by the second node
+                    nursery.start_soon(ack_one)
+                    await wait_until(lambda: acks_sent() == 1, timeout=10)
+                    first.kill9()
+                    await first.wait()
+                    await second.start()
+                assert answers == [1]  # answered by the second node
 
-                    def held() -> int:
-                        connection = client.statistics().connection
-                        return 0 if connection is None else connection.notifications.wakes_buffered
+                def held() -> int:
+                    connection = client.statistics().connection
+                    return 0 if connection is None else connection.notifications.wakes_buffered
 
-                    # The second node sends m-2 again (unacked); acked now, that copy is not yielded.
-                    await wait_until(lambda: held() >= 1, timeout=10)
-                    assert await client.ack([two.seq]) == 1
-                    await server.incoming([{"channelId": "general", "messageId": "m-3", "text": "next", "tags": ["chat:mention"]}])
-                    following = await client.next_wake()
-                    assert _message_id(following) == "m-3"
-                    statistics = client.statistics()
-                    assert (statistics.address, statistics.acks_resent) == (str(socket_b), 1)
-                    assert statistics.wakes_suppressed >= 1  # m-2's copy (m-1's too, had it come before its ack)
+                # The second node sends m-2 again (unacked); acked now, that copy is not yielded.
+                await wait_until(lambda: held() >= 1, timeout=10)
+                assert await client.ack([two.seq]) == 1
+                await server.incoming([{"channelId": "general", "messageId": "m-3", "text": "next", "tags": ["chat:mention"]}])
+                following = await client.next_wake()
+                assert _message_id(following) == "m-3"
+                statistics = client.statistics()
+                assert (statistics.address, statistics.acks_resent) == (str(socket_b), 1)
+                assert statistics.wakes_suppressed >= 1  # m-2's copy (m-1's too, had it come before its ack)
 
 
 # -- the liveness probe: a node that stops answering without closing ---------------------------
