@@ -41,6 +41,7 @@ from mcpl_router.mcpl.link import LinkState
 from mcpl_router.routing import texts
 from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN, DesiredChannels
 from mcpl_router.routing.refs import ChannelRef
+from mcpl_router.store.records import JournalFailure
 from mcpl_router.mcpl.session import LIFECYCLE, CloseParams, HistoryParams, OpenParams, ServerSession
 from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 
@@ -156,6 +157,15 @@ class ChannelLifecycle:
             self._journal.record_decline(agent, ref.server_id, ref.channel_id)
         else:
             self._journal.record_channel_decision(agent, ref.server_id, ref.channel_id, state)
+
+    async def recorded(self) -> None:
+        """Until every decision made so far is in the journal: a tool answers the agent only
+        then, so what an agent was told survives a crash or a takeover. A journal that can't
+        commit now keeps the writes queued (retried): said, and the decision stands in memory."""
+        try:
+            await self._journal.flush()
+        except JournalFailure as exc:
+            self._log.warning("channel.decision.not_yet_recorded", error=str(exc), effect="in force; written when the journal recovers")
 
     async def send_open(self, session: ServerSession, ref: ChannelRef, *, history: HistoryParams | None = None,
                         thread_id: str | None = None) -> texts.Reason | None:

@@ -88,6 +88,10 @@ def _refused(refusal: Refusal) -> dict[str, object]:
     return tool_result(refusal.text, error=True, reason=refusal.kind, data=data)
 
 
+#: The tools whose call records an agent's channel decision.
+_DECIDING: Final = frozenset({"channel_open", "channel_close", "channel_decline"})
+
+
 class ChannelTools:
     """The channel tools of one daemon, and each agent's default channel.
 
@@ -190,7 +194,12 @@ class ChannelTools:
             "channel_decline": self._decline,
             "channel_publish": self._publish,
         }[call.name]
-        return await handler(call)
+        result = await handler(call)
+        if call.name in _DECIDING:
+            # The agent hears of its decision only once the journal has it (a takeover's new
+            # holder, a restart, knows what the agent was told).
+            await self._channels.recorded()
+        return result
 
     # ------------------------------------------------------------------ reading names
 

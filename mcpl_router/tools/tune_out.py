@@ -45,6 +45,7 @@ from mcpl_router.host_notices import HostNotice, WakeNotice
 from mcpl_router.logs import get_logger
 from mcpl_router.routing import texts
 from mcpl_router.routing.names import Refusal, Resolved
+from mcpl_router.store.records import JournalFailure
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tuneout import Summary, TuneOut, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
@@ -84,6 +85,8 @@ class TuneOutJournal(Protocol):
     def forget_tune_out(self, agent: str, server_id: str, channel_id: str) -> None: ...
 
     async def saved_tune_outs(self) -> list[SavedTuneOut]: ...
+
+    async def flush(self) -> None: ...
 
 
 REASON_SUMMARY: Final = "tuneout-summary"
@@ -309,6 +312,16 @@ class TuneOuts:
         """``speak_in_channel`` posts: its round's plain text is held (send-silencing)."""
         return tool.name == "speak_in_channel"
 
+    async def _recorded(self, result: dict[str, object]) -> dict[str, object]:
+        """``result``, once the tune-out it entered or ended is in the journal: what the agent
+        is told survives a crash or a takeover. A journal that can't commit now keeps the write
+        queued (retried): said, and the tune-out stands in memory."""
+        try:
+            await self._journal.flush()
+        except JournalFailure as exc:
+            self._log.warning("tuneout.not_yet_recorded", error=str(exc), effect="in force; written when the journal recovers")
+        return result
+
     async def call(self, call: ToolCall) -> dict[str, object]:
         await trio.lowlevel.checkpoint()
         if call.name in SUBCONSCIOUS_TOOLS and not is_subconscious(call.agent):
@@ -317,13 +330,13 @@ class TuneOuts:
         if call.name == "tune_out":
             args = TuneOutArgs.read(call.arguments)
             if args.op == "cancel":
-                return self._cancel(call, args.channel_name)
+                return await self._recorded(self._cancel(call, args.channel_name))
             if args.op != "enter":
                 text = texts.tuneout_bad_argument("op", 'must be "enter" or "cancel"', texts.NOTHING_TUNED)
                 return tool_result(text, error=True, reason=texts.Reason.BAD_ARGUMENT)
-            return await self._enter(call, args)
+            return await self._recorded(await self._enter(call, args))
         if call.name == "cancel_tuneout":
-            return self._cancel(call, TuneOutArgs.read(call.arguments).channel_name)
+            return await self._recorded(self._cancel(call, TuneOutArgs.read(call.arguments).channel_name))
         if call.name == "speak_in_channel":
             return await self._speak(call)
         return self._deliver(call)
