@@ -389,6 +389,9 @@ class Daemon:
                 await root.start(self.gates.run)
                 await root.start(self.forks.run)
                 await root.start(self.channel_decisions.run)
+                # Each agent's default channel as it was (before hosts connect): a restart or
+                # a cluster's takeover does not forget where a bare channel_publish goes.
+                await self.channel_tools.restore_defaults(self.journal, self.agents.specs)
                 async with trio.open_nursery() as serving:
                     self._serving = serving
                     if self.config.host.unix_socket:

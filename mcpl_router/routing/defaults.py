@@ -66,7 +66,8 @@ class DefaultTarget:
 
 @attrs.define
 class DefaultChannels:
-    """Every agent's default channel, in memory (the latest wake sets it again after a restart)."""
+    """Every agent's default channel, in memory; at a start (a restart, a cluster's takeover)
+    each agent's latest acked wake on a channel sets it again (:meth:`restore`)."""
 
     _by_agent: dict[str, DefaultChannel] = attrs.field(factory=dict)
 
@@ -91,6 +92,14 @@ class DefaultChannels:
         if not registered:
             return False
         self._by_agent[agent] = DefaultChannel(ref, message_id, thread_id)
+        return True
+
+    def restore(self, agent: str, default: DefaultChannel) -> bool:
+        """At a start: the default the agent's latest acked wake set before (read from the
+        journal), unless a wake delivered since has set one. Returns whether it was kept."""
+        if agent in self._by_agent:
+            return False
+        self._by_agent[agent] = default
         return True
 
     def server_removed(self, server_id: str) -> list[str]:

@@ -9,13 +9,26 @@ nothing here writes or waits for a commit: a read sees what was committed while 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Final
+
 import msgspec
 
 from mcpl_router.store.backend import Connection, JournalBackend, Row
 from mcpl_router.store.records import Delivery, SavedTuneOut, StoredDelivery, StoredEvent
-from mcpl_router.store.schema import SQL_DELIVERY, SQL_EVENT, SQL_TUNE_OUT_HELD, SQL_UNACKED_DELIVERIES
+from mcpl_router.store.schema import (
+    SQL_DELIVERY,
+    SQL_EVENT,
+    SQL_LATEST_ACKED,
+    SQL_TUNE_OUT_HELD,
+    SQL_UNACKED_DELIVERIES,
+)
 
 __all__ = ["JournalReads"]
+
+
+#: How many of an agent's latest acked wakes a start looks through for one on a channel.
+LATEST_ACKED_LOOKED_AT: Final = 64
 
 
 class JournalReads:
@@ -52,6 +65,24 @@ class JournalReads:
     def delivery_now(self, seq: int, agent: str) -> StoredDelivery | None:
         """:meth:`delivery` on the calling thread (tests)."""
         return _read_delivery(self._backend.reader(), seq, agent)
+
+    async def latest_acked_channels(self, agents: Iterable[str]) -> dict[str, tuple[str, str, object]]:
+        """Each agent's latest acked wake on a channel: (server, channel, payload), by agent;
+        agents with none are left out. Read once at a start (an index walk per agent)."""
+        names = list(agents)
+
+        def read(db: Connection) -> dict[str, tuple[str, str, object]]:
+            found: dict[str, tuple[str, str, object]] = {}
+            for agent in names:
+                # Newest first, a bounded few: a run of channel-less pushes ends the search.
+                for (seq,) in db.execute(SQL_LATEST_ACKED, (agent, LATEST_ACKED_LOOKED_AT)).fetchall():
+                    event = db.execute(SQL_EVENT, (seq,)).fetchone()
+                    if event is not None and event[2] is not None:
+                        found[agent] = (str(event[1]), str(event[2]), msgspec.json.decode(event[4]))
+                        break
+            return found
+
+        return await self._backend.read(read)
 
     def saved_agents(self) -> dict[str, object]:
         """Every remembered host-declared agent's spec, by name (read at start)."""

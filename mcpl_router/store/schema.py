@@ -182,6 +182,9 @@ SQL_RENUMBER_EVENT: Final = "UPDATE inbound SET seq = ?, received_at = ? WHERE s
 SQL_RENUMBER_DELIVERIES: Final = "UPDATE deliveries SET seq = ? WHERE seq = ?"
 SQL_DELIVERY: Final = "SELECT reason, tags, addressed FROM deliveries WHERE agent = ? AND seq = ?"
 SQL_EVENT: Final = "SELECT seq, server, channel, kind, payload, received_at FROM inbound WHERE seq = ?"
+#: An agent's latest acked wakes, newest first (its default channel at a start is the first of
+#: them on a channel: docs/host-api.md). Read with SQL_EVENT each, until one has a channel.
+SQL_LATEST_ACKED: Final = "SELECT seq FROM deliveries WHERE agent = ? AND acked = 1 ORDER BY seq DESC LIMIT ?"
 SQL_SAVE_DRAFT: Final = (
     "INSERT INTO drafts (id, agent, created_at, row, settled_at) VALUES (?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET row = excluded.row, settled_at = excluded.settled_at"
@@ -253,6 +256,7 @@ HOT_STATEMENTS: Final = {
     "prune drafts": (SQL_PRUNE_DRAFTS, (0.0,)),
     "raise fork generation": (SQL_RAISE_FORK_GENERATION, (2, "kai", "b", "general", 2)),
     "owed range": (SQL_OWED_RANGE, ("kai-a-dm-1",)),
+    "latest acked": (SQL_LATEST_ACKED, ("kai", 64)),
     "hand over": (SQL_HAND_OVER, ("kai", "kai-a-dm-1", "kai")),
     "ack all of": (SQL_ACK_ALL_OF, ("kai-a-dm-1",)),
     "tune-out progress": (SQL_TUNE_OUT_PROGRESS, (1, 10, None, "kai", "b", "general")),

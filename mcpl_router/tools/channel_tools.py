@@ -28,13 +28,13 @@ channel (the closed-channel invitation asks, per agent: ``turns/invitations.py``
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from mcpl_router.events import EventBus, ServerWithdrawn, WakeDelivered
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.session import ACKNOWLEDGE, LIFECYCLE, HistoryParams, ServerSession
 from mcpl_router.routing import texts
-from mcpl_router.routing.defaults import DefaultChannels, DefaultTarget
+from mcpl_router.routing.defaults import DefaultChannel, DefaultChannels, DefaultTarget
 from mcpl_router.routing.desired import CLOSED, DECLINED, OPEN
 from mcpl_router.routing.fork_fence import FenceRefusal, fenced
 from mcpl_router.routing.names import Refusal, Resolved
@@ -86,6 +86,12 @@ def _refused(refusal: Refusal) -> dict[str, object]:
     if refusal.server_id is not None:
         data["serverId"] = refusal.server_id
     return tool_result(refusal.text, error=True, reason=refusal.kind, data=data)
+
+
+class LatestAcked(Protocol):
+    """The journal's read of each agent's latest acked wake on a channel."""
+
+    async def latest_acked_channels(self, agents: Iterable[str]) -> dict[str, tuple[str, str, object]]: ...
 
 
 #: The tools whose call records an agent's channel decision.
@@ -164,6 +170,23 @@ class ChannelTools:
         registered = self._router.registry.is_registered(ref)
         if not self.defaults.woke(wake.agent, ref, message_id=message_id, thread_id=thread_id, registered=registered):
             self._log.info("default_channel.not_set", agent=wake.agent, server=ref.server_id, channel=ref.channel_id, seq=wake.seq)
+
+    async def restore_defaults(self, journal: LatestAcked, agents: Iterable[str]) -> int:
+        """At a start: each agent's default channel as its latest acked wake on a channel set it
+        before the stop (a restart, a cluster's takeover), so a publish with no ``channelId``
+        goes where it went. Wakes sent again since (unacked ones) set it anew as they go out.
+        How many were restored."""
+        restored = 0
+        for agent, (server_id, channel_id, payload) in (await journal.latest_acked_channels(agents)).items():
+            ref = ChannelRef(server_id, channel_id)
+            if not self._may_take(agent, ref):
+                continue
+            message_id, thread_id = message_ids_of(payload)
+            if self.defaults.restore(agent, DefaultChannel(ref, message_id, thread_id)):
+                restored += 1
+        if restored:
+            self._log.info("default_channel.restored", agents=restored)
+        return restored
 
     def server_removed(self, server_id: str) -> None:
         """A server's connection ended: defaults on it keep their ref, lose message and thread."""

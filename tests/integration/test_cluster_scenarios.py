@@ -529,15 +529,14 @@ async def test_a_tune_out_and_a_channel_decision_the_agent_was_told_of_survive_a
             assert kept == (["quiet"], True), kept
 
 
-@pytest.mark.xfail(strict=True, reason="differs from one node (issue 29 report): a default channel lives in the holder's memory")
 async def test_the_default_channel_a_wake_set_holds_on_the_node_that_took_over(
     short_tmp: Path, postgres_server: postgres.Server
 ) -> None:
     """kai was woken on b's general and answered; a later turn with no wake (a heartbeat) calls
     channel_publish with no channelId. One daemon posts it to b's general, the default that
-    wake set. After a drain hands the links over, the new holder has no default for kai
-    ("defaults live in memory", docs/host-api.md): the same call is refused, at every
-    takeover, which in a cluster is every upgrade."""
+    wake set; after a drain hands the links over, so does the new holder: each agent's default
+    is set again at a start from its latest acked wake on a channel (before, it was refused
+    ``no-default`` at every takeover, which in a cluster is every upgrade)."""
     dsn = postgres.fresh_database(postgres_server, "cluster_scenarios_default")
     with trio.fail_after(60):
         async with cluster(short_tmp, dsn) as nodes, FailoverClient.connect(nodes.sockets(), give_up_after=60) as client:
@@ -558,4 +557,4 @@ async def test_the_default_channel_a_wake_set_holds_on_the_node_that_took_over(
                 beat = await turn(client, "kai", [], tools=[("channel_publish", {"text": f"heartbeat {tag}"})])
                 result = beat["tools"][0]
                 outcomes.append((result.get("reason"), (result.get("structuredContent") or {}).get("serverId")))
-            assert outcomes == [(None, "b"), (None, "b")], outcomes  # today the second: ("no-default", None)
+            assert outcomes == [(None, "b"), (None, "b")], outcomes

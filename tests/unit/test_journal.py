@@ -437,3 +437,25 @@ async def test_an_acks_on_done_is_told_once_durable_nothing_to_ack_or_not_queued
     with pytest.raises(JournalFailure):
         await journal.submit_ack(["kai"], [seq], on_done=lambda failure: told.append(f"closed {type(failure).__name__}"))
     assert told[-1] == "closed JournalFailure" and len(told) == 5
+
+
+async def test_each_agents_latest_acked_wake_on_a_channel_is_read_for_its_default(journal_place: JournalPlace) -> None:
+    """What a start sets each agent's default channel from: its newest acked delivery whose event
+    has a channel; an unacked one, a push without a channel, another agent's, don't count."""
+    kai, bo = Delivery("kai", "message", (), False), Delivery("bo", "message", (), False)
+
+    def message(server: str, channel: str, message_id: str) -> InboundEvent:
+        return InboundEvent(server, channel, "message", message_id, {"messageId": message_id, "threadId": "t-1"})
+
+    async with open_journal(journal_place) as journal:
+        first, second, third = await journal.record_inbound(
+            [(message("a", "general", "m-1"), [kai, bo]), (message("b", "general", "m-2"), [kai]), (message("a", "lounge", "m-3"), [kai])]
+        )
+        [push] = await journal.record_inbound([(InboundEvent("a", None, "push", "e-1", {"eventId": "e-1"}), [kai])])
+        await journal.ack_deliveries(["kai"], [first.seq, second.seq, push.seq])  # m-3 stays unacked
+        await journal.ack_deliveries(["bo"], [first.seq])
+        found = await journal.latest_acked_channels(["kai", "bo", "nobody"])
+    assert {agent: (server, channel, payload["messageId"]) for agent, (server, channel, payload) in found.items()} == {  # type: ignore[index]
+        "kai": ("b", "general", "m-2"),
+        "bo": ("a", "general", "m-1"),
+    }
