@@ -82,6 +82,7 @@ class NodeMetrics:
             ("leasesLost", "mcpl_router_cluster_leases_lost", "Terms that ended because the lease was lost (expired unrenewed or taken)."),
             ("renewFailures", "mcpl_router_cluster_renew_failures", "Lease renewals that failed (the database unreachable)."),
             ("refusedTerms", "mcpl_router_cluster_refused_terms", "Terms that could not start (the journal refused); the lease was given up."),
+            ("nameClashes", "mcpl_router_cluster_name_clashes", "Other processes found heartbeating under this node's name (a configuration mistake)."),
         ):
             counter = CounterMetricFamily(name, text, labels=["node"])
             counter.add_metric([node], float(str(status.get(key, 0))))

@@ -122,7 +122,8 @@ class ClusterNode:
         self.metrics = NodeMetrics(self)
         #: The cluster as the database showed it at the last heartbeat (nodes, leases).
         self.view: dict[str, object] = {"nodes": [], "leases": []}
-        self.counts = {"terms": 0, "leasesLost": 0, "renewFailures": 0, "heartbeatFailures": 0, "refusedTerms": 0}
+        self.counts = {"terms": 0, "leasesLost": 0, "renewFailures": 0, "heartbeatFailures": 0, "refusedTerms": 0, "nameClashes": 0}
+        self._clash_said: object = None
         #: Why a standby could not try for the lease just now (the database unreachable), if so.
         self.problem: str | None = None
         self._shutdown_reason: str | None = None
@@ -350,10 +351,19 @@ class ClusterNode:
     async def _beat(self) -> None:
         info = self._info_fields()
         try:
-            self.view = await self._info.run(partial(_beat_and_view, node=self.name, state=self.state, info=info))
+            self.view, other = await self._info.run(
+                partial(_beat_and_view, node=self.name, state=self.state, info=info, within=self.ttl)
+            )
         except Exception as exc:
             self.counts["heartbeatFailures"] += 1
             self._log.warning("cluster.heartbeat.failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        if other is not None and other.get("pid") != self._clash_said:
+            # Said once per other process: each overwrites the other's row at every beat.
+            self._clash_said = other.get("pid")
+            self.counts["nameClashes"] += 1
+            self._log.error("cluster.node.name_clash", other_pid=other.get("pid"), other_hostname=other.get("hostname"),
+                            fix=f"another process runs as node {self.name}: give each node its own cluster.node")
 
     def _info_fields(self) -> dict[str, object]:
         host = self.config.host
@@ -423,7 +433,7 @@ def _try_acquire(db: Connection, *, node: str, ttl: float) -> tuple[LeaseTerm | 
     return acquire(db, LINKS, node, ttl)
 
 
-def _beat_and_view(db: Connection, *, node: str, state: str, info: dict[str, object]) -> dict[str, object]:
-    heartbeat(db, node, state, info)
+def _beat_and_view(db: Connection, *, node: str, state: str, info: dict[str, object], within: float) -> tuple[dict[str, object], dict[str, object] | None]:
+    other = heartbeat(db, node, state, info, within=within)
     forget_gone_nodes(db)
-    return cluster_view(db)
+    return cluster_view(db), other

@@ -220,13 +220,27 @@ def release(db: Connection, term: LeaseTerm) -> bool:
     return row is not None
 
 
-def heartbeat(db: Connection, node: str, state: str, info: Mapping[str, object]) -> None:
-    """``node`` is here, in ``state`` (``standby``, ``holding``, ``draining``)."""
+def heartbeat(db: Connection, node: str, state: str, info: Mapping[str, object], *, within: float = 0.0) -> dict[str, object] | None:
+    """``node`` is here, in ``state`` (``standby``, ``holding``, ``draining``).
+
+    Returns the row's last writer when it was another process (its ``pid`` or ``hostname``
+    differ) that beat less than ``within`` seconds ago and did not stop: two processes given
+    one node name, a configuration mistake the node says out loud. None otherwise.
+    """
+    before = db.execute(
+        "SELECT info, state, extract(epoch FROM clock_timestamp() - seen_at) FROM cluster_nodes WHERE node = ?", (node,)
+    ).fetchone()
+    other: dict[str, object] | None = None
+    if before is not None and before[1] != "stopped" and float(str(before[2])) < within:
+        last = json.loads(str(before[0]))
+        if isinstance(last, dict) and (last.get("pid"), last.get("hostname")) != (info.get("pid"), info.get("hostname")):
+            other = last
     db.execute(
         "INSERT INTO cluster_nodes AS n (node, state, started_at, seen_at, info) VALUES (?, ?, clock_timestamp(), clock_timestamp(), ?)"
         " ON CONFLICT (node) DO UPDATE SET state = excluded.state, seen_at = excluded.seen_at, info = excluded.info",
         (node, state, json.dumps(dict(info), sort_keys=True)),
     )
+    return other
 
 
 #: A node row unseen this long is deleted at the next heartbeat of any node: a node renamed or

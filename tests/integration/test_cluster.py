@@ -406,3 +406,19 @@ async def test_the_databases_primary_lost_under_a_cluster_loses_nothing(short_tm
     print(f"\ndatabase primary lost under the cluster: promoted {promoted_at - killed_at:.2f} s after the kill;"
           f" nothing accepted for {quiet_window(ledger, killed_at):.2f} s; leases taken {taken}, lost by {lost or 'none'};"
           f" {len(ledger.woken)} wakes for {TOTAL} messages; woken again after an answered ack: {len(ledger.woken_after_ack())}")
+
+
+async def test_two_processes_given_one_node_name_say_so(short_tmp: Path, postgres_server: postgres.Server) -> None:
+    dsn = postgres.fresh_database(postgres_server, "cluster_name_clash")
+    config = cluster_config(short_tmp, "tcp://127.0.0.1:9", dsn)
+    env = {**os.environ, "MCPL_ROUTER_NODE": "a"}
+    with trio.fail_after(60):
+        async with daemon_process(config, short_tmp / "first.log", env=env) as first, daemon_process(config, short_tmp / "second.log", env=env) as second:
+            await first.start()
+            await wait_until(lambda: log_events(short_tmp / "first.log", "cluster.lease.taken") != [], timeout=20)
+            await second.start()
+            await wait_until(lambda: log_events(short_tmp / "second.log", "cluster.node.name_clash") != [], timeout=20)
+            [said] = log_events(short_tmp / "second.log", "cluster.node.name_clash")
+            assert first.process is not None and said["other_pid"] == first.process.pid
+            # Neither takes the lease from the other: the first still holds it, epoch 1.
+            assert log_events(short_tmp / "second.log", "cluster.lease.taken") == []

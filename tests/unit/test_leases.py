@@ -226,3 +226,15 @@ def test_a_node_unseen_for_a_day_is_forgotten(db: PgConnection) -> None:
     db.execute("UPDATE cluster_nodes SET seen_at = clock_timestamp() - interval '25 hours' WHERE node = 'old'")
     assert forget_gone_nodes(db) == 1
     assert [n["node"] for n in cluster_view(db)["nodes"]] == ["live"]  # type: ignore[index]
+
+
+def test_two_processes_given_one_node_name_are_told_apart(db: PgConnection) -> None:
+    assert heartbeat(db, "a", "holding", {"pid": 1, "hostname": "h"}, within=5) is None
+    assert heartbeat(db, "a", "holding", {"pid": 1, "hostname": "h"}, within=5) is None  # itself again
+    # Another process beats as "a" while the first lives: it hears of the first.
+    assert heartbeat(db, "a", "standby", {"pid": 2, "hostname": "h"}, within=5) == {"pid": 1, "hostname": "h"}
+    # A node that stopped, or went quiet for longer than ``within``, is no clash: a restart.
+    db.execute("UPDATE cluster_nodes SET state = 'stopped' WHERE node = 'a'")
+    assert heartbeat(db, "a", "standby", {"pid": 3, "hostname": "h"}, within=5) is None
+    db.execute("UPDATE cluster_nodes SET seen_at = clock_timestamp() - interval '10 seconds' WHERE node = 'a'")
+    assert heartbeat(db, "a", "standby", {"pid": 4, "hostname": "h"}, within=5) is None
