@@ -427,10 +427,17 @@ class ClusterNode:
 def _try_acquire(db: Connection, *, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:
     """Take the links' lease if it is free or expired. A read first, without a lock: a standby's
     poll never makes the holder's fenced commits wait on its row lock."""
+    import psycopg
+
     row = db.execute("SELECT expires_at > clock_timestamp() FROM cluster_leases WHERE scope = ?", (LINKS,)).fetchone()
     if row is not None and row[0]:
         return None, 0.0
-    return acquire(db, LINKS, node, ttl)
+    try:
+        return acquire(db, LINKS, node, ttl)
+    except psycopg.errors.LockNotAvailable:
+        # A commit of the last holder still holds the row (a holder stopped mid-commit, until
+        # the server ends its transaction): not a fault, the next poll tries again.
+        return None, 0.0
 
 
 def _beat_and_view(db: Connection, *, node: str, state: str, info: dict[str, object], within: float) -> tuple[dict[str, object], dict[str, object] | None]:
