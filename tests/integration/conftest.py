@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -262,21 +262,32 @@ async def daemon_process(config: Path, log: Path, **options: Any) -> AsyncIterat
             await daemon.stop()
 
 
+async def daemon_serving(
+    socket: str, *, servers: int = 1, channels: Collection[tuple[str | None, str]] = ((None, "general"),), timeout: float = 5
+) -> bool:
+    """Whether a daemon answers hosts on ``socket`` with ``servers`` ready and each of
+    ``channels`` registered (``(server, channel)``; a None server: on any). No daemon there (a
+    cluster's standby, a node that just died): False."""
+    from mcpl_router.jsonrpc import PeerClosed
+
+    try:
+        async with RouterClient.connect_unix(socket, timeout=timeout) as probe:
+            status = await probe.status()
+            rows = await probe.all_channels()
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, PeerClosed):
+        return False
+    if servers == 0:
+        return True
+    registered = {(row.server_id, row.channel_id) for row in rows}
+    ids = {channel_id for _, channel_id in registered}
+    return status.ready == servers and all(
+        channel_id in ids if server_id is None else (server_id, channel_id) in registered for server_id, channel_id in channels
+    )
+
+
 async def wait_daemon_ready(socket: str, *, servers: int = 1) -> None:
     """Until the daemon answers on ``socket`` with ``servers`` ready (and ``general`` registered)."""
-
-    async def ready() -> bool:
-        try:
-            async with RouterClient.connect_unix(socket, timeout=5) as probe:
-                status = await probe.status()
-                channels = await probe.all_channels()
-        except OSError:
-            return False
-        if servers == 0:
-            return True
-        return status.ready == servers and any(row.channel_id == "general" for row in channels)
-
-    await wait_until(ready, timeout=20, interval=0.05)
+    await wait_until(lambda: daemon_serving(socket, servers=servers), timeout=20, interval=0.05)
 
 
 @asynccontextmanager

@@ -40,11 +40,11 @@ from typing import Any
 import pytest
 import trio
 
-from mcpl_router.client import FailoverClient, RouterClient
+from mcpl_router.client import FailoverClient
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
-from .conftest import FAST_RECONNECT, DaemonProcess, daemon_process
+from .conftest import FAST_RECONNECT, DaemonProcess, daemon_process, daemon_serving
 from .test_journal_failover import SENDERS, TOTAL, Ledger, check, read_and_ack, send_all
 
 pytestmark = pytest.mark.integration
@@ -75,15 +75,7 @@ def socket_of(workdir: Path, node: str) -> str:
 
 async def serving(socket: str) -> bool:
     """Whether a node holds the links and serves hosts there, with server ``s`` ready."""
-    try:
-        async with RouterClient.connect_unix(socket, timeout=2) as probe:
-            status = await probe.status()
-            channels = await probe.all_channels()
-    except (OSError, trio.BrokenResourceError, trio.TooSlowError):
-        return False
-    except Exception:
-        return False
-    return status.ready == 1 and any(row.channel_id == "general" for row in channels)
+    return await daemon_serving(socket, timeout=2)
 
 
 @asynccontextmanager

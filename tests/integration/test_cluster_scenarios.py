@@ -35,7 +35,7 @@ from mcpl_router.client.wakes import WakeNotice
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
-from .conftest import FAST_RECONNECT, DaemonProcess, daemon_process
+from .conftest import FAST_RECONNECT, DaemonProcess, daemon_process, daemon_serving
 
 pytestmark = pytest.mark.integration
 
@@ -73,14 +73,8 @@ def cluster_config(workdir: Path, servers: dict[str, FixtureProcess], dsn: str) 
 
 async def serving(socket: str) -> bool:
     """Whether the node serves hosts with both servers ready and every channel registered."""
-    try:
-        async with RouterClient.connect_unix(socket, timeout=2) as probe:
-            status = await probe.status()
-            channels = await probe.all_channels()
-    except Exception:
-        return False
-    registered = {(row.server_id, row.channel_id) for row in channels}
-    return status.ready == len(CHANNELS) and all((s, c) in registered for s, ids in CHANNELS.items() for c in ids)
+    wanted = [(server_id, channel_id) for server_id, ids in CHANNELS.items() for channel_id in ids]
+    return await daemon_serving(socket, servers=len(CHANNELS), channels=wanted, timeout=2)
 
 
 class Cluster:
