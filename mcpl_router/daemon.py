@@ -9,7 +9,7 @@ the config file and applies what can change live (docs/operations.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Protocol
 
@@ -48,6 +48,7 @@ from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for
 from mcpl_router.mcpl.liveness import Liveness
 from mcpl_router.mcpl.session import LinkSessions
+from mcpl_router.mcpl.transports import OpenTransport
 from mcpl_router.metrics import DaemonMetrics, ScrapedParts, StateScrape
 from mcpl_router.read_model import ReadModel
 from mcpl_router.reload_plan import plan_reload
@@ -94,11 +95,14 @@ class Daemon:
             transaction and every write to a server checks it; None for a single daemon.
         node: the cluster node running this daemon's term: its ``status()`` is status's
             ``cluster``, and it serves the health listener (this daemon then doesn't).
+        link_transport: what each link opens instead of its own connection to the server (a
+            balanced cluster's router reaches servers through their holders' relays).
     """
 
     def __init__(
         self, config: RouterConfig, *, observers: list[Observer] | None = None, fence: LeaseFence | None = None,
         node: ClusterStatus | None = None,
+        link_transport: Callable[[ServerConfig, trio.Nursery], Awaitable[OpenTransport]] | None = None,
     ) -> None:
         self.config = config
         self.router = Router()
@@ -106,6 +110,7 @@ class Daemon:
         #: Asked before each write to a server (None: a single daemon sends freely).
         self._outbound_fence = None if fence is None else fence.refusal
         self._node = node
+        self._link_transport = link_transport
         #: The one dispatcher of the parts' events (mcpl_router/events.py).
         self.events = EventBus()
         self.metrics = DaemonMetrics(config.agents, events=self.events)
@@ -261,6 +266,8 @@ class Daemon:
         events.subscribe(InboundAccepted, self._observe_accepted)
 
     def _new_link(self, server: ServerConfig) -> ServerLink:
+        if self._link_transport is not None:
+            return ServerLink(server, self, open_transport_fn=self._link_transport, outbound_fence=self._outbound_fence)
         return ServerLink(server, self, outbound_fence=self._outbound_fence)
 
     # -- LinkDelegate: a link's news, published --------------------------------------------

@@ -31,6 +31,8 @@ import structlog
 import trio
 
 from mcpl_router import __version__
+from mcpl_router.cluster.database import NodeDatabase
+from mcpl_router.cluster.links import LinkHoldings
 from mcpl_router.cluster.metrics import NodeMetrics
 from mcpl_router.config import ConfigError, RouterConfig, load_config
 from mcpl_router.daemon import Daemon
@@ -53,6 +55,7 @@ from mcpl_router.store.leases import (
     renew,
 )
 from mcpl_router.store.postgres_backend import PgConnection, connect
+from mcpl_router.store.link_leases import links_view
 from mcpl_router.store.schema import JournalLocked, JournalRefused
 
 __all__ = ["ClusterNode"]
@@ -69,37 +72,6 @@ RENEW_SHARE: Final = 0.2
 GONE_AFTER_LEASES: Final = 1
 #: How long after a term that could not start (the journal refused) the node tries again.
 RETRY_AFTER_REFUSAL: Final = 5.0
-
-
-class _Database:
-    """One connection of the node's own, used from one worker thread at a time and made
-    again when it broke (the journal's writer and readers are the daemon's, apart)."""
-
-    def __init__(self, dsn: str, password: str | None, purpose: str) -> None:
-        self._dsn = dsn
-        self._password = password
-        self._purpose = purpose
-        self._conn: PgConnection | None = None
-        self._limiter = trio.CapacityLimiter(1)
-
-    async def run(self, fn: Callable[[Connection], _T]) -> _T:
-        def call() -> _T:
-            if self._conn is None or self._conn.broken:
-                if self._conn is not None:
-                    self._conn.close()
-                conn = connect(self._dsn, self._password, application_name=f"mcpl-router {self._purpose}")
-                # A lease statement behind a lock (a commit under way) fails after this and is
-                # tried again at the next poll, rather than waiting without bound.
-                conn.execute(f"SET lock_timeout = {LEASE_LOCK_TIMEOUT_MS}")
-                self._conn = conn
-            return fn(self._conn)
-
-        return await trio.to_thread.run_sync(call, limiter=self._limiter)
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
 
 class ClusterNode:
@@ -130,8 +102,17 @@ class ClusterNode:
         self._reload_pending = False
         self._term_scope: trio.CancelScope | None = None
         password = read_password(config.journal)
-        self._leases = _Database(config.journal.dsn, password, f"node {self.name} lease")
-        self._info = _Database(config.journal.dsn, password, f"node {self.name} heartbeat")
+        self._leases = NodeDatabase(config.journal.dsn, password, f"node {self.name} lease")
+        self._info = NodeDatabase(config.journal.dsn, password, f"node {self.name} heartbeat")
+        #: ``cluster.links = "balanced"``: this node's share of the links and its relay.
+        self.links: LinkHoldings | None = None
+        self._link_databases: tuple[NodeDatabase, ...] = ()
+        if config.cluster.links == "balanced":
+            self._link_databases = (
+                NodeDatabase(config.journal.dsn, password, f"node {self.name} links"),
+                NodeDatabase(config.journal.dsn, password, f"node {self.name} lookups"),
+            )
+            self.links = LinkHoldings(self.name, config, leases=self._link_databases[0], lookups=self._link_databases[1])
         self._log = get_logger()
 
     # -- what supervision calls ----------------------------------------------------------------
@@ -167,9 +148,15 @@ class ClusterNode:
                 task_status.started(self)
                 # The database may not be up yet (the node started first): waited for, said once.
                 if await self._until_reachable():
+                    if self.links is not None:
+                        await nursery.start(self.links.run)  # its relay's address is in the first beat
                     await self._beat()
                     nursery.start_soon(self._heartbeats)
                     await self._serve_terms()
+                    if self.links is not None:
+                        # After the router's drain (if this node was the router): its turns
+                        # ended over these links. Each is handed over now, not left to expire.
+                        await self.links.drain()
                 nursery.cancel_scope.cancel()  # the health listener and the heartbeats
         finally:
             self.state = "stopped"
@@ -180,6 +167,8 @@ class ClusterNode:
                     self._log.warning("cluster.node.leave_failed", error=f"{type(exc).__name__}: {exc}")
             self._leases.close()
             self._info.close()
+            for database in self._link_databases:
+                database.close()
             self._log.info("cluster.node.stopped", reason=self._shutdown_reason)
 
     async def _until_reachable(self) -> bool:
@@ -295,7 +284,8 @@ class ClusterNode:
                 else:
                     self.config = config = fresh
         try:
-            return Daemon(config, fence=fence, node=self)
+            return Daemon(config, fence=fence, node=self,
+                          link_transport=None if self.links is None else self.links.transport_for(fence.term))
         except (JournalRefused, JournalLocked) as exc:
             self.counts["refusedTerms"] += 1
             self._log.error("cluster.term.refused", error=str(exc), retry_in=RETRY_AFTER_REFUSAL)
@@ -358,6 +348,12 @@ class ClusterNode:
             self.counts["heartbeatFailures"] += 1
             self._log.warning("cluster.heartbeat.failed", error=f"{type(exc).__name__}: {exc}")
             return
+        if self.links is not None:
+            router = self._holder()
+            if router is not None:
+                self.links.relay.router_seen(int(str(router.get("epoch"))), float(str(router.get("expiresIn", 0))) > 0)
+            links = self.view.get("links")
+            await self.links.links_seen(links if isinstance(links, list) else [])
         if other is not None and other.get("pid") != self._clash_said:
             # Said once per other process: each overwrites the other's row at every beat.
             self._clash_said = other.get("pid")
@@ -374,6 +370,7 @@ class ClusterNode:
             "hostSocket": None if host.unix_socket is None else str(host.unix_socket),
             "health": self.health_url,
             "websocket": None if self.daemon is None else self.daemon.host_websocket_url,
+            "relay": None if self.links is None else self.links.relay.address,
         }
 
     def _holder(self) -> dict[str, object] | None:
@@ -402,6 +399,9 @@ class ClusterNode:
                 {**node, "live": float(node.get("seenAgo", gone_after)) < gone_after and node.get("state") != "stopped"}
                 for node in (nodes if isinstance(nodes, list) else []) if isinstance(node, dict)
             ],
+            "links": self.view.get("links", []),
+            "linkHoldings": None if self.links is None else self.links.status(),
+            "placement": None if self.config.cluster is None else self.config.cluster.described_links,
             **self.counts,
         }
 
@@ -443,4 +443,4 @@ def _try_acquire(db: Connection, *, node: str, ttl: float) -> tuple[LeaseTerm | 
 def _beat_and_view(db: Connection, *, node: str, state: str, info: dict[str, object], within: float) -> tuple[dict[str, object], dict[str, object] | None]:
     other = heartbeat(db, node, state, info, within=within)
     forget_gone_nodes(db)
-    return cluster_view(db), other
+    return {**cluster_view(db), "links": links_view(db)}, other

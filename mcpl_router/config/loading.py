@@ -87,7 +87,7 @@ def parse_config(
     logging_config = parse_logging(root.table("logging", LOGGING_KEYS, "logging"))
     health = parse_health(root.table("health", HEALTH_KEYS, "health"))
     # Absent: one daemon, as ever. Given (even empty): a node, whose name is needed.
-    cluster = parse_cluster(root.table("cluster", CLUSTER_KEYS, "cluster"), journal) if root.given("cluster") else None
+    cluster = parse_cluster(root.table("cluster", CLUSTER_KEYS, "cluster"), journal, tuple(servers_section.data)) if root.given("cluster") else None
     # Agents are checked against every configured id, including servers whose own entry has a
     # problem: that problem is reported once, not again as "no such server" here.
     agents = parse_agents(root.table("agents", None, "agents"), tuple(servers_section.data))

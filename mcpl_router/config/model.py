@@ -114,7 +114,7 @@ JOURNAL_KEYS: Final = ("backend", "path", "retention", "dsn", "passwordFile")
 JOURNAL_BACKENDS: Final = ("sqlite", "postgres")
 LOGGING_KEYS: Final = ("level", "format")
 HEALTH_KEYS: Final = ("enabled", "bind", "port", "statusPreview", "decisions")
-CLUSTER_KEYS: Final = ("node", "leaseTtl")
+CLUSTER_KEYS: Final = ("node", "leaseTtl", "links", "pin", "relayBind", "relayPort")
 AGENT_KEYS: Final = (
     "proseRouting",
     "allowedTools",
@@ -188,7 +188,8 @@ class RouterConfig:
             "  health: "
             + (host_port(self.health.bind, self.health.port) if self.health.enabled else "off"),
             *(
-                [f"  cluster: node {self.cluster.node}, lease {self.cluster.lease_ttl:g}s (the journal's database is shared)"]
+                [f"  cluster: node {self.cluster.node}, lease {self.cluster.lease_ttl:g}s (the journal's database is shared),"
+                 f" links {self.cluster.described_links}"]
                 if self.cluster is not None else []
             ),
             *(f"  warning: {warning}" for warning in self.warnings),
@@ -510,6 +511,23 @@ class ClusterConfig:
     node: str
     #: Seconds a holder's lease lasts unrenewed: a dead holder's links are taken over after it.
     lease_ttl: float = 5.0
+    #: Where the servers' connections are held: ``router`` (the node holding the router's lease
+    #: holds every link) or ``balanced`` (each link under a lease of its own, spread over the
+    #: live nodes; the router reaches the others' through their relays).
+    links: str = "router"
+    #: ``balanced``: server id → the node that holds its link whenever that node is live.
+    pin: Mapping[str, str] = attrs.field(factory=dict)
+    #: ``balanced``: where this node's relay listens for the router (port 0: any free port; the
+    #: address is published in the node's row, so the same file serves every node).
+    relay_bind: str = "127.0.0.1"
+    relay_port: int = 0
+
+    @property
+    def described_links(self) -> str:
+        if self.links != "balanced":
+            return "held by the router"
+        pins = ", ".join(f"{server} on {node}" for server, node in sorted(self.pin.items()))
+        return "balanced over the live nodes" + (f" ({pins} while live)" if pins else "") + f", relay on {host_port(self.relay_bind, self.relay_port)}"
 
 
 @attrs.frozen

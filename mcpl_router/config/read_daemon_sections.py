@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from mcpl_router.config.errors import dotted_key, show_value
+from mcpl_router.config.errors import did_you_mean, dotted_key, show_value
 from mcpl_router.config.model import (
     HOST_WEBSOCKET_KEYS,
     JOURNAL_BACKENDS,
@@ -184,7 +184,11 @@ def parse_health(section: Section) -> HealthConfig:
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
-def parse_cluster(section: Section, journal: JournalConfig) -> ClusterConfig:
+#: ``cluster.links``: the router holds every link, or each is leased and spread (docs/cluster.md).
+LINK_PLACEMENTS: Final = ("router", "balanced")
+
+
+def parse_cluster(section: Section, journal: JournalConfig, server_ids: Sequence[str]) -> ClusterConfig:
     """``cluster`` (when given): this node's name and the lease's length. A cluster shares one
     PostgreSQL journal, so ``journal.backend`` must say so."""
     node = section.string("node")
@@ -202,4 +206,18 @@ def parse_cluster(section: Section, journal: JournalConfig) -> ClusterConfig:
     if journal.backend != "postgres":
         section.error("node", "a cluster needs the journal on PostgreSQL: nodes share it.",
                       'Set journal.backend = "postgres" and journal.dsn, or remove [cluster] to run one daemon.')
-    return ClusterConfig(node=node, lease_ttl=lease_ttl)
+    links = section.choice("links", LINK_PLACEMENTS, "router", "a way to place the links")
+    pin = section.string_map("pin")
+    for server_id, pinned_node in pin.items():
+        if server_id not in server_ids:
+            section.error("pin", f"{show_value(server_id)} is not a configured server.",
+                          did_you_mean(server_id, server_ids) + "Pin the ids of mcplServers.")
+        if not _NODE_NAME.fullmatch(pinned_node):
+            section.error("pin", f"{show_value(pinned_node)} (for {server_id}) is not a node name.",
+                          "Use letters, digits, '-', '_' and '.', up to 63 characters.")
+    if pin and links != "balanced":
+        section.error("pin", 'pins place links on nodes: they need links = "balanced".',
+                      'Set links = "balanced", or remove pin (with links = "router" the router holds every link).')
+    relay_bind = section.string("relayBind", "127.0.0.1") or "127.0.0.1"
+    relay_port = section.integer("relayPort", 0, at_least=0, at_most=65535)
+    return ClusterConfig(node=node, lease_ttl=lease_ttl, links=links, pin=pin, relay_bind=relay_bind, relay_port=relay_port)

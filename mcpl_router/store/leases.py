@@ -68,6 +68,15 @@ CLUSTER_TABLES: Final = (
         acquired_at timestamptz NOT NULL,
         expires_at timestamptz NOT NULL
     )""",
+    # One row per server whose link is leased (``cluster.links = "balanced"``): who holds its
+    # connection (store/link_leases.py).
+    """CREATE TABLE IF NOT EXISTS cluster_links (
+        server text PRIMARY KEY,
+        node text NOT NULL,
+        epoch bigint NOT NULL,
+        acquired_at timestamptz NOT NULL,
+        expires_at timestamptz NOT NULL
+    )""",
     """CREATE TABLE IF NOT EXISTS cluster_nodes (
         node text PRIMARY KEY,
         state text NOT NULL,
@@ -92,6 +101,13 @@ class LeaseTerm:
     node: str
     epoch: int
     since: float
+    #: The server whose link this lease is (``cluster_links``); None for the router's lease.
+    server: str | None = None
+
+    @property
+    def what(self) -> str:
+        """What the lease is on, for a sentence: "the links" or "server s1's link"."""
+        return f"the {self.scope}" if self.server is None else f"server {self.server}'s link"
 
 
 @attrs.define
@@ -113,7 +129,7 @@ class LeaseFence:
         if self.loss is not None:
             return self.loss
         if time.monotonic() >= self.valid_until:
-            return f"node {self.term.node}'s lease on the {self.term.scope} (epoch {self.term.epoch}) ran out unrenewed"
+            return f"node {self.term.node}'s lease on {self.term.what} (epoch {self.term.epoch}) ran out unrenewed"
         return None
 
     def renewed(self, valid_until: float) -> None:
@@ -138,7 +154,7 @@ class LeaseFence:
             ).fetchone()
             if row is not None:
                 return
-            refusal = f"node {self.term.node}'s lease on the {self.term.scope} (epoch {self.term.epoch}) is gone from the database"
+            refusal = f"node {self.term.node}'s lease on {self.term.what} (epoch {self.term.epoch}) is gone from the database"
             self.lost(refusal)
         raise LeaseLost(f"{refusal}: this node may not write the journal")
 
@@ -178,7 +194,7 @@ def acquire(db: Connection, scope: str, node: str, ttl: float) -> tuple[LeaseTer
     ).fetchone()
     if row is None:
         return None, started
-    return LeaseTerm(scope, node, int(row[0]), float(row[1])), started + ttl * (1 - _MARGIN)
+    return LeaseTerm(scope, node, int(row[0]), float(row[1])), started + ttl * (1 - MARGIN)
 
 
 #: A holder's writer connection is ended by the server when it sits this long inside a
@@ -193,7 +209,7 @@ LEASE_LOCK_TIMEOUT_MS: Final = 1000
 #: The part of the lease a holder does not count on: its local deadline is its renewal's start
 #: plus (1 − margin) × ttl, so it stops sending before the database could let another node in,
 #: with room for the clocks' drift and a write already under way.
-_MARGIN: Final = 0.2
+MARGIN: Final = 0.2
 
 
 def renew(db: Connection, term: LeaseTerm, ttl: float) -> float | None:
@@ -205,7 +221,7 @@ def renew(db: Connection, term: LeaseTerm, ttl: float) -> float | None:
         " WHERE scope = ? AND node = ? AND epoch = ? AND expires_at > clock_timestamp() RETURNING 1",
         (ttl, term.scope, term.node, term.epoch),
     ).fetchone()
-    return None if row is None else started + ttl * (1 - _MARGIN)
+    return None if row is None else started + ttl * (1 - MARGIN)
 
 
 def release(db: Connection, term: LeaseTerm) -> bool:

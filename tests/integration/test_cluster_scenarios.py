@@ -281,7 +281,7 @@ def agent_row(status: dict[str, Any], name: str) -> dict[str, Any]:
     return row
 
 
-async def set_up_state(nodes: Cluster, client: FailoverClient) -> dict[str, Any]:
+async def set_up_state(nodes: Cluster, client: FailoverClient, *, host_socket: str | None = None) -> dict[str, Any]:
     """What must outlive the holder: channel decisions (a's lounge, registered closed, opened by
     kai, declined by ann),
     a tune-out (b's random), a held draft, an agent declared by a host that has left, with a
@@ -297,7 +297,7 @@ async def set_up_state(nodes: Cluster, client: FailoverClient) -> dict[str, Any]
     bounced = await turn(client, "ann", [">>general kept for later"], channel="general")
     [draft] = bounced["closed"]["drafts"]
     state["draft"] = draft["id"]
-    async with RouterClient.connect_unix(socket_of(nodes.workdir, "n1")) as other:
+    async with RouterClient.connect_unix(host_socket or socket_of(nodes.workdir, "n1")) as other:
         await other.hello("other-host", [{"name": "zed", "proseRouting": "explicit", "wake": {"channels": ["b:random"]}}])
     await mention(nodes.servers["b"], "random", "for zed")
     woken = await wakes_of(client, "for zed", {"ann", "nell"})

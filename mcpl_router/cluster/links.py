@@ -1,0 +1,263 @@
+"""A node's share of the links (``cluster.links = "balanced"``): leases taken, renewed, handed over.
+
+Every node of a balanced cluster, router or standby, runs a :class:`LinkHoldings`:
+
+- each poll it reads who holds which link and which nodes are live, asks the placement
+  (cluster/placement.py) what to do, hands over what belongs elsewhere and tries to take the
+  free links that belong here;
+- it renews the leases it holds every :data:`RENEW_SHARE` of the lease; one that fails to
+  renew, or whose local deadline passes, is lost at once: its relay ends, nothing more is
+  written to that server from here;
+- its :class:`~mcpl_router.cluster.relay.Relay` serves the router those links;
+- on a drain it hands every link over (released, not left to expire).
+
+The router's side is :meth:`LinkHoldings.transport_for`: the transport its links open, through
+the relay of whichever node holds each server's link (this node's own relay too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Final
+
+import trio
+
+from mcpl_router.cluster.database import NodeDatabase
+from mcpl_router.cluster.placement import plan_links
+from mcpl_router.cluster.relay import HeldLink, Relay, dial_relay
+from mcpl_router.config import RouterConfig, ServerConfig
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.transports import OpenTransport, TransportError
+from mcpl_router.store.leases import LeaseFence, LeaseTerm
+from mcpl_router.store.link_leases import acquire_link, link_holder, links_view, release_link, renew_link, router_holds
+
+if TYPE_CHECKING:
+    from mcpl_router.store.backend import Connection
+
+__all__ = ["LinkHoldings"]
+
+#: Shares of the lease, as the router's lease uses them (cluster/node.py).
+POLL_SHARE: Final = 0.1
+RENEW_SHARE: Final = 0.2
+#: A node unheard of for this share of the lease is not given links (three heartbeats missed):
+#: its own leases run out soon after, and the others must not wait on its share for long.
+LIVE_SHARE: Final = 0.6
+#: How long the router's link waits for some node to hold a free link before its attempt
+#: fails (and is tried again with the link's backoff).
+HOLDER_WAIT_LEASES: Final = 2
+
+
+class LinkHoldings:
+    def __init__(self, node: str, config: RouterConfig, *, leases: NodeDatabase, lookups: NodeDatabase) -> None:
+        assert config.cluster is not None
+        self.node = node
+        self.config = config
+        self.ttl = config.cluster.lease_ttl
+        # Lease statements on one connection, reads on another: a slow read never delays a renewal.
+        self._leases = leases
+        self._lookups = lookups
+        #: server id → the link this node holds (its lease, its relay).
+        self.held: dict[str, HeldLink] = {}
+        self.relay = Relay(node, config, self.held, self._router_holds)
+        self.draining = False
+        self.counts = {"linksTaken": 0, "linksLost": 0, "linksHandedOver": 0}
+        self._log = get_logger(component="links")
+        self._nudge = trio.Event()
+        #: The router's side: server id → (the link epoch its relay answered for, the transport).
+        self._dialled: dict[str, tuple[int, OpenTransport]] = {}
+
+    # -- running ---------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(self.relay.serve)
+                task_status.started(address)
+                nursery.start_soon(self._renewals)
+                await self._placements()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await self._hand_over_all("node stopped")
+
+    async def drain(self) -> None:
+        """Hand every link over now (a node leaving): another takes each at its next poll."""
+        self.draining = True
+        self._nudge.set()
+        await self._hand_over_all(f"node {self.node} is draining")
+
+    async def _placements(self) -> None:
+        poll = min(1.0, self.ttl * POLL_SHARE)
+        said: str | None = None
+        while True:
+            try:
+                held_by, live = await self._lookups.run(partial(_placement_view, live_within=self.ttl * LIVE_SHARE))
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if error != said:
+                    said = error
+                    self._log.warning("cluster.links.unreadable", error=error)
+            else:
+                said = None
+                plan = plan_links(me=self.node, servers=tuple(self.config.servers), pin=self.config.cluster.pin if self.config.cluster else {},
+                                  live=live, held_by=held_by, draining=self.draining)
+                for server, why in plan.release.items():
+                    await self._hand_over(server, why)
+                for server in plan.take:
+                    await self._take(server)
+            with trio.move_on_after(poll):
+                await self._nudge.wait()
+            self._nudge = trio.Event()
+
+    async def _take(self, server: str) -> None:
+        try:
+            term, valid_until = await self._leases.run(partial(_try_acquire_link, server=server, node=self.node, ttl=self.ttl))
+        except Exception as exc:
+            self._log.warning("cluster.link.take_failed", server=server, error=f"{type(exc).__name__}: {exc}")
+            return
+        if term is None:
+            return
+        self.held[server] = HeldLink(LeaseFence(term, valid_until))
+        self.counts["linksTaken"] += 1
+        self._log.info("cluster.link.taken", server=server, epoch=term.epoch)
+
+    async def _hand_over(self, server: str, why: str) -> None:
+        held = self.held.pop(server, None)
+        if held is None:
+            return
+        held.fence.lost(f"handed over: {why}")  # nothing more is written to it from here
+        held.end_relay()
+        self.counts["linksHandedOver"] += 1
+        try:
+            released = await self._leases.run(partial(release_link, term=held.fence.term))
+        except Exception as exc:
+            self._log.warning("cluster.link.release_failed", server=server, error=f"{type(exc).__name__}: {exc}",
+                              effect=f"another node takes it when its lease runs out ({self.ttl:g}s)")
+            return
+        self._log.info("cluster.link.handed_over", server=server, epoch=held.fence.term.epoch, reason=why, released=released)
+
+    async def _hand_over_all(self, why: str) -> None:
+        for server in sorted(self.held):
+            await self._hand_over(server, why)
+
+    async def _renewals(self) -> None:
+        every = self.ttl * RENEW_SHARE
+        next_renewal = trio.current_time() + every
+        while True:
+            for server, held in list(self.held.items()):
+                refusal = held.fence.refusal()
+                if refusal is not None:
+                    self._lose(server, held, refusal)
+            if trio.current_time() >= next_renewal:
+                next_renewal = trio.current_time() + every
+                for server, held in list(self.held.items()):
+                    try:
+                        valid_until = await self._leases.run(partial(renew_link, term=held.fence.term, ttl=self.ttl))
+                    except Exception as exc:
+                        self._log.warning("cluster.link.renew_failed", server=server, error=f"{type(exc).__name__}: {exc}")
+                        continue
+                    if valid_until is None:
+                        self._lose(server, held, f"node {self.node}'s lease on server {server}'s link (epoch {held.fence.term.epoch}) "
+                                                 "expired or was taken by another node")
+                    else:
+                        held.fence.renewed(valid_until)
+            await trio.sleep(min(0.1, every))
+
+    def _lose(self, server: str, held: HeldLink, why: str) -> None:
+        if self.held.get(server) is held:
+            del self.held[server]
+        held.fence.lost(why)
+        held.end_relay()
+        self.counts["linksLost"] += 1
+        self._log.error("cluster.link.lost", server=server, epoch=held.fence.term.epoch, reason=why,
+                        effect="its relay ends now: nothing more is sent to the server from this node")
+
+    async def _router_holds(self, node: str, epoch: int) -> bool:
+        return bool(await self._lookups.run(partial(router_holds, node=node, epoch=epoch)))
+
+    # -- the router's side -------------------------------------------------------------------------
+
+    def transport_for(self, router: LeaseTerm) -> Callable[[ServerConfig, trio.Nursery], Awaitable[OpenTransport]]:
+        """What the router's links open for ``router``'s term: the relay of the node holding
+        each server's link, waited for while the link is free (a holder died, a hand-over)."""
+
+        async def open_link(server: ServerConfig, nursery: trio.Nursery) -> OpenTransport:
+            deadline = trio.current_time() + self.ttl * HOLDER_WAIT_LEASES
+            poll = min(0.5, self.ttl * POLL_SHARE)
+            why = "no node holds it"
+            while True:
+                holder = await self._lookups.run(partial(link_holder, server=server.id))
+                if holder is not None and holder.node == self.node and server.id not in self.held:
+                    holder = None  # the row is this node's, but it is handing it over
+                if holder is not None:
+                    try:
+                        transport = await dial_relay(holder, server, router=router.node, router_epoch=router.epoch)
+                    except TransportError as exc:
+                        # A holder just killed keeps its row until the lease runs out: waited
+                        # for here, at the poll, not with the link's growing backoff.
+                        why = str(exc)
+                    else:
+                        self._dialled[server.id] = (holder.epoch, transport)
+                        return transport
+                if trio.current_time() >= deadline:
+                    raise TransportError(f"server {server.id}'s link can't be reached through any node for "
+                                         f"{math.ceil(self.ttl * HOLDER_WAIT_LEASES)}s: {why}")
+                await trio.sleep(poll)
+
+        return open_link
+
+    async def links_seen(self, links: list[dict[str, object]]) -> None:
+        """The router's side of a hand-over it was not told of: the database shows a server's
+        link under a newer epoch than the relay this router reaches it through (its holder
+        paused, or cut off), or run out: that relay is closed, and the link reconnects to
+        whoever holds it now. A stale view shows an older epoch, never a newer one."""
+        shown = {str(row["server"]): (int(str(row["epoch"])), float(str(row["expiresIn"])) > 0) for row in links}
+        for server, (epoch, transport) in list(self._dialled.items()):
+            now = shown.get(server)
+            if now is None:
+                continue
+            if now[0] > epoch or (now[0] == epoch and not now[1]):
+                if self._dialled.get(server, (0, None))[1] is transport:
+                    del self._dialled[server]
+                self._log.info("cluster.link.relay_superseded", server=server, epoch=epoch, now=now[0],
+                               effect="the relay is closed; the link reconnects through the holder now")
+                if transport.socket is not None:
+                    await trio.aclose_forcefully(transport.socket)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "relay": self.relay.address,
+            "held": {server: {"epoch": held.fence.term.epoch, "since": held.fence.term.since,
+                              "router": None if held.router is None else {"node": held.router[0], "epoch": held.router[1]}}
+                     for server, held in sorted(self.held.items())},
+            "relayCounts": {"served": self.relay.counts.served, "refused": self.relay.counts.refused,
+                            "oversized": self.relay.counts.oversized, "fromServer": self.relay.counts.fromServer,
+                            "toServer": self.relay.counts.toServer},
+            **self.counts,
+        }
+
+
+def _placement_view(db: Connection, *, live_within: float) -> tuple[dict[str, str], set[str]]:
+    """(server → the node holding its link unexpired, the nodes live enough to be given links)."""
+    held_by = {str(row["server"]): str(row["node"]) for row in links_view(db) if float(str(row["expiresIn"])) > 0}
+    live = {
+        str(node)
+        for node, in db.execute(
+            "SELECT node FROM cluster_nodes WHERE state NOT IN ('draining', 'stopped')"
+            " AND seen_at > clock_timestamp() - make_interval(secs => ?)",
+            (live_within,),
+        ).fetchall()
+    }
+    return held_by, live
+
+
+def _try_acquire_link(db: Connection, *, server: str, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:
+    """Take ``server``'s link if it is free; a lock held by a commit under way is not a fault
+    (the next poll tries again)."""
+    import psycopg
+
+    try:
+        return acquire_link(db, server, node, ttl)
+    except psycopg.errors.LockNotAvailable:
+        return None, 0.0

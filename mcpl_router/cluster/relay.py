@@ -1,0 +1,274 @@
+"""A node's relay: the router reaches a server whose link another node holds.
+
+With ``cluster.links = "balanced"`` (docs/cluster.md) the router (the node holding the router's
+lease: hosts, routing, the journal) does not connect to a server itself. The node holding that
+server's link lease does, and carries the server's messages to the router and back, unchanged.
+The router's :class:`~mcpl_router.mcpl.link.ServerLink` runs over the relay exactly as over a
+direct connection: its handshake, grants, requests and their answers are the server's own, so
+a turn's publish is carried out by the link's holder with the same answer and receipt as on
+one node, and the server never sees a second connection.
+
+The relay protocol is newline-delimited JSON over TCP (loopback, or the nodes' network):
+
+1. the router sends a hello: ``{"relay": 1, "server": id, "router": node, "routerEpoch": n}``;
+2. the holder answers ``{"ok": true, "endpoint": …, "lineOriented": …, "linkEpoch": n}`` once it
+   has connected to the server, or ``{"ok": false, "error": why}`` and closes;
+3. then every line is one of the server's messages, each way.
+
+A holder relays a server only while it holds that server's link (each write to the server is
+checked against the link lease's local deadline) and only for the node that holds the router's
+lease with the epoch it names (checked in the database at the hello, and again whenever the
+router's lease changes hands: an older router's relay is closed). A newer hello for the same
+server replaces the relay under way: one connection to the server at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final
+
+import attrs
+import msgspec
+import structlog
+import trio
+
+from mcpl_router.config import RouterConfig, ServerConfig
+from mcpl_router.config.addresses import host_port
+from mcpl_router.jsonrpc.fenced import FencedStream
+from mcpl_router.jsonrpc.framing import DEFAULT_MAX_MESSAGE_BYTES, MessageStream, NdjsonStream, OversizedMessage
+from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.transports import OpenTransport, TransportError, open_transport
+from mcpl_router.store.leases import LeaseFence
+from mcpl_router.store.link_leases import LinkHolder
+
+__all__ = ["HeldLink", "Relay", "dial_relay"]
+
+RELAY_VERSION: Final = 1
+#: How long either side waits for the other's hello or its answer (the answer waits for the
+#: server's connection: a WebSocket dial may take its own 10 s).
+HELLO_TIMEOUT: Final = 5.0
+ANSWER_TIMEOUT: Final = 15.0
+
+
+class _Hello(msgspec.Struct, frozen=True):
+    relay: int
+    server: str
+    router: str
+    routerEpoch: int  # noqa: N815 - the wire's spelling
+
+
+@attrs.define(eq=False)
+class HeldLink:
+    """A server's link this node holds: its lease's fence, and the relay serving it (if any)."""
+
+    fence: LeaseFence
+    #: The relay under way for it, and the router it serves.
+    relay_scope: trio.CancelScope | None = None
+    router: tuple[str, int] | None = None
+    relays: int = 0
+
+    def end_relay(self) -> None:
+        if self.relay_scope is not None:
+            self.relay_scope.cancel()
+
+
+@attrs.define
+class RelayCounts:
+    served: int = 0
+    refused: int = 0
+    oversized: int = 0
+    fromServer: int = 0  # noqa: N815 - status's spelling
+    toServer: int = 0  # noqa: N815
+
+
+class Relay:
+    """Serves the router the links this node holds (``held``: server id → :class:`HeldLink`,
+    kept by the node's link holding)."""
+
+    def __init__(
+        self,
+        node: str,
+        config: RouterConfig,
+        held: Mapping[str, HeldLink],
+        router_holds: Callable[[str, int], Awaitable[bool]],
+        open_transport_fn: Callable[[ServerConfig, trio.Nursery], Awaitable[OpenTransport]] = open_transport,
+    ) -> None:
+        self.node = node
+        self.config = config
+        self._held = held
+        self._router_holds = router_holds
+        self._open_transport = open_transport_fn
+        #: ``host:port`` the relay listens on, once it does (published in the node's row).
+        self.address: str | None = None
+        self.counts = RelayCounts()
+        self._log = get_logger(component="relay")
+
+    async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        cluster = self.config.cluster
+        assert cluster is not None
+        listeners = await trio.open_tcp_listeners(cluster.relay_port, host=cluster.relay_bind)
+        port = listeners[0].socket.getsockname()[1]
+        self.address = host_port(cluster.relay_bind, port)
+        self._log.info("cluster.relay.listening", address=self.address)
+        task_status.started(self.address)
+        await trio.serve_listeners(self._serve_one, listeners)
+
+    def router_seen(self, epoch: int, unexpired: bool) -> None:
+        """The database showed the router's lease at ``epoch`` (unexpired or not): relays that
+        serve an older router end, and those of this epoch too once it has expired. A view read
+        a moment ago can only show an older epoch than a relay that began since, never a newer
+        one: so a stale view ends no relay it should not."""
+        for server, held in self._held.items():
+            if held.router is None:
+                continue
+            served = held.router[1]
+            if served < epoch or (served == epoch and not unexpired):
+                self._log.info("cluster.relay.superseded", server=server, router=held.router[0], router_epoch=served,
+                               reason="the router's lease changed hands or ran out")
+                held.end_relay()
+
+    async def _serve_one(self, socket: trio.SocketStream) -> None:
+        # One stream for the hello and the messages after it (nothing of theirs is lost in between).
+        stream = NdjsonStream(socket, socket, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, skip_log_lines=False)
+        try:
+            hello = await self._read_hello(stream)
+            if hello is None:
+                return
+            held = self._held.get(hello.server)
+            refusal = self._refusal(hello, held)
+            if refusal is None and not await self._router_holds(hello.router, hello.routerEpoch):
+                refusal = f"node {hello.router} does not hold the router's lease with epoch {hello.routerEpoch}"
+            if refusal is not None or held is None:
+                self.counts.refused += 1
+                self._log.warning("cluster.relay.refused", server=hello.server, router=hello.router, reason=refusal)
+                await _answer(stream, {"ok": False, "error": refusal})
+                return
+            held.end_relay()  # one connection to the server at a time: the newer router's
+            with trio.CancelScope() as scope:
+                held.relay_scope, held.router = scope, (hello.router, hello.routerEpoch)
+                held.relays += 1
+                try:
+                    with structlog.contextvars.bound_contextvars(server=hello.server, router=hello.router):
+                        await self._relay(stream, hello, held)
+                finally:
+                    if held.relay_scope is scope:  # not replaced by a newer router's relay
+                        held.relay_scope = held.router = None
+            if scope.cancelled_caught:
+                self._log.info("cluster.relay.ended", server=hello.server, reason="ended by this node (lease, router or drain)")
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await socket.aclose()
+
+    async def _read_hello(self, stream: NdjsonStream) -> _Hello | None:
+        try:
+            with trio.fail_after(HELLO_TIMEOUT):
+                line = await stream.receive_message()
+            return msgspec.json.decode(line, type=_Hello)
+        except (trio.TooSlowError, trio.EndOfChannel, trio.BrokenResourceError, OversizedMessage,
+                msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.counts.refused += 1
+            self._log.warning("cluster.relay.bad_hello", error=f"{type(exc).__name__}: {exc}")
+            with trio.move_on_after(1):
+                await _answer(stream, {"ok": False, "error": f"not a relay hello: {type(exc).__name__}: {exc}"})
+            return None
+
+    def _refusal(self, hello: _Hello, held: HeldLink | None) -> str | None:
+        if hello.relay != RELAY_VERSION:
+            return f"relay version {hello.relay} is not this node's ({RELAY_VERSION})"
+        if hello.server not in self.config.servers:
+            return f"server {hello.server} is not in node {self.node}'s config"
+        if held is None:
+            return f"node {self.node} does not hold server {hello.server}'s link"
+        loss = held.fence.refusal()
+        if loss is not None:
+            return loss
+        if held.router is not None and held.router[1] > hello.routerEpoch:
+            return f"a newer router (node {held.router[0]}, epoch {held.router[1]}) is served"
+        return None
+
+    async def _relay(self, router: NdjsonStream, hello: _Hello, held: HeldLink) -> None:
+        server_config = self.config.servers[hello.server]
+        async with trio.open_nursery() as nursery:
+            try:
+                transport = await self._open_transport(server_config, nursery)
+            except TransportError as exc:
+                self._log.warning("cluster.relay.server_unreachable", error=str(exc))
+                await _answer(router, {"ok": False, "error": str(exc)})
+                nursery.cancel_scope.cancel()
+                return
+            try:
+                to_server = FencedStream(transport.stream, held.fence.refusal)
+                await _answer(router, {"ok": True, "endpoint": transport.description, "lineOriented": transport.stream.line_oriented,
+                                       "linkEpoch": held.fence.term.epoch})
+                self.counts.served += 1
+                self._log.info("cluster.relay.serving", endpoint=transport.description, link_epoch=held.fence.term.epoch)
+                async with trio.open_nursery() as pumps:
+                    pumps.start_soon(self._pump, transport.stream, router, "fromServer", pumps.cancel_scope)
+                    pumps.start_soon(self._pump, router, to_server, "toServer", pumps.cancel_scope)
+            finally:
+                await transport.aclose()
+                nursery.cancel_scope.cancel()
+
+    async def _pump(self, source: MessageStream, sink: MessageStream, direction: str, both: trio.CancelScope) -> None:
+        """Carry messages one way until either end closes; then both ways end."""
+        try:
+            while True:
+                try:
+                    message = await source.receive_message()
+                except OversizedMessage as exc:
+                    # Discarded as a direct link discards it; counted and said here, where it was seen.
+                    self.counts.oversized += 1
+                    self._log.warning("cluster.relay.oversized", direction=direction, error=str(exc))
+                    continue
+                # A raw newline in a JSON text is whitespace (strings escape theirs): a server's
+                # pretty-printed WebSocket message stays one line here, meaning the same.
+                await sink.send_message(message.replace(b"\n", b" ") if b"\n" in message else message)
+                if direction == "fromServer":
+                    self.counts.fromServer += 1
+                else:
+                    self.counts.toServer += 1
+        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._log.info("cluster.relay.closed", direction=direction, reason=str(exc) or type(exc).__name__)
+        finally:
+            both.cancel()
+
+
+async def _answer(stream: NdjsonStream, answer: dict[str, object]) -> None:
+    try:
+        await stream.send_message(json.dumps(answer).encode())
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def dial_relay(holder: LinkHolder, server: ServerConfig, *, router: str, router_epoch: int,
+                     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> OpenTransport:
+    """The router's side: a transport to ``server`` through the relay of the node holding its
+    link. Raises :class:`TransportError` (the link retries with its backoff) when the holder
+    can't be reached or refuses."""
+    if holder.relay is None:
+        raise TransportError(f"node {holder.node} holds server {server.id}'s link but published no relay address")
+    host, _, port = holder.relay.rpartition(":")
+    try:
+        with trio.fail_after(HELLO_TIMEOUT):
+            socket = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    except (OSError, ValueError, trio.TooSlowError) as exc:
+        raise TransportError(f"node {holder.node}'s relay at {holder.relay} can't be reached: {type(exc).__name__}: {exc}") from None
+    stream = NdjsonStream(socket, socket, max_message_bytes=max_message_bytes, skip_log_lines=False)
+    try:
+        hello = _Hello(relay=RELAY_VERSION, server=server.id, router=router, routerEpoch=router_epoch)
+        await stream.send_message(msgspec.json.encode(hello))
+        with trio.fail_after(ANSWER_TIMEOUT):
+            answer = json.loads(await stream.receive_message())
+    except (trio.TooSlowError, trio.EndOfChannel, trio.BrokenResourceError, OversizedMessage, ValueError) as exc:
+        await trio.aclose_forcefully(socket)
+        raise TransportError(f"node {holder.node}'s relay for server {server.id} did not answer: {type(exc).__name__}: {exc}") from None
+    except BaseException:
+        await trio.aclose_forcefully(socket)
+        raise
+    if not isinstance(answer, dict) or answer.get("ok") is not True:
+        await trio.aclose_forcefully(socket)
+        error = answer.get("error") if isinstance(answer, dict) else answer
+        raise TransportError(f"node {holder.node} did not relay server {server.id}: {error}")
+    stream.line_oriented = bool(answer.get("lineOriented", True))
+    return OpenTransport(stream=stream, description=f"{answer.get('endpoint')} via node {holder.node}", socket=socket)

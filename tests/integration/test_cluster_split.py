@@ -1,0 +1,116 @@
+"""A cluster whose links are spread (``cluster.links = "balanced"``), driven from outside (issue 29).
+
+Three ``mcpl-router run`` nodes on one PostgreSQL journal: ``n3`` holds the router's lease (it
+started first) and serves the host; server ``a``'s link is pinned to ``n1``, ``b``'s and ``c``'s
+to ``n2``. The router holds no server connection: it reaches each server through the relay of
+the node holding its link. Every routing scenario of the seeds (tests/integration/
+test_cluster_scenarios.py, where one node holds everything) must come out as one daemon's, and
+the fixture servers must see one connection each, from the node holding their link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from mcpl_router.client import FailoverClient
+from mcpl_router.testing import postgres
+from mcpl_router.testing.control import FixtureProcess, wait_until
+
+from .conftest import FAST_RECONNECT
+from .test_cluster_scenarios import (
+    AGENTS,
+    CHANNELS,
+    ONE_DAEMON,
+    SERVER_OPTIONS,
+    Cluster,
+    check_state,
+    raw_status,
+    scenarios,
+    serving,
+    set_up_state,
+    socket_of,
+)
+
+pytestmark = pytest.mark.integration
+
+LEASE = 5.0
+#: Where each server's link belongs while its node is live.
+PINS = {"a": "n1", "b": "n2", "c": "n2"}
+
+
+def split_config(workdir: Path, servers: dict[str, FixtureProcess], dsn: str) -> Path:
+    config = {
+        "mcplServers": {name: {"url": server.listen_url, "reconnect": FAST_RECONNECT} for name, server in servers.items()},
+        "host": {"unixSocket": str(workdir / "run" / "${MCPL_ROUTER_NODE}.sock"), "websocket": {"enabled": False}},
+        "journal": {"backend": "postgres", "dsn": dsn, "path": str(workdir / "unused.sqlite3")},
+        "cluster": {"node": "${MCPL_ROUTER_NODE}", "leaseTtl": LEASE, "links": "balanced", "pin": PINS},
+        "health": {"enabled": True, "port": 0},
+        "logging": {"level": "debug", "format": "json"},
+    }
+    path = workdir / "cluster.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def holders(status: dict[str, Any]) -> dict[str, str]:
+    """server → the node holding its link unexpired, as the router's status shows it."""
+    return {row["server"]: row["node"] for row in status["cluster"]["links"] if row["expiresIn"] > 0}
+
+
+@asynccontextmanager
+async def split_cluster(workdir: Path, dsn: str) -> AsyncIterator[Cluster]:
+    """Servers a, b, c; n3 the router (serving, every server ready), n1 and n2 holding the
+    links pinned to them, the router reaching each through their relays."""
+    async with AsyncExitStack() as stack:
+        servers = {
+            name: await stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", channels=ids, control_dir=workdir, server_name=name, **SERVER_OPTIONS.get(name, {}))
+            )
+            for name, ids in CHANNELS.items()
+        }
+        nodes = Cluster(workdir, split_config(workdir, servers, dsn), servers, stack)
+        await nodes.start("n3")
+        await nodes.wait_serving("n3")
+        for node in ("n1", "n2"):
+            await nodes.start(node)
+
+        async def placed() -> bool:
+            status = await raw_status(socket_of(workdir, "n3"))
+            return holders(status) == PINS and await serving(socket_of(workdir, "n3"))
+
+        try:
+            await wait_until(placed, timeout=40, interval=0.2)
+        except trio.TooSlowError:
+            status = await raw_status(socket_of(workdir, "n3"))
+            raise AssertionError(f"links not placed: {status['cluster']['links']}; n3's log ends: {nodes.log('n3')[-3000:]}") from None
+        yield nodes
+
+
+async def connections_of(server: FixtureProcess) -> int:
+    """How many times the server was connected to (each connection's handshake is one)."""
+    return len(await server.recorded("initialize"))
+
+
+async def test_with_links_on_two_nodes_and_the_host_on_a_third_every_scenario_routes_as_one_daemon(
+    short_tmp: Path, postgres_server: postgres.Server
+) -> None:
+    dsn = postgres.fresh_database(postgres_server, "cluster_split")
+    with trio.fail_after(120):
+        async with split_cluster(short_tmp, dsn) as nodes, FailoverClient.connect([socket_of(short_tmp, "n3")], give_up_after=30) as client:
+            await client.hello("host", AGENTS)
+            assert await scenarios(nodes, client, "split") == ONE_DAEMON
+            await set_up_state(nodes, client, host_socket=socket_of(short_tmp, "n3"))
+            await check_state(nodes, client, "n3", "split")
+            status = await raw_status(socket_of(short_tmp, "n3"))
+            # The router holds no link: each server's connection is its holder's, through a relay.
+            endpoints = {row["serverId"]: row.get("endpoint") for row in status["servers"]}
+            assert all(endpoint and endpoint.endswith(f"via node {PINS[server]}") for server, endpoint in endpoints.items()), endpoints
+            assert holders(status) == PINS
