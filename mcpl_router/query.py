@@ -323,14 +323,26 @@ def _print_status(answer: Any) -> None:
         print(f"  last reload at {when}: {_reload_summary(reload)}")
 
 
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
 def _print_cluster(cluster: Any) -> None:
     """A cluster's node (docs/cluster.md): who holds the links, since when, and every node."""
     if not cluster:
         return
     lease = cluster.get("lease") or {}
-    holding = f"holding the links, epoch {lease['epoch']} since {time.strftime('%H:%M:%S', time.localtime(lease['since']))}" if lease else cluster["state"]
+    balanced = cluster.get("linkHoldings") is not None
+    what = "the router's lease" if balanced else "the links"
+    holding = f"holding {what}, epoch {lease['epoch']} since {_clock(lease['since'])}" if lease else cluster["state"]
     print(f"  cluster: node {cluster['node']} {holding}; lease {cluster['leaseTtl']:g}s, {cluster.get('terms', 0)} terms held,"
           f" {cluster.get('leasesLost', 0)} lost")
+    if balanced:
+        print(f"    links: {cluster.get('placement')}")
+        for link in cluster.get("links", []):
+            held = f"on node {link['node']}, epoch {link['epoch']} since {_clock(link['since'])}" if link["expiresIn"] > 0 \
+                else f"free (last on node {link['node']}, epoch {link['epoch']})"
+            print(f"    link {link['server']:<16} {held}")
     for node in cluster.get("nodes", []):
         info = node.get("info") or {}
         where = f"pid {info.get('pid')} on {info.get('hostname')}" + (f", {info['hostSocket']}" if info.get("hostSocket") else "")

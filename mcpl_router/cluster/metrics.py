@@ -77,6 +77,33 @@ class NodeMetrics:
         for row in nodes if isinstance(nodes, list) else []:
             seen.add_metric([str(row.get("node")), str(row.get("state"))], float(row.get("seenAgo", 0)))
         yield seen
+        links = GaugeMetricFamily("mcpl_router_cluster_link_holder", "1 for the node holding each server's link unexpired, as this node last saw it (links = \"balanced\").",
+                                  labels=["server", "node"])
+        rows = status.get("links")
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, dict) and float(row.get("expiresIn", 0)) > 0:
+                links.add_metric([str(row.get("server")), str(row.get("node"))], 1.0)
+        yield links
+        holdings = status.get("linkHoldings")
+        if isinstance(holdings, dict):
+            for key, name, text in (
+                ("linksTaken", "mcpl_router_cluster_links_taken", "Server links this node took (a lease per link)."),
+                ("linksLost", "mcpl_router_cluster_links_lost", "Server links whose lease this node lost (expired unrenewed or taken)."),
+                ("linksHandedOver", "mcpl_router_cluster_links_handed_over", "Server links this node released to another (placement, drain)."),
+            ):
+                counter = CounterMetricFamily(name, text, labels=["node"])
+                counter.add_metric([node], float(str(holdings.get(key, 0))))
+                yield counter
+            relayed = CounterMetricFamily("mcpl_router_cluster_relay_messages", "Messages this node's relay carried, by direction.", labels=["node", "direction"])
+            relays = CounterMetricFamily("mcpl_router_cluster_relays", "Relays this node served or refused.", labels=["node", "outcome"])
+            counts = holdings.get("relayCounts")
+            counts = counts if isinstance(counts, dict) else {}
+            for direction in ("fromServer", "toServer"):
+                relayed.add_metric([node, direction], float(counts.get(direction, 0)))
+            for outcome in ("served", "refused", "oversized"):
+                relays.add_metric([node, outcome], float(counts.get(outcome, 0)))
+            yield relayed
+            yield relays
         for key, name, text in (
             ("terms", "mcpl_router_cluster_terms", "Terms this node held the links (each began with a takeover of the lease)."),
             ("leasesLost", "mcpl_router_cluster_leases_lost", "Terms that ended because the lease was lost (expired unrenewed or taken)."),

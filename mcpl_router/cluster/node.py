@@ -104,6 +104,9 @@ class ClusterNode:
         password = read_password(config.journal)
         self._leases = NodeDatabase(config.journal.dsn, password, f"node {self.name} lease")
         self._info = NodeDatabase(config.journal.dsn, password, f"node {self.name} heartbeat")
+        #: What the lease a term runs under is, as sentences say it: with the links spread, their
+        #: own leases hold them, and this one is the router's (hosts, routing, the journal).
+        self.lease_what = "the links" if config.cluster.links == "router" else "the router's lease"
         #: ``cluster.links = "balanced"``: this node's share of the links and its relay.
         self.links: LinkHoldings | None = None
         self._link_databases: tuple[NodeDatabase, ...] = ()
@@ -311,7 +314,7 @@ class ClusterNode:
                     self._log.warning("cluster.lease.renew_failed", epoch=fence.term.epoch, error=f"{type(exc).__name__}: {exc}")
                     continue
                 if valid_until is None:
-                    fence.lost(f"node {self.name}'s lease on the links (epoch {fence.term.epoch}) expired or was taken by another node")
+                    fence.lost(f"node {self.name}'s lease on {self.lease_what} (epoch {fence.term.epoch}) expired or was taken by another node")
                     continue
                 fence.renewed(valid_until)
             await trio.sleep(min(0.1, every))
@@ -413,8 +416,8 @@ class ClusterNode:
             return Readiness((f"standby: {self.problem}",))
         holder = self._holder()
         if holder is None or float(str(holder.get("expiresIn", 0))) <= 0:
-            return Readiness((f"standby: node {self.name} does not hold the links, and no node holds them now",))
-        return Readiness((f"standby: node {holder.get('node')} holds the links (epoch {holder.get('epoch')})",))
+            return Readiness((f"standby: node {self.name} does not hold {self.lease_what}, and no node holds it now",))
+        return Readiness((f"standby: node {holder.get('node')} holds {self.lease_what} (epoch {holder.get('epoch')})",))
 
     def status_page(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, object]:
         daemon = self.daemon

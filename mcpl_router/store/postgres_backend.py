@@ -471,6 +471,16 @@ def _cluster_lines(conn: psycopg.Connection[tuple[object, ...]]) -> list[str]:
         lines.append(f"  cluster: node {node} {'holds' if live else 'held'} the links (epoch {epoch}{'' if live else ', expired'})")
         if live:
             holders.add(str(node))
+    if conn.execute("SELECT to_regclass('cluster_links')").fetchone() != (None,):
+        # links = "balanced": each server's link under a lease of its own.
+        links = conn.execute(
+            "SELECT server, node, epoch, expires_at > clock_timestamp() FROM cluster_links ORDER BY server"
+        ).fetchall()
+        if links:
+            lines.append("  links: " + ", ".join(
+                f"{server} on {node} (epoch {epoch})" if live else f"{server} free (last on {node}, epoch {epoch})"
+                for server, node, epoch, live in links
+            ))
     if nodes:
         lines.append("  nodes: " + ", ".join(_node_entry(str(node), str(state), float(str(ago)), holders) for node, state, ago in nodes))
     return lines

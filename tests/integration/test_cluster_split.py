@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
 from .conftest import FAST_RECONNECT
+from .test_cluster import health_page
 from .test_cluster_scenarios import (
     AGENTS,
     CHANNELS,
@@ -114,3 +116,12 @@ async def test_with_links_on_two_nodes_and_the_host_on_a_third_every_scenario_ro
             endpoints = {row["serverId"]: row.get("endpoint") for row in status["servers"]}
             assert all(endpoint and endpoint.endswith(f"via node {PINS[server]}") for server, endpoint in endpoints.items()), endpoints
             assert holders(status) == PINS
+            # What an operator reads: status (CLI) and /metrics say who holds which link.
+            shown = await trio.run_process([sys.executable, "-m", "mcpl_router", "status", "--socket", socket_of(short_tmp, "n3")],
+                                           capture_stdout=True)
+            lines = [line.split() for line in shown.stdout.decode().splitlines()]
+            assert {(row[1], row[4]) for row in lines if row[:1] == ["link"]} == {(server, node + ",") for server, node in PINS.items()}
+            assert any(line[:3] == ["cluster:", "node", "n3"] and "router's" in line for line in lines), shown.stdout
+            _, metrics = await health_page(short_tmp, "n1", "/metrics")
+            assert 'mcpl_router_cluster_link_holder{node="n1",server="a"} 1.0' in metrics
+            assert 'mcpl_router_cluster_links_taken_total{node="n1"}' in metrics

@@ -1,0 +1,89 @@
+"""Where links belong in a balanced cluster (mcpl_router/cluster/placement.py).
+
+The decision is pure; the leases make it safe (one taker per free link). These tests play
+rounds of every node deciding from the same view, a link going to the first node that asks,
+and check where it settles, from any starting holding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mcpl_router.cluster.placement import plan_links
+
+SERVERS = ("a", "b", "c", "d", "e")
+NODES = ("n1", "n2", "n3")
+
+
+def settle(
+    live: tuple[str, ...], pin: Mapping[str, str], held_by: dict[str, str], order: list[int], rounds: int = 8, draining: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """Rounds of every node planning from the view as it is, in ``order`` (who asks first)."""
+    held = dict(held_by)
+    for round_ in range(rounds):
+        turn = [live[(i + order[round_ % len(order)]) % len(live)] for i in range(len(live))]
+        for node in turn:
+            plan = plan_links(me=node, servers=SERVERS, pin=pin, live=[n for n in live if n not in draining],
+                              held_by=held, draining=node in draining)
+            for server in plan.release:
+                assert held.get(server) == node, "a node hands over only what it holds"
+                del held[server]
+            for server in plan.take:
+                held.setdefault(server, node)  # the lease: the first to ask gets it
+    return held
+
+
+placements = st.fixed_dictionaries({}, optional={server: st.sampled_from(NODES + ("gone",)) for server in SERVERS})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    live=st.lists(st.sampled_from(NODES), min_size=1, max_size=3, unique=True).map(tuple),
+    pin=st.fixed_dictionaries({}, optional={server: st.sampled_from(NODES) for server in SERVERS}),
+    held_by=placements,
+    order=st.lists(st.integers(0, 2), min_size=1, max_size=4),
+)
+def test_links_settle_on_their_pins_and_evenly_over_the_live_nodes(
+    live: tuple[str, ...], pin: dict[str, str], held_by: dict[str, str], order: list[int]
+) -> None:
+    # A holder that is not live holds a lease that runs out: the view shows the link free.
+    start = {server: node for server, node in held_by.items() if node in live}
+    held = settle(live, pin, start, order)
+    # Every link is held, and by a live node.
+    assert set(held) == set(SERVERS) and set(held.values()) <= set(live), held
+    # A link pinned to a live node is there.
+    for server, node in pin.items():
+        if node in live:
+            assert held[server] == node, (server, held)
+    # The rest are spread evenly: no node holds more than its share.
+    balanced = [server for server in SERVERS if pin.get(server) not in live]
+    counts = {node: sum(1 for server in balanced if held[server] == node) for node in live}
+    share = -(-len(balanced) // len(live))
+    assert max(counts.values()) <= share, counts
+    # And it stays put: another round moves nothing.
+    assert settle(live, pin, held, order, rounds=2) == held
+
+
+def test_a_draining_node_hands_over_everything_and_takes_nothing() -> None:
+    held = {"a": "n1", "b": "n1", "c": "n2"}
+    plan = plan_links(me="n1", servers=SERVERS, pin={"a": "n1"}, live=["n1", "n2"], held_by=held, draining=True)
+    assert plan.take == () and set(plan.release) == {"a", "b"}
+    settled = settle(("n1", "n2"), {"a": "n1"}, held, [0], draining=frozenset({"n1"}))
+    assert set(settled.values()) == {"n2"} and set(settled) == set(SERVERS)
+
+
+def test_a_pinned_node_that_comes_back_gets_its_link_back() -> None:
+    # n1 was gone: its pinned link went to n2. Live again, n2 hands it over and n1 takes it.
+    plan = plan_links(me="n2", servers=("a",), pin={"a": "n1"}, live=["n1", "n2"], held_by={"a": "n2"})
+    assert plan.release == {"a": "it is pinned to node n1, which is live"}
+    assert plan_links(me="n1", servers=("a",), pin={"a": "n1"}, live=["n1", "n2"], held_by={}).take == ("a",)
+    # While n1 is not live, n2 keeps it.
+    assert plan_links(me="n2", servers=("a",), pin={"a": "n1"}, live=["n2"], held_by={"a": "n2"}).release == {}
+
+
+def test_a_node_that_joins_is_handed_its_share() -> None:
+    plan = plan_links(me="n1", servers=("a", "b", "c", "d"), pin={}, live=["n1", "n2"], held_by=dict.fromkeys("abcd", "n1"))
+    assert plan.release.keys() == {"c", "d"} and "more than its share (2)" in plan.release["c"]

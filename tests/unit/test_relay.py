@@ -1,0 +1,189 @@
+"""A node's relay (mcpl_router/cluster/relay.py), over real loopback TCP.
+
+The server behind the relay is a trio memory stream pair (the relay opens it as it would a
+server's transport); the router's side is :func:`dial_relay`, as the router's links use it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from mcpl_router.cluster.relay import HeldLink, Relay, dial_relay
+from mcpl_router.config import RouterConfig, ServerConfig, parse_config
+from mcpl_router.jsonrpc.framing import NdjsonStream
+from mcpl_router.mcpl.transports import OpenTransport, TransportError
+from mcpl_router.store.leases import LeaseFence, LeaseTerm
+from mcpl_router.store.link_leases import LinkHolder
+
+
+def config(tmp_path: Path) -> RouterConfig:
+    return parse_config(
+        {
+            "mcplServers": {"s": {"url": "tcp://127.0.0.1:9"}, "t": {"url": "tcp://127.0.0.1:9"}},
+            "journal": {"backend": "postgres", "dsn": "host=127.0.0.1 dbname=x"},
+            "cluster": {"node": "n1", "links": "balanced"},
+        },
+        source="<test>", base_dir=tmp_path,
+    )
+
+
+class FramedEnd:
+    """One end of a message-framed connection (as a WebSocket's: a message may hold a newline)."""
+
+    line_oriented = False
+
+    def __init__(self, send: trio.MemorySendChannel[bytes], receive: trio.MemoryReceiveChannel[bytes]) -> None:
+        self._send, self._receive = send, receive
+
+    async def send_message(self, data: bytes) -> None:
+        await self._send.send(data)
+
+    async def send_messages(self, messages: list[bytes], *, progress: object = None) -> None:
+        for message in messages:
+            await self._send.send(message)
+
+    async def receive_message(self) -> bytes:
+        return await self._receive.receive()
+
+    async def aclose(self) -> None:
+        await self._send.aclose()
+        await self._receive.aclose()
+
+
+class Servers:
+    """What the relay opens: a framed pair per connection, the far end kept for the test."""
+
+    def __init__(self) -> None:
+        self.far_ends: list[FramedEnd] = []
+
+    async def open(self, server: ServerConfig, nursery: trio.Nursery) -> OpenTransport:
+        to_far, from_near = trio.open_memory_channel[bytes](16)
+        to_near, from_far = trio.open_memory_channel[bytes](16)
+        self.far_ends.append(FramedEnd(to_near, from_near))
+        return OpenTransport(stream=FramedEnd(to_far, from_far), description=f"memory:{server.id}")
+
+
+def held(epoch: int = 4, valid_for: float = 60.0) -> HeldLink:
+    term = LeaseTerm("link", "n1", epoch, time.time(), server="s")
+    return HeldLink(LeaseFence(term, time.monotonic() + valid_for))
+
+
+async def start(tmp_path: Path, nursery: trio.Nursery, holding: dict[str, HeldLink], router: tuple[str, int] = ("n3", 7)) -> tuple[Relay, Servers, str]:
+    servers = Servers()
+
+    async def router_holds(node: str, epoch: int) -> bool:
+        return (node, epoch) == router
+
+    relay = Relay("n1", config(tmp_path), holding, router_holds, open_transport_fn=servers.open)
+    address = await nursery.start(relay.serve)
+    return relay, servers, address
+
+
+def holder(address: str, server: str = "s") -> LinkHolder:
+    return LinkHolder(server, "n1", 4, address)
+
+
+async def test_messages_go_both_ways_unchanged_and_a_newline_inside_one_stays_whitespace(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        holding = {"s": held()}
+        relay, servers, address = await start(tmp_path, nursery, holding)
+        transport = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        assert transport.description == "memory:s via node n1" and transport.stream.line_oriented is False
+        [server] = servers.far_ends
+        await transport.stream.send_message(b'{"jsonrpc":"2.0","id":1,"method":"initialize"}')
+        assert await server.receive_message() == b'{"jsonrpc":"2.0","id":1,"method":"initialize"}'
+        await server.send_message(b'{"jsonrpc":"2.0",\n"id":1,"result":{}}')
+        assert await transport.stream.receive_message() == b'{"jsonrpc":"2.0", "id":1,"result":{}}'
+        assert holding["s"].router == ("n3", 7) and relay.counts.served == 1
+        await transport.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(2):  # the router gone: the server's connection closes too
+            with pytest.raises((trio.EndOfChannel, trio.ClosedResourceError)):
+                await server.receive_message()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("server", "router_epoch", "refused"),
+    [
+        ("t", 7, "node n1 does not hold server t's link"),
+        ("s", 6, "node n3 does not hold the router's lease with epoch 6"),
+        ("nope", 7, "server nope is not in node n1's config"),
+    ],
+)
+async def test_a_relay_is_refused_with_the_reason_when_this_node_may_not_serve_it(
+    tmp_path: Path, server: str, router_epoch: int, refused: str
+) -> None:
+    async with trio.open_nursery() as nursery:
+        relay, servers, address = await start(tmp_path, nursery, {"s": held()})
+        wanted = config(tmp_path).servers.get(server) or ServerConfig(id=server, transport="tcp", host="127.0.0.1", port=9)
+        with pytest.raises(TransportError, match=refused):
+            await dial_relay(holder(address, server), wanted, router="n3", router_epoch=router_epoch)
+        assert relay.counts.refused == 1 and not servers.far_ends
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_relay_whose_link_lease_ran_out_writes_nothing_more_to_the_server(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        link = held()
+        relay, servers, address = await start(tmp_path, nursery, {"s": link})
+        transport = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        [server] = servers.far_ends
+        link.fence.lost("node n1's lease on server s's link (epoch 4) ran out unrenewed")
+        await transport.stream.send_message(b'{"jsonrpc":"2.0","method":"late"}')
+        with trio.fail_after(2):  # the relay ends: the router's stream and the server's close
+            with pytest.raises(trio.EndOfChannel):
+                await transport.stream.receive_message()
+            with pytest.raises((trio.EndOfChannel, trio.ClosedResourceError)):
+                await server.receive_message()  # and "late" never reached it
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_newer_router_replaces_the_relay_and_an_older_one_is_refused(tmp_path: Path) -> None:
+    router = ["n3", 7]
+
+    async with trio.open_nursery() as nursery:
+        servers = Servers()
+
+        async def router_holds(node: str, epoch: int) -> bool:
+            return [node, epoch] == router
+
+        holding = {"s": held()}
+        relay = Relay("n1", config(tmp_path), holding, router_holds, open_transport_fn=servers.open)
+        address = await nursery.start(relay.serve)
+        first = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        router[:] = ["n2", 8]  # n3 paused past its lease; n2 took the router's
+        second = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n2", router_epoch=8)
+        with trio.fail_after(2):
+            with pytest.raises(trio.EndOfChannel):
+                await first.stream.receive_message()
+            with pytest.raises((trio.EndOfChannel, trio.ClosedResourceError)):
+                await servers.far_ends[0].receive_message()
+        assert holding["s"].router == ("n2", 8)
+        # The view shows the router's lease at epoch 9 now: the epoch-8 relay ends too.
+        relay.router_seen(9, True)
+        with trio.fail_after(2), pytest.raises(trio.EndOfChannel):
+            await second.stream.receive_message()
+        await first.aclose()
+        await second.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_what_is_not_a_hello_is_answered_and_counted(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        relay, servers, address = await start(tmp_path, nursery, {"s": held()})
+        host, _, port = address.rpartition(":")
+        socket = await trio.open_tcp_stream(host, int(port))
+        stream = NdjsonStream(socket, socket, skip_log_lines=False)
+        await stream.send_message(b"GET / HTTP/1.1")
+        answer = await stream.receive_message()
+        assert b'"ok": false' in answer and b"not a relay hello" in answer
+        assert relay.counts.refused == 1 and not servers.far_ends
+        await socket.aclose()
+        nursery.cancel_scope.cancel()
