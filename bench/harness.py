@@ -89,9 +89,9 @@ async def fixtures_running(workdir: Path, count: int, *, channels: Sequence[str]
 
 
 @asynccontextmanager
-async def process(argv: list[str], log: Path) -> AsyncIterator[trio.Process]:
+async def process(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> AsyncIterator[trio.Process]:
     with log.open("ab") as sink:
-        proc = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink, cwd=ROOT)
+        proc = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink, cwd=ROOT, env=env)
     try:
         yield proc
     finally:

@@ -87,6 +87,13 @@ class LinkHoldings:
         self._nudge.set()
         await self._hand_over_all(f"node {self.node} is draining")
 
+    def reconfigure(self, config: RouterConfig) -> None:
+        """A reload: the servers placed and relayed are the file's now (the cluster section
+        is unchanged: the node checked)."""
+        self.config = config
+        self.relay.config = config
+        self._nudge.set()
+
     async def _placements(self) -> None:
         poll = min(1.0, self.ttl * POLL_SHARE)
         said: str | None = None
@@ -104,6 +111,8 @@ class LinkHoldings:
                                   live=live, held_by=held_by, draining=self.draining)
                 for server, why in plan.release.items():
                     await self._hand_over(server, why)
+                for server in [server for server in self.held if server not in self.config.servers]:
+                    await self._hand_over(server, "it is no longer in the config")
                 for server in plan.take:
                     await self._take(server)
             with trio.move_on_after(poll):

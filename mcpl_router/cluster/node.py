@@ -27,6 +27,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Final, TypeVar
 
+import attrs
 import structlog
 import trio
 
@@ -128,12 +129,30 @@ class ClusterNode:
             self.daemon.request_shutdown(reason)
 
     def request_reload(self) -> None:
+        if self.links is not None:
+            self._reload_links()
         if self.daemon is not None:
             self.daemon.request_reload()
         else:
             # No term to apply it to: the next term starts from the file as it is then.
             self._reload_pending = True
             self._log.info("cluster.reload.deferred", reason="standby: the config file is read again when this node takes the links")
+
+    def _reload_links(self) -> None:
+        """The servers whose links this node may hold and relay, from the file as it is now:
+        a server added is placed, one removed is handed over (every node is reloaded, as the
+        file is the same everywhere)."""
+        assert self.links is not None
+        try:
+            fresh = load_config(self.config.source)
+        except ConfigError as exc:
+            self._log.error("config.reload.refused", errors=str(exc).splitlines(), hint="the links stay placed by the config read before")
+            return
+        # The pins may change on a reload; the rest of [cluster] and the journal need a restart.
+        if (_without_pins(fresh), fresh.journal) != (_without_pins(self.config), self.config.journal):
+            self._log.warning("cluster.reload.restart_needed", sections=["cluster", "journal"])
+            return
+        self.links.reconfigure(fresh)
 
     async def run(self, *, task_status: trio.TaskStatus[ClusterNode] = trio.TASK_STATUS_IGNORED) -> None:
         # Every line of this node's tasks (and its daemons') says which node wrote it.
@@ -282,7 +301,7 @@ class ClusterNode:
             except ConfigError as exc:
                 self._log.error("config.reload.refused", errors=str(exc).splitlines(), hint="this term runs the config read at start")
             else:
-                if (fresh.cluster, fresh.journal, fresh.health) != (config.cluster, config.journal, config.health):
+                if (_without_pins(fresh), fresh.journal, fresh.health) != (_without_pins(config), config.journal, config.health):
                     self._log.warning("cluster.reload.restart_needed", sections=["cluster", "journal", "health"])
                 else:
                     self.config = config = fresh
@@ -425,6 +444,10 @@ class ClusterNode:
             return daemon.status(channels_page=channels_page, channels_filter=channels_filter)
         readiness = self.readiness()
         return {"version": __version__, "ready": readiness.ready, "problems": list(readiness.problems), "cluster": self.status()}
+
+
+def _without_pins(config: RouterConfig) -> object:
+    return None if config.cluster is None else attrs.evolve(config.cluster, pin={})
 
 
 def _try_acquire(db: Connection, *, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:

@@ -49,6 +49,8 @@ RELAY_VERSION: Final = 1
 #: server's connection: a WebSocket dial may take its own 10 s).
 HELLO_TIMEOUT: Final = 5.0
 ANSWER_TIMEOUT: Final = 15.0
+#: At most this many messages already read go out in one write.
+BATCH_MESSAGES: Final = 256
 
 
 class _Hello(msgspec.Struct, frozen=True):
@@ -211,27 +213,37 @@ class Relay:
                 nursery.cancel_scope.cancel()
 
     async def _pump(self, source: MessageStream, sink: MessageStream, direction: str, both: trio.CancelScope) -> None:
-        """Carry messages one way until either end closes; then both ways end."""
+        """Carry messages one way until either end closes; then both ways end. What arrived in
+        one read goes out in one write (a flood costs a write a burst, not one a message)."""
+        buffered = getattr(source, "message_buffered", None)
         try:
             while True:
+                batch: list[bytes] = []
                 try:
-                    message = await source.receive_message()
+                    batch.append(_one_line(await source.receive_message()))
+                    while buffered is not None and len(batch) < BATCH_MESSAGES and buffered():
+                        batch.append(_one_line(await source.receive_message()))
                 except OversizedMessage as exc:
                     # Discarded as a direct link discards it; counted and said here, where it was seen.
                     self.counts.oversized += 1
                     self._log.warning("cluster.relay.oversized", direction=direction, error=str(exc))
+                if not batch:
                     continue
-                # A raw newline in a JSON text is whitespace (strings escape theirs): a server's
-                # pretty-printed WebSocket message stays one line here, meaning the same.
-                await sink.send_message(message.replace(b"\n", b" ") if b"\n" in message else message)
+                await sink.send_messages(batch)
                 if direction == "fromServer":
-                    self.counts.fromServer += 1
+                    self.counts.fromServer += len(batch)
                 else:
-                    self.counts.toServer += 1
+                    self.counts.toServer += len(batch)
         except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._log.info("cluster.relay.closed", direction=direction, reason=str(exc) or type(exc).__name__)
         finally:
             both.cancel()
+
+
+def _one_line(message: bytes) -> bytes:
+    """A raw newline in a JSON text is whitespace (strings escape theirs): a server's
+    pretty-printed WebSocket message stays one line here, meaning the same."""
+    return message.replace(b"\n", b" ") if b"\n" in message else message
 
 
 async def _answer(stream: NdjsonStream, answer: dict[str, object]) -> None:

@@ -115,6 +115,11 @@ class NdjsonStream:
                 if progress is not None:
                     progress()
 
+    def message_buffered(self) -> bool:
+        """True when a whole line is already here: :meth:`receive_message` returns it (or
+        raises for it) without waiting for the peer. A relay batches what came in one read."""
+        return not self._discarding and b"\n" in self._buffer
+
     async def receive_message(self) -> bytes:
         while True:
             newline = self._buffer.find(b"\n")

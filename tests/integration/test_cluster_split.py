@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -125,3 +126,40 @@ async def test_with_links_on_two_nodes_and_the_host_on_a_third_every_scenario_ro
             _, metrics = await health_page(short_tmp, "n1", "/metrics")
             assert 'mcpl_router_cluster_link_holder{node="n1",server="a"} 1.0' in metrics
             assert 'mcpl_router_cluster_links_taken_total{node="n1"}' in metrics
+
+
+async def test_a_server_added_by_a_reload_is_placed_and_one_removed_is_handed_over(
+    short_tmp: Path, postgres_server: postgres.Server
+) -> None:
+    dsn = postgres.fresh_database(postgres_server, "cluster_split_reload")
+    with trio.fail_after(120):
+        async with split_cluster(short_tmp, dsn) as nodes:
+            extra = await nodes.stack.enter_async_context(
+                FixtureProcess.start(transport="tcp", channels=["extra"], control_dir=short_tmp, server_name="d")
+            )
+            config = json.loads(nodes.config.read_text())
+            config["mcplServers"]["d"] = {"url": extra.listen_url, "reconnect": FAST_RECONNECT}
+            del config["mcplServers"]["c"]
+            del config["cluster"]["pin"]["c"]
+            nodes.config.write_text(json.dumps(config))
+            for node in nodes.nodes.values():
+                assert node.process is not None
+                node.process.send_signal(signal.SIGHUP)
+
+            async def replaced() -> bool:
+                status = await raw_status(socket_of(short_tmp, "n3"))
+                ready = {row["serverId"] for row in status["servers"] if row["state"] == "ready"}
+                return "d" in holders(status) and "c" not in holders(status) and ready == {"a", "b", "d"}
+
+            try:
+                await wait_until(replaced, timeout=30, interval=0.2)
+            except trio.TooSlowError:
+                status = await raw_status(socket_of(short_tmp, "n3"))
+                rows = [(row["serverId"], row["state"], row.get("lastError")) for row in status["servers"]]
+                raise AssertionError(f"not replaced: links {status['cluster']['links']}, servers {rows}") from None
+            # d, unpinned, is balanced: whichever live node asked first holds it, and the router
+            # reaches it through that node.
+            status = await raw_status(socket_of(short_tmp, "n3"))
+            [endpoint] = [row["endpoint"] for row in status["servers"] if row["serverId"] == "d"]
+            assert endpoint.endswith(f"via node {holders(status)['d']}"), endpoint
+            assert '"cluster.link.handed_over"' in nodes.log("n2") and "no longer in the config" in nodes.log("n2")
