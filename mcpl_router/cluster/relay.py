@@ -32,6 +32,7 @@ import attrs
 import msgspec
 import structlog
 import trio
+import trio_websocket
 
 from mcpl_router.config import RouterConfig, ServerConfig
 from mcpl_router.config.addresses import host_port
@@ -134,33 +135,42 @@ class Relay:
         # One stream for the hello and the messages after it (nothing of theirs is lost in between).
         stream = NdjsonStream(socket, socket, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, skip_log_lines=False)
         try:
-            hello = await self._read_hello(stream)
-            if hello is None:
-                return
-            held = self._held.get(hello.server)
-            refusal = self._refusal(hello, held)
-            if refusal is None and not await self._router_holds(hello.router, hello.routerEpoch):
-                refusal = f"node {hello.router} does not hold the router's lease with epoch {hello.routerEpoch}"
-            if refusal is not None or held is None:
-                self.counts.refused += 1
-                self._log.warning("cluster.relay.refused", server=hello.server, router=hello.router, reason=refusal)
-                await _answer(stream, {"ok": False, "error": refusal})
-                return
-            held.end_relay()  # one connection to the server at a time: the newer router's
-            with trio.CancelScope() as scope:
-                held.relay_scope, held.router = scope, (hello.router, hello.routerEpoch)
-                held.relays += 1
-                try:
-                    with structlog.contextvars.bound_contextvars(server=hello.server, router=hello.router):
-                        await self._relay(stream, hello, held)
-                finally:
-                    if held.relay_scope is scope:  # not replaced by a newer router's relay
-                        held.relay_scope = held.router = None
-            if scope.cancelled_caught:
-                self._log.info("cluster.relay.ended", server=hello.server, reason="ended by this node (lease, router or drain)")
+            await self._serve_hello(stream)
+        except Exception as exc:
+            # A fault serving one relay (the database unreachable at the hello, a server's
+            # transport failing in a way of its own) ends that relay, never the listener.
+            self._log.exception("cluster.relay.failed", error=f"{type(exc).__name__}: {exc}")
+            with trio.move_on_after(1):
+                await _answer(stream, {"ok": False, "error": f"node {self.node}'s relay failed: {type(exc).__name__}: {exc}"})
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await socket.aclose()
+
+    async def _serve_hello(self, stream: NdjsonStream) -> None:
+        hello = await self._read_hello(stream)
+        if hello is None:
+            return
+        held = self._held.get(hello.server)
+        refusal = self._refusal(hello, held)
+        if refusal is None and not await self._router_holds(hello.router, hello.routerEpoch):
+            refusal = f"node {hello.router} does not hold the router's lease with epoch {hello.routerEpoch}"
+        if refusal is not None or held is None:
+            self.counts.refused += 1
+            self._log.warning("cluster.relay.refused", server=hello.server, router=hello.router, reason=refusal)
+            await _answer(stream, {"ok": False, "error": refusal})
+            return
+        held.end_relay()  # one connection to the server at a time: the newer router's
+        with trio.CancelScope() as scope:
+            held.relay_scope, held.router = scope, (hello.router, hello.routerEpoch)
+            held.relays += 1
+            try:
+                with structlog.contextvars.bound_contextvars(server=hello.server, router=hello.router):
+                    await self._relay(stream, hello, held)
+            finally:
+                if held.relay_scope is scope:  # not replaced by a newer router's relay
+                    held.relay_scope = held.router = None
+        if scope.cancelled_caught:
+            self._log.info("cluster.relay.ended", server=hello.server, reason="ended by this node (lease, router or drain)")
 
     async def _read_hello(self, stream: NdjsonStream) -> _Hello | None:
         try:
@@ -194,9 +204,11 @@ class Relay:
         async with trio.open_nursery() as nursery:
             try:
                 transport = await self._open_transport(server_config, nursery)
-            except TransportError as exc:
-                self._log.warning("cluster.relay.server_unreachable", error=str(exc))
-                await _answer(router, {"ok": False, "error": str(exc)})
+            except (TransportError, OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as exc:
+                # What a direct link would see and retry: said to the router, which retries.
+                error = str(exc) if isinstance(exc, TransportError) else f"{type(exc).__name__}: {exc}"
+                self._log.warning("cluster.relay.server_unreachable", error=error)
+                await _answer(router, {"ok": False, "error": error})
                 nursery.cancel_scope.cancel()
                 return
             try:

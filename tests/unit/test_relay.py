@@ -187,3 +187,24 @@ async def test_what_is_not_a_hello_is_answered_and_counted(tmp_path: Path) -> No
         assert relay.counts.refused == 1 and not servers.far_ends
         await socket.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_fault_serving_one_relay_is_answered_and_the_relay_serves_the_next(tmp_path: Path) -> None:
+    calls = []
+
+    async def router_holds(node: str, epoch: int) -> bool:
+        calls.append(epoch)
+        if len(calls) == 1:
+            raise OSError("the journal's database can't be reached")
+        return True
+
+    async with trio.open_nursery() as nursery:
+        servers = Servers()
+        relay = Relay("n1", config(tmp_path), {"s": held()}, router_holds, open_transport_fn=servers.open)
+        address = await nursery.start(relay.serve)
+        with pytest.raises(TransportError, match="node n1's relay failed: OSError: the journal's database can't be reached"):
+            await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        transport = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        assert len(servers.far_ends) == 1
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
