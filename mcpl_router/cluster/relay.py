@@ -25,6 +25,7 @@ server replaces the relay under way: one connection to the server at a time.
 from __future__ import annotations
 
 import json
+from socket import gethostname
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
@@ -46,6 +47,7 @@ from mcpl_router.store.link_leases import LinkHolder
 __all__ = ["HeldLink", "Relay", "dial_relay"]
 
 RELAY_VERSION: Final = 1
+_WILDCARDS: Final = ("0.0.0.0", "::", "")
 #: How long either side waits for the other's hello or its answer (the answer waits for the
 #: server's connection: a WebSocket dial may take its own 10 s).
 HELLO_TIMEOUT: Final = 5.0
@@ -112,7 +114,10 @@ class Relay:
         assert cluster is not None
         listeners = await trio.open_tcp_listeners(cluster.relay_port, host=cluster.relay_bind)
         port = listeners[0].socket.getsockname()[1]
-        self.address = host_port(cluster.relay_bind, port)
+        advertised = cluster.relay_advertise or cluster.relay_bind
+        if advertised in _WILDCARDS:
+            advertised = gethostname()  # a wildcard is no address to dial
+        self.address = host_port(advertised, port)
         self._log.info("cluster.relay.listening", address=self.address)
         task_status.started(self.address)
         await trio.serve_listeners(self._serve_one, listeners)

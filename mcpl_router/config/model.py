@@ -114,7 +114,7 @@ JOURNAL_KEYS: Final = ("backend", "path", "retention", "dsn", "passwordFile")
 JOURNAL_BACKENDS: Final = ("sqlite", "postgres")
 LOGGING_KEYS: Final = ("level", "format")
 HEALTH_KEYS: Final = ("enabled", "bind", "port", "statusPreview", "decisions")
-CLUSTER_KEYS: Final = ("node", "leaseTtl", "links", "pin", "relayBind", "relayPort")
+CLUSTER_KEYS: Final = ("node", "leaseTtl", "links", "pin", "relayBind", "relayPort", "relayAdvertise")
 AGENT_KEYS: Final = (
     "proseRouting",
     "allowedTools",
@@ -521,6 +521,9 @@ class ClusterConfig:
     #: address is published in the node's row, so the same file serves every node).
     relay_bind: str = "127.0.0.1"
     relay_port: int = 0
+    #: The host the router dials this node's relay at; None: ``relay_bind``, or this machine's
+    #: name when that is a wildcard (``0.0.0.0``, ``::``).
+    relay_advertise: str | None = None
 
     @property
     def described_links(self) -> str:

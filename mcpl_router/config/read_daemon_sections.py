@@ -220,4 +220,6 @@ def parse_cluster(section: Section, journal: JournalConfig, server_ids: Sequence
                       'Set links = "balanced", or remove pin (with links = "router" the router holds every link).')
     relay_bind = section.string("relayBind", "127.0.0.1") or "127.0.0.1"
     relay_port = section.integer("relayPort", 0, at_least=0, at_most=65535)
-    return ClusterConfig(node=node, lease_ttl=lease_ttl, links=links, pin=pin, relay_bind=relay_bind, relay_port=relay_port)
+    relay_advertise = section.string("relayAdvertise")
+    return ClusterConfig(node=node, lease_ttl=lease_ttl, links=links, pin=pin, relay_bind=relay_bind, relay_port=relay_port,
+                         relay_advertise=relay_advertise)

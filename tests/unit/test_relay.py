@@ -208,3 +208,19 @@ async def test_a_fault_serving_one_relay_is_answered_and_the_relay_serves_the_ne
         assert len(servers.far_ends) == 1
         await transport.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_the_relay_publishes_an_address_to_dial_never_a_wildcard(tmp_path: Path) -> None:
+    import attrs
+
+    base = config(tmp_path)
+    assert base.cluster is not None
+    for cluster, host in ((attrs.evolve(base.cluster, relay_bind="0.0.0.0"), None),
+                          (attrs.evolve(base.cluster, relay_bind="0.0.0.0", relay_advertise="10.1.2.3"), "10.1.2.3")):
+        async with trio.open_nursery() as nursery:
+            relay = Relay("n1", attrs.evolve(base, cluster=cluster), {}, lambda node, epoch: trio.sleep(0))  # type: ignore[arg-type,return-value]
+            address = await nursery.start(relay.serve)
+            assert not address.startswith("0.0.0.0")
+            if host is not None:
+                assert address.startswith(f"{host}:")
+            nursery.cancel_scope.cancel()
