@@ -177,7 +177,10 @@ class ClusterNode:
                     await self._serve_terms()
                     if self.links is not None:
                         # After the router's drain (if this node was the router): its turns
-                        # ended over these links. Each is handed over now, not left to expire.
+                        # ended over these links. Said first, so no node counts this one live
+                        # (a pinned link is taken at once); then each is handed over now.
+                        self.state = "draining"
+                        await self._beat()
                         await self.links.drain()
                 nursery.cancel_scope.cancel()  # the health listener and the heartbeats
         finally:
