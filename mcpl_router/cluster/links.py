@@ -30,8 +30,8 @@ from mcpl_router.cluster.relay import HeldLink, Relay, dial_relay
 from mcpl_router.config import RouterConfig, ServerConfig
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.transports import OpenTransport, TransportError
-from mcpl_router.store.leases import LeaseFence, LeaseTerm
-from mcpl_router.store.link_leases import acquire_link, link_holder, links_view, release_link, renew_link, router_holds
+from mcpl_router.store.leases import LeaseFence, LeaseTerm, release, renew
+from mcpl_router.store.link_leases import acquire_link, link_holder, links_view, router_holds
 
 if TYPE_CHECKING:
     from mcpl_router.store.backend import Connection
@@ -139,7 +139,7 @@ class LinkHoldings:
         held.end_relay()
         self.counts["linksHandedOver"] += 1
         try:
-            released = await self._leases.run(partial(release_link, term=held.fence.term))
+            released = await self._leases.run(partial(release, term=held.fence.term))
         except Exception as exc:
             self._log.warning("cluster.link.release_failed", server=server, error=f"{type(exc).__name__}: {exc}",
                               effect=f"another node takes it when its lease runs out ({self.ttl:g}s)")
@@ -162,7 +162,7 @@ class LinkHoldings:
                 next_renewal = trio.current_time() + every
                 for server, held in list(self.held.items()):
                     try:
-                        valid_until = await self._leases.run(partial(renew_link, term=held.fence.term, ttl=self.ttl))
+                        valid_until = await self._leases.run(partial(renew, term=held.fence.term, ttl=self.ttl))
                     except Exception as exc:
                         self._log.warning("cluster.link.renew_failed", server=server, error=f"{type(exc).__name__}: {exc}")
                         continue

@@ -177,24 +177,36 @@ def ensure_cluster_tables(db: Connection) -> None:
         raise
 
 
-def acquire(db: Connection, scope: str, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:
-    """Take ``scope`` for ``node`` if no one holds it unexpired; (the term or None, the local
-    deadline it is good until). Not even its own unexpired lease is taken again: a node
-    restarted at once waits it out, and two processes given one node name by mistake can't
-    take it from each other in turn."""
+#: Where a lease's row is: the router's lease by its scope in ``cluster_leases``, a server's
+#: link by the server's id in ``cluster_links`` (store/link_leases.py). Fixed identifiers only.
+_ROWS: Final = {None: ("cluster_leases", "scope"), "link": ("cluster_links", "server")}
+
+
+def _row_of(scope: str, server: str | None) -> tuple[str, str, str]:
+    """(table, key column, key) of a lease."""
+    table, column = _ROWS[None if server is None else "link"]
+    return table, column, scope if server is None else server
+
+
+def acquire(db: Connection, scope: str, node: str, ttl: float, *, server: str | None = None) -> tuple[LeaseTerm | None, float]:
+    """Take ``scope`` (or ``server``'s link) for ``node`` if no one holds it unexpired; (the
+    term or None, the local deadline it is good until). Not even its own unexpired lease is
+    taken again: a node restarted at once waits it out, and two processes given one node name
+    by mistake can't take it from each other in turn."""
+    table, column, key = _row_of(scope, server)
     started = time.monotonic()
     row = db.execute(
-        "INSERT INTO cluster_leases AS l (scope, node, epoch, acquired_at, expires_at)"
+        f"INSERT INTO {table} AS l ({column}, node, epoch, acquired_at, expires_at)"
         " VALUES (?, ?, 1, clock_timestamp(), clock_timestamp() + make_interval(secs => ?))"
-        " ON CONFLICT (scope) DO UPDATE SET node = excluded.node, epoch = l.epoch + 1,"
+        f" ON CONFLICT ({column}) DO UPDATE SET node = excluded.node, epoch = l.epoch + 1,"
         " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at"
         " WHERE l.expires_at < clock_timestamp()"
         " RETURNING epoch, extract(epoch FROM acquired_at)",
-        (scope, node, ttl),
+        (key, node, ttl),
     ).fetchone()
     if row is None:
         return None, started
-    return LeaseTerm(scope, node, int(row[0]), float(row[1])), started + ttl * (1 - MARGIN)
+    return LeaseTerm(scope, node, int(row[0]), float(row[1]), server=server), started + ttl * (1 - MARGIN)
 
 
 #: A holder's writer connection is ended by the server when it sits this long inside a
@@ -215,24 +227,28 @@ MARGIN: Final = 0.2
 def renew(db: Connection, term: LeaseTerm, ttl: float) -> float | None:
     """Extend ``term`` by ``ttl`` from now; the new local deadline, or None when the lease is
     no longer this term's (expired or taken)."""
+    table, column, key = _row_of(term.scope, term.server)
     started = time.monotonic()
     row = db.execute(
-        "UPDATE cluster_leases SET expires_at = clock_timestamp() + make_interval(secs => ?)"
-        " WHERE scope = ? AND node = ? AND epoch = ? AND expires_at > clock_timestamp() RETURNING 1",
-        (ttl, term.scope, term.node, term.epoch),
+        f"UPDATE {table} SET expires_at = clock_timestamp() + make_interval(secs => ?)"
+        f" WHERE {column} = ? AND node = ? AND epoch = ? AND expires_at > clock_timestamp() RETURNING 1",
+        (ttl, key, term.node, term.epoch),
     ).fetchone()
     return None if row is None else started + ttl * (1 - MARGIN)
 
 
 def release(db: Connection, term: LeaseTerm) -> bool:
-    """Give ``term`` up now (a drain, after the journal's last commit): expired at once and
-    announced, so a standby takes it without waiting out the lease. False if it was not ours."""
+    """Give ``term`` up now (a drain, after the journal's last commit; a link handed over):
+    expired at once, and the router's announced, so a standby takes it without waiting out the
+    lease. False if it was not ours."""
+    table, column, key = _row_of(term.scope, term.server)
     row = db.execute(
-        "UPDATE cluster_leases SET expires_at = clock_timestamp() - interval '1 millisecond'"
-        " WHERE scope = ? AND node = ? AND epoch = ? RETURNING 1",
-        (term.scope, term.node, term.epoch),
+        f"UPDATE {table} SET expires_at = clock_timestamp() - interval '1 millisecond'"
+        f" WHERE {column} = ? AND node = ? AND epoch = ? RETURNING 1",
+        (key, term.node, term.epoch),
     ).fetchone()
-    db.execute(f"NOTIFY {RELEASED_CHANNEL}")
+    if term.server is None:
+        db.execute(f"NOTIFY {RELEASED_CHANNEL}")
     return row is not None
 
 

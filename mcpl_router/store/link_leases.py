@@ -13,17 +13,16 @@ Every function here is synchronous and runs in a worker thread on a connection o
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from mcpl_router.store.leases import LINKS, MARGIN, LeaseTerm
+from mcpl_router.store.leases import LINKS, LeaseTerm, acquire
 
 if TYPE_CHECKING:
     from mcpl_router.store.backend import Connection
 
-__all__ = ["LINK", "LinkHolder", "acquire_link", "link_holder", "links_view", "release_link", "renew_link", "router_holds"]
+__all__ = ["LINK", "LinkHolder", "acquire_link", "link_holder", "links_view", "router_holds"]
 
 #: A link lease's scope, as :class:`LeaseTerm` and the logs say it.
 LINK: Final = "link"
@@ -40,44 +39,9 @@ class LinkHolder:
 
 
 def acquire_link(db: Connection, server: str, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:
-    """Take ``server``'s link for ``node`` if no one holds it unexpired; (the term or None, the
-    local deadline it is good until), as :func:`~mcpl_router.store.leases.acquire`."""
-    started = time.monotonic()
-    row = db.execute(
-        "INSERT INTO cluster_links AS l (server, node, epoch, acquired_at, expires_at)"
-        " VALUES (?, ?, 1, clock_timestamp(), clock_timestamp() + make_interval(secs => ?))"
-        " ON CONFLICT (server) DO UPDATE SET node = excluded.node, epoch = l.epoch + 1,"
-        " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at"
-        " WHERE l.expires_at < clock_timestamp()"
-        " RETURNING epoch, extract(epoch FROM acquired_at)",
-        (server, node, ttl),
-    ).fetchone()
-    if row is None:
-        return None, started
-    return LeaseTerm(LINK, node, int(row[0]), float(row[1]), server=server), started + ttl * (1 - MARGIN)
-
-
-def renew_link(db: Connection, term: LeaseTerm, ttl: float) -> float | None:
-    """Extend ``term`` by ``ttl`` from now; the new local deadline, or None when the link is no
-    longer this term's (expired, or taken by another node)."""
-    started = time.monotonic()
-    row = db.execute(
-        "UPDATE cluster_links SET expires_at = clock_timestamp() + make_interval(secs => ?)"
-        " WHERE server = ? AND node = ? AND epoch = ? AND expires_at > clock_timestamp() RETURNING 1",
-        (ttl, term.server, term.node, term.epoch),
-    ).fetchone()
-    return None if row is None else started + ttl * (1 - MARGIN)
-
-
-def release_link(db: Connection, term: LeaseTerm) -> bool:
-    """Give ``term`` up now (a drain, or a hand-over to the node it belongs on): another node
-    takes it at its next poll. False if it was not this term's any more."""
-    row = db.execute(
-        "UPDATE cluster_links SET expires_at = clock_timestamp() - interval '1 millisecond'"
-        " WHERE server = ? AND node = ? AND epoch = ? RETURNING 1",
-        (term.server, term.node, term.epoch),
-    ).fetchone()
-    return row is not None
+    """Take ``server``'s link for ``node`` if no one holds it unexpired (as the router's lease
+    is taken: :func:`~mcpl_router.store.leases.acquire`)."""
+    return acquire(db, LINK, node, ttl, server=server)
 
 
 def link_holder(db: Connection, server: str) -> LinkHolder | None:

@@ -238,3 +238,28 @@ def test_two_processes_given_one_node_name_are_told_apart(db: PgConnection) -> N
     assert heartbeat(db, "a", "standby", {"pid": 3, "hostname": "h"}, within=5) is None
     db.execute("UPDATE cluster_nodes SET seen_at = clock_timestamp() - interval '10 seconds' WHERE node = 'a'")
     assert heartbeat(db, "a", "standby", {"pid": 4, "hostname": "h"}, within=5) is None
+
+
+def test_each_servers_link_has_a_lease_of_its_own_apart_from_the_routers(db: PgConnection) -> None:
+    from mcpl_router.store.link_leases import acquire_link, link_holder, links_view, router_holds
+
+    router, _ = acquire(db, LINKS, "r", 5)
+    a, _ = acquire_link(db, "a", "n1", 0.5)
+    b, _ = acquire_link(db, "b", "n2", 5)
+    assert a is not None and b is not None and (a.server, a.epoch, b.server, b.epoch) == ("a", 1, "b", 1)
+    assert a.what == "server a's link" and router is not None and router.what == "the links"
+    assert acquire_link(db, "a", "n2", 5)[0] is None  # held: no one else takes it
+    heartbeat(db, "n1", "standby", {"relay": "127.0.0.1:7001"})
+    assert link_holder(db, "a") == link_holder(db, "a") and link_holder(db, "a").relay == "127.0.0.1:7001"  # type: ignore[union-attr]
+    assert link_holder(db, "b") is not None and link_holder(db, "b").relay is None  # type: ignore[union-attr]  # n2 published none
+    assert link_holder(db, "c") is None
+    # The router's lease is apart: a link's renewal and release touch their own row only.
+    assert router_holds(db, "r", router.epoch) and not router_holds(db, "r", router.epoch + 1) and not router_holds(db, "n1", 1)
+    time.sleep(0.6)
+    assert renew(db, a, 5) is None and link_holder(db, "a") is None  # ran out: free
+    taken, _ = acquire_link(db, "a", "n2", 5)
+    assert taken is not None and (taken.node, taken.epoch) == ("n2", 2)
+    assert release(db, b) is True and link_holder(db, "b") is None
+    assert router_holds(db, "r", router.epoch)
+    assert [(row["server"], row["node"], row["epoch"], float(str(row["expiresIn"])) > 0) for row in links_view(db)] == [
+        ("a", "n2", 2, True), ("b", "n2", 1, False)]
