@@ -110,17 +110,22 @@ class Cluster:
         return (self.workdir / f"{node}.log").read_text(errors="replace")
 
 
+async def fixture_servers(stack: AsyncExitStack, workdir: Path) -> dict[str, FixtureProcess]:
+    """Servers a, b and c as :data:`CHANNELS` says, each a process over TCP."""
+    return {
+        name: await stack.enter_async_context(
+            FixtureProcess.start(transport="tcp", channels=ids, control_dir=workdir, server_name=name, **SERVER_OPTIONS.get(name, {}))
+        )
+        for name, ids in CHANNELS.items()
+    }
+
+
 @asynccontextmanager
 async def cluster(workdir: Path, dsn: str) -> AsyncIterator[Cluster]:
     """Servers a, b and c, node n1 holding the links (every server ready), n2 a standby."""
     _stash.clear()
     async with AsyncExitStack() as stack:
-        servers = {
-            name: await stack.enter_async_context(
-                FixtureProcess.start(transport="tcp", channels=ids, control_dir=workdir, server_name=name, **SERVER_OPTIONS.get(name, {}))
-            )
-            for name, ids in CHANNELS.items()
-        }
+        servers = await fixture_servers(stack, workdir)
         nodes = Cluster(workdir, cluster_config(workdir, servers, dsn), servers, stack)
         await nodes.start("n1")
         await nodes.wait_serving("n1")

@@ -30,11 +30,10 @@ from .conftest import FAST_RECONNECT
 from .test_cluster import health_page
 from .test_cluster_scenarios import (
     AGENTS,
-    CHANNELS,
     ONE_DAEMON,
-    SERVER_OPTIONS,
     Cluster,
     check_state,
+    fixture_servers,
     raw_status,
     scenarios,
     serving,
@@ -73,12 +72,7 @@ async def split_cluster(workdir: Path, dsn: str) -> AsyncIterator[Cluster]:
     """Servers a, b, c; n3 the router (serving, every server ready), n1 and n2 holding the
     links pinned to them, the router reaching each through their relays."""
     async with AsyncExitStack() as stack:
-        servers = {
-            name: await stack.enter_async_context(
-                FixtureProcess.start(transport="tcp", channels=ids, control_dir=workdir, server_name=name, **SERVER_OPTIONS.get(name, {}))
-            )
-            for name, ids in CHANNELS.items()
-        }
+        servers = await fixture_servers(stack, workdir)
         nodes = Cluster(workdir, split_config(workdir, servers, dsn), servers, stack)
         await nodes.start("n3")
         await nodes.wait_serving("n3")
