@@ -199,6 +199,11 @@ class LinkHoldings:
                 holder = await self._lookups.run(partial(link_holder, server=server.id))
                 if holder is not None and holder.node == self.node and server.id not in self.held:
                     holder = None  # the row is this node's, but it is handing it over
+                elif holder is not None and holder.node != self.node and (holder.seen_ago is None or holder.seen_ago > self.ttl * LIVE_SHARE):
+                    # Its holder is unheard of (dead, or stopped: a dial would wait out its
+                    # timeouts): its lease runs out soon, and a live node takes the link.
+                    why = f"node {holder.node} holds it but was last heard of {holder.seen_ago or 0:.1f}s ago"
+                    holder = None
                 if holder is not None:
                     try:
                         transport = await dial_relay(holder, server, router=router.node, router_epoch=router.epoch)

@@ -36,6 +36,8 @@ class LinkHolder:
     node: str
     epoch: int
     relay: str | None
+    #: Seconds since the holder's last heartbeat (by the database's clock); None: no row.
+    seen_ago: float | None = None
 
 
 def acquire_link(db: Connection, server: str, node: str, ttl: float) -> tuple[LeaseTerm | None, float]:
@@ -47,7 +49,8 @@ def acquire_link(db: Connection, server: str, node: str, ttl: float) -> tuple[Le
 def link_holder(db: Connection, server: str) -> LinkHolder | None:
     """The node holding ``server``'s link unexpired, with its relay's address; None if none."""
     row = db.execute(
-        "SELECT l.node, l.epoch, n.info FROM cluster_links l LEFT JOIN cluster_nodes n ON n.node = l.node"
+        "SELECT l.node, l.epoch, n.info, extract(epoch FROM clock_timestamp() - n.seen_at)"
+        " FROM cluster_links l LEFT JOIN cluster_nodes n ON n.node = l.node"
         " WHERE l.server = ? AND l.expires_at > clock_timestamp()",
         (server,),
     ).fetchone()
@@ -55,7 +58,8 @@ def link_holder(db: Connection, server: str) -> LinkHolder | None:
         return None
     info = json.loads(str(row[2])) if row[2] is not None else {}
     relay = info.get("relay") if isinstance(info, dict) else None
-    return LinkHolder(server, str(row[0]), int(row[1]), relay if isinstance(relay, str) else None)
+    seen_ago = None if row[3] is None else float(str(row[3]))
+    return LinkHolder(server, str(row[0]), int(row[1]), relay if isinstance(relay, str) else None, seen_ago)
 
 
 def router_holds(db: Connection, node: str, epoch: int) -> bool:

@@ -250,8 +250,10 @@ def test_each_servers_link_has_a_lease_of_its_own_apart_from_the_routers(db: PgC
     assert a.what == "server a's link" and router is not None and router.what == "the links"
     assert acquire_link(db, "a", "n2", 5)[0] is None  # held: no one else takes it
     heartbeat(db, "n1", "standby", {"relay": "127.0.0.1:7001"})
-    assert link_holder(db, "a") == link_holder(db, "a") and link_holder(db, "a").relay == "127.0.0.1:7001"  # type: ignore[union-attr]
-    assert link_holder(db, "b") is not None and link_holder(db, "b").relay is None  # type: ignore[union-attr]  # n2 published none
+    holder_a, holder_b = link_holder(db, "a"), link_holder(db, "b")
+    assert holder_a is not None and (holder_a.node, holder_a.epoch, holder_a.relay) == ("n1", 1, "127.0.0.1:7001")
+    assert holder_a.seen_ago is not None and 0 <= holder_a.seen_ago < 1
+    assert holder_b is not None and (holder_b.relay, holder_b.seen_ago) == (None, None)  # n2 never beat: no relay, unheard of
     assert link_holder(db, "c") is None
     # The router's lease is apart: a link's renewal and release touch their own row only.
     assert router_holds(db, "r", router.epoch) and not router_holds(db, "r", router.epoch + 1) and not router_holds(db, "n1", 1)
