@@ -167,8 +167,9 @@ def query(args: argparse.Namespace) -> int:
         if message is None:
             raise
         if location is not None and location.cluster_node is not None:
-            message += (f" Node {location.cluster_node} is a cluster's node: a standby listens for hosts only while it holds"
-                        " the links (`mcpl-router health --config …` or its /readyz names the holder; docs/cluster.md).")
+            message += (f" Node {location.cluster_node} is a cluster's node: its socket answers while the node runs (a standby"
+                        " forwards to the node holding the links, and refuses while none does); `mcpl-router health --config …`"
+                        " or its /readyz names the holder (docs/cluster.md).")
         return fail(message, _exit_code_of(exc))
     return _print_answer(args, answer)
 
@@ -331,6 +332,11 @@ def _print_cluster(cluster: Any) -> None:
     holding = f"holding the links, epoch {lease['epoch']} since {time.strftime('%H:%M:%S', time.localtime(lease['since']))}" if lease else cluster["state"]
     print(f"  cluster: node {cluster['node']} {holding}; lease {cluster['leaseTtl']:g}s, {cluster.get('terms', 0)} terms held,"
           f" {cluster.get('leasesLost', 0)} lost")
+    proxied = cluster.get("proxied") or {}
+    if proxied.get("total") or proxied.get("refused"):
+        refused = "; ".join(f"{count}× {reason}" for reason, count in sorted((proxied.get("refused") or {}).items()))
+        print(f"    host connections forwarded to the holder while a standby: {proxied.get('open', 0)} now, {proxied.get('total', 0)} in all"
+              + (f"; refused {refused}" if refused else ""))
     for node in cluster.get("nodes", []):
         info = node.get("info") or {}
         where = f"pid {info.get('pid')} on {info.get('hostname')}" + (f", {info['hostSocket']}" if info.get("hostSocket") else "")
