@@ -289,7 +289,7 @@ def print_commands(nodes: dict[str, Node], holder: Node) -> None:
     # From a checkout, its package (an installed mcpl-router may be another version, or none).
     cli = f"PYTHONPATH={ROOT} {sys.executable} -m mcpl_router" if str(ROOT) in sys.path else "mcpl-router"
     say("to try while it runs:")
-    print(f"  {cli} status --socket {holder.socket}    # the holder's host socket (a standby listens for no host)")
+    print(f"  {cli} status --socket {holder.socket}    # the holder's host socket (a standby's forwards there)")
     for node in nodes.values():
         print(f"  curl -s {node.url}/readyz; curl -s {node.url}/status.json | python3 -m json.tool    # node {node.name}")
     print(f"  kill -9 <pid of the holder>    # then watch the other take over (a killed node is started again)")

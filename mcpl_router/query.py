@@ -167,8 +167,9 @@ def query(args: argparse.Namespace) -> int:
         if message is None:
             raise
         if location is not None and location.cluster_node is not None:
-            message += (f" Node {location.cluster_node} is a cluster's node: a standby listens for hosts only while it holds"
-                        " the links (`mcpl-router health --config …` or its /readyz names the holder; docs/cluster.md).")
+            message += (f" Node {location.cluster_node} is a cluster's node: its socket answers while the node runs (a standby"
+                        " forwards to the node holding the links, and refuses while none does); `mcpl-router health --config …`"
+                        " or its /readyz names the holder (docs/cluster.md).")
         return fail(message, _exit_code_of(exc))
     return _print_answer(args, answer)
 
@@ -343,6 +344,11 @@ def _print_cluster(cluster: Any) -> None:
             held = f"on node {link['node']}, epoch {link['epoch']} since {_clock(link['since'])}" if link["expiresIn"] > 0 \
                 else f"free (last on node {link['node']}, epoch {link['epoch']})"
             print(f"    link {link['server']:<16} {held}")
+    proxied = cluster.get("proxied") or {}
+    if proxied.get("total") or proxied.get("refused"):
+        refused = "; ".join(f"{count}× {reason}" for reason, count in sorted((proxied.get("refused") or {}).items()))
+        print(f"    host connections forwarded to the holder while a standby: {proxied.get('open', 0)} now, {proxied.get('total', 0)} in all"
+              + (f"; refused {refused}" if refused else ""))
     for node in cluster.get("nodes", []):
         info = node.get("info") or {}
         where = f"pid {info.get('pid')} on {info.get('hostname')}" + (f", {info['hostSocket']}" if info.get("hostSocket") else "")

@@ -11,8 +11,10 @@
             await client.ack([wake.seq])
 
 A cluster is several daemons on one journal, one of which serves hosts at a time; the others
-refuse a connection. The client connects to the first address that accepts. When that
-connection ends (the node died, or drained after ``daemon/shutdown``) it tries the next address,
+forward a host's connection to it, or refuse it (a ``-32000`` error) while no node serves or the
+serving node can't be reached. The client connects to the first address that accepts (and says
+hello). When that connection ends (the node died, or drained after ``daemon/shutdown``, or the
+node forwarding it saw the serving node change) it tries the next address,
 and the next, round and round, sleeping a backoff after each full round in which none accepted
 (doubling from ``backoff[0]`` to ``backoff[1]``; each round logged); with no connection for
 ``give_up_after`` seconds it stops and raises :class:`NoNodeReachable` to the caller.
@@ -61,7 +63,8 @@ from mcpl_router.client.results import HelloResult, PublishResult, Status, Typin
 from mcpl_router.client.serving import ForkSpawnHandler, InferenceHandler, ModelInfoHandler
 from mcpl_router.client.turn import Turn, turn_block
 from mcpl_router.client.wakes import WakeNotice
-from mcpl_router.jsonrpc import PeerClosed, RequestTimeout
+from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
+from mcpl_router.jsonrpc.envelope import OVERLOADED
 from mcpl_router.logs import get_logger
 
 __all__ = ["ConnectionLost", "FailoverClient", "FailoverStatistics", "NoNodeReachable"]
@@ -70,6 +73,13 @@ T = TypeVar("T")
 
 #: What a failed connect (or hello) to one address raises: that address is passed over.
 _PASSED_OVER = (OSError, trio.TooSlowError, trio.BrokenResourceError, trio_websocket.HandshakeError, PeerClosed, RequestTimeout)
+
+
+def _passed_over(exc: Exception) -> bool:
+    """Whether ``exc`` says this address does not serve now (another may), rather than that the
+    daemon refused what was asked. A ``-32000`` error is a connection refused at accept: a
+    standby with no reachable holder to forward it to, or a node at its connection limit."""
+    return isinstance(exc, _PASSED_OVER) or (isinstance(exc, RpcError) and exc.code == OVERLOADED)
 
 
 class ConnectionLost(PeerClosed):
@@ -243,13 +253,13 @@ class FailoverClient:
             index = (index + 1) % len(self._addresses)
             try:
                 await self._serve(address)
-            except _PASSED_OVER as exc:
+            except Exception as exc:
+                if not _passed_over(exc):  # a hello refused (RpcError): no other node would say otherwise
+                    self._fail(exc)
+                    return
                 self._counts["attempts_failed"] += 1
                 errors[address] = f"{type(exc).__name__}: {exc}"
                 self._log.info("client.failover.refused", address=address, error=errors[address])
-            except Exception as exc:  # a hello refused (RpcError): no other node would say otherwise
-                self._fail(exc)
-                return
             else:  # served until the connection ended: a new round, from the next address
                 tried, delay, down_since = 0, self._backoff[0], trio.current_time()
                 errors.clear()
@@ -308,8 +318,8 @@ class FailoverClient:
                         watching.cancel_scope.cancel()
                 if failure is not None:
                     raise failure
-        except _PASSED_OVER:
-            if link is None:
+        except Exception as exc:
+            if link is None or not _passed_over(exc):
                 raise
             # It broke on its way out: it was served all the same.
 
@@ -363,6 +373,12 @@ class FailoverClient:
                 return await link.client.hello(host, specs, resume_from)
             except PeerClosed:
                 await link.client.wait_closed()  # the next connection says this hello itself
+            except RpcError as exc:
+                if not _passed_over(exc):
+                    raise
+                # Refused at accept (connected before this hello): that node closes the
+                # connection, and the next one says this hello itself.
+                await link.client.wait_closed()
 
     async def next_wake(self) -> WakeNotice:
         """The next wake, from whichever node is serving (module docstring: which come again)."""

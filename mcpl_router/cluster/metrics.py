@@ -104,6 +104,18 @@ class NodeMetrics:
                 relays.add_metric([node, outcome], float(counts.get(outcome, 0)))
             yield relayed
             yield relays
+        proxied = status.get("proxied")
+        proxied = proxied if isinstance(proxied, dict) else {}
+        forwarding = GaugeMetricFamily("mcpl_router_cluster_proxied_connections", "Host connections this standby forwards to the holder now.", labels=["node"])
+        forwarding.add_metric([node], float(proxied.get("open", 0)))
+        yield forwarding
+        forwarded = CounterMetricFamily("mcpl_router_cluster_proxied_connections_forwarded", "Host connections this node forwarded to the holder while a standby.", labels=["node"])
+        forwarded.add_metric([node], float(proxied.get("total", 0)))
+        yield forwarded
+        refused = CounterMetricFamily("mcpl_router_cluster_proxy_refused", "Host connections this standby refused (no holder, the holder unreachable, too many), by reason.", labels=["node", "reason"])
+        for reason, count in sorted((proxied.get("refused") or {}).items()):
+            refused.add_metric([node, str(reason)], float(count))
+        yield refused
         for key, name, text in (
             ("terms", "mcpl_router_cluster_terms", "Terms this node held the links (each began with a takeover of the lease)."),
             ("leasesLost", "mcpl_router_cluster_leases_lost", "Terms that ended because the lease was lost (expired unrenewed or taken)."),

@@ -5,7 +5,9 @@ share one PostgreSQL journal. Each is a :class:`ClusterNode`:
 
 - **standby**: it heartbeats its row in ``cluster_nodes`` and tries to take the lease
   (store/leases.py) every :data:`POLL_SHARE` of it; it serves ``/healthz``, ``/readyz`` (503:
-  "standby: node a holds the links") and ``/metrics``, and does not listen for hosts.
+  "standby: node a holds the links") and ``/metrics``. It listens on its host addresses and
+  forwards each host connection to the holder's (cluster/host_proxy.py), so hosts may connect
+  to any node; its listeners are closed before its own daemon binds them.
 - **holding**: it took the lease. A :class:`~mcpl_router.daemon.Daemon` is built for this term
   from the journal, as at any start (the journal is the truth: wakes not acked are sent again
   to the hosts that reconnect here), with the lease's fence on every journal transaction and
@@ -33,6 +35,7 @@ import trio
 
 from mcpl_router import __version__
 from mcpl_router.cluster.database import NodeDatabase
+from mcpl_router.cluster.host_proxy import HostProxy, holder_in_view
 from mcpl_router.cluster.links import LinkHoldings
 from mcpl_router.cluster.metrics import NodeMetrics
 from mcpl_router.config import ConfigError, RouterConfig, load_config
@@ -102,6 +105,8 @@ class ClusterNode:
         self._shutdown_reason: str | None = None
         self._reload_pending = False
         self._term_scope: trio.CancelScope | None = None
+        #: While a standby: host connections forwarded to the holder its last heartbeat saw.
+        self.host_proxy = HostProxy(self.name, lambda: holder_in_view(self.view, this_node=self.name), recheck=min(1.0, self.ttl * POLL_SHARE))
         password = read_password(config.journal)
         self._leases = NodeDatabase(config.journal.dsn, password, f"node {self.name} lease")
         self._info = NodeDatabase(config.journal.dsn, password, f"node {self.name} heartbeat")
@@ -222,7 +227,7 @@ class ClusterNode:
 
     async def _serve_terms(self) -> None:
         while not self.shutdown_requested.is_set():
-            taken = await self._wait_for_lease()
+            taken = await self.host_proxy.serve_during(self.config.host, self._wait_for_lease)
             if taken is None:
                 return
             refused = self.counts["refusedTerms"]
@@ -420,6 +425,7 @@ class ClusterNode:
                 "validForSeconds": round(max(0.0, fence.valid_until - time.monotonic()), 3),
             },
             "holder": self._holder(),
+            "proxied": self.host_proxy.statistics(),
             "nodes": [
                 {**node, "live": float(node.get("seenAgo", gone_after)) < gone_after and node.get("state") != "stopped"}
                 for node in (nodes if isinstance(nodes, list) else []) if isinstance(node, dict)
@@ -439,7 +445,7 @@ class ClusterNode:
         holder = self._holder()
         if holder is None or float(str(holder.get("expiresIn", 0))) <= 0:
             return Readiness((f"standby: node {self.name} does not hold {self.lease_what}, and no node holds it now",))
-        return Readiness((f"standby: node {holder.get('node')} holds {self.lease_what} (epoch {holder.get('epoch')})",))
+        return Readiness((f"standby: node {holder.get('node')} holds {self.lease_what} (epoch {holder.get('epoch')}); host connections here are forwarded to it",))
 
     def status_page(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, object]:
         daemon = self.daemon

@@ -36,7 +36,7 @@ class DaemonLocation:
     health_url: str | None
     #: The host token's file (``host.tokenFile`` or its default), for a ``ws://`` query.
     token_file: Path | None = None
-    #: ``cluster.node`` as written when the daemon is a cluster's node (a standby listens for no host).
+    #: ``cluster.node`` as written when the daemon is a cluster's node (a standby forwards hosts to the holder).
     cluster_node: str | None = None
 
 

@@ -65,14 +65,8 @@ async def serve_unix_socket(
     services: HostServices, path: str | os.PathLike[str], *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Listen on ``path`` until cancelled; each connection is a host session."""
-    socket_path = prepare_socket_path(path)
-    listener_socket = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
-    try:
-        await _bind_listening(listener_socket, socket_path)
-    except BaseException:
-        listener_socket.close()
-        raise
-    listener = PatientListener(trio.SocketListener(listener_socket), services.admission)
+    socket_path, unix_listener = await open_unix_listener(path)
+    listener = PatientListener(unix_listener, services.admission)
     log = get_logger(transport="unix")
     log.info("host.socket.listening", path=str(socket_path))
     try:
@@ -85,6 +79,22 @@ async def serve_unix_socket(
             await trio.serve_listeners(serve, [listener], handler_nursery=nursery)
     finally:
         socket_path.unlink(missing_ok=True)
+
+
+async def open_unix_listener(path: str | os.PathLike[str]) -> tuple[Path, trio.SocketListener]:
+    """Prepare ``path`` (:func:`prepare_socket_path`) and listen there, the socket 0600.
+
+    The daemon's host listener and a cluster standby's forwarding listener (cluster/host_proxy.py)
+    bind the same address the same way. The caller closes the listener and removes the file.
+    """
+    socket_path = prepare_socket_path(path)
+    listener_socket = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    try:
+        await _bind_listening(listener_socket, socket_path)
+    except BaseException:
+        listener_socket.close()
+        raise
+    return socket_path, trio.SocketListener(listener_socket)
 
 
 async def _bind_listening(listener_socket: trio.socket.SocketType, socket_path: Path) -> None:

@@ -263,18 +263,32 @@ async def daemon_process(config: Path, log: Path, **options: Any) -> AsyncIterat
 
 
 async def daemon_serving(
-    socket: str, *, servers: int = 1, channels: Collection[tuple[str | None, str]] = ((None, "general"),), timeout: float = 5
+    socket: str,
+    *,
+    servers: int = 1,
+    channels: Collection[tuple[str | None, str]] = ((None, "general"),),
+    timeout: float = 5,
+    node: str | None = None,
 ) -> bool:
     """Whether a daemon answers hosts on ``socket`` with ``servers`` ready and each of
-    ``channels`` registered (``(server, channel)``; a None server: on any). No daemon there (a
-    cluster's standby, a node that just died): False."""
-    from mcpl_router.jsonrpc import PeerClosed
+    ``channels`` registered (``(server, channel)``; a None server: on any), and, given ``node``,
+    whether it is that cluster node's own daemon (a standby's socket forwards to the holder's).
+    No daemon there (a node that just died, a standby that refuses: -32000), or none that answers
+    (a stopped holder a standby forwards to): False."""
+    from mcpl_router.jsonrpc import PeerClosed, RequestTimeout, RpcError
 
     try:
         async with RouterClient.connect_unix(socket, timeout=timeout) as probe:
             status = await probe.status()
             rows = await probe.all_channels()
-    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, PeerClosed):
+            answering = None if node is None else ((await probe.call("status")).get("cluster") or {}).get("node")
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError, PeerClosed, RequestTimeout):
+        return False
+    except RpcError as exc:
+        if exc.code != -32000:
+            raise
+        return False
+    if answering != node:
         return False
     if servers == 0:
         return True

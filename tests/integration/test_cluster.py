@@ -51,13 +51,20 @@ pytestmark = pytest.mark.integration
 
 #: The lease the tests run with: the default, so the takeover measured is the documented one.
 LEASE = 5.0
+#: Every node's host token when the nodes listen on WebSockets (a forwarded host presents the
+#: holder's token: the nodes share one).
+WEBSOCKET_TOKEN = "cluster-test-token"
 
 
-def cluster_config(workdir: Path, fixture_url: str, dsn: str) -> Path:
-    """One file for every node: the node's name and host socket come from its environment."""
+def cluster_config(workdir: Path, fixture_url: str, dsn: str, *, websocket: bool = False) -> Path:
+    """One file for every node: the node's name and host socket come from its environment (and,
+    with ``websocket``, each listens on a WebSocket port of its own, one token for all)."""
+    host: dict[str, Any] = {"unixSocket": str(workdir / "run" / "${MCPL_ROUTER_NODE}.sock"), "websocket": {"enabled": False}}
+    if websocket:
+        host.update(websocket={"bind": "127.0.0.1", "port": 0}, token=WEBSOCKET_TOKEN)
     config = {
         "mcplServers": {"s": {"url": fixture_url, "reconnect": FAST_RECONNECT}},
-        "host": {"unixSocket": str(workdir / "run" / "${MCPL_ROUTER_NODE}.sock"), "websocket": {"enabled": False}},
+        "host": host,
         "journal": {"backend": "postgres", "dsn": dsn, "path": str(workdir / "unused.sqlite3")},
         "cluster": {"node": "${MCPL_ROUTER_NODE}", "leaseTtl": LEASE},
         "health": {"enabled": True, "port": 0},
@@ -73,25 +80,26 @@ def socket_of(workdir: Path, node: str) -> str:
     return str(workdir / "run" / f"{node}.sock")
 
 
-async def serving(socket: str) -> bool:
-    """Whether a node holds the links and serves hosts there, with server ``s`` ready."""
-    return await daemon_serving(socket, timeout=2)
+async def serving(workdir: Path, node: str) -> bool:
+    """Whether ``node`` holds the links and serves hosts on its socket itself (not forwarded to
+    the holder, as a standby's socket is), with server ``s`` ready."""
+    return await daemon_serving(socket_of(workdir, node), timeout=2, node=node)
 
 
 @asynccontextmanager
-async def two_nodes(workdir: Path, dsn: str) -> AsyncIterator[tuple[FixtureProcess, dict[str, DaemonProcess]]]:
+async def two_nodes(workdir: Path, dsn: str, *, websocket: bool = False) -> AsyncIterator[tuple[FixtureProcess, dict[str, DaemonProcess]]]:
     """The fixture server, node ``a`` holding the links (ready), node ``b`` a standby."""
     async with AsyncExitStack() as stack:
         server = await stack.enter_async_context(FixtureProcess.start(transport="tcp", channels=["general"], control_dir=workdir))
         assert server.listen_url is not None
-        config = cluster_config(workdir, server.listen_url, dsn)
+        config = cluster_config(workdir, server.listen_url, dsn, websocket=websocket)
         nodes: dict[str, DaemonProcess] = {}
         for name in ("a", "b"):
             env = {**os.environ, "MCPL_ROUTER_NODE": name}
             nodes[name] = await stack.enter_async_context(daemon_process(config, workdir / f"{name}.log", env=env))
             await nodes[name].start()
             if name == "a":
-                await wait_until(lambda: serving(socket_of(workdir, "a")), timeout=30, interval=0.1)
+                await wait_until(lambda: serving(workdir, "a"), timeout=30, interval=0.1)
         # b is up and a standby: it says so before the test goes on.
         await wait_until(lambda: '"cluster.node.standby"' in (workdir / "b.log").read_text(), timeout=20)
         yield server, nodes
@@ -138,7 +146,7 @@ def log_events(path: Path, event: str) -> list[dict[str, Any]]:
 
 async def takeover_seconds(workdir: Path, since: float) -> float:
     """From ``since`` until node b serves hosts with the server ready (polled every 50 ms)."""
-    await wait_until(lambda: serving(socket_of(workdir, "b")), timeout=60, interval=0.05)
+    await wait_until(lambda: serving(workdir, "b"), timeout=60, interval=0.05)
     return time.monotonic() - since
 
 
@@ -163,7 +171,7 @@ async def test_the_holder_killed_during_a_flood_is_taken_over_within_the_lease_a
         async with two_nodes(short_tmp, dsn) as (server, nodes):
             # The standby says who holds the links (a load balancer's check sends no host to it).
             ready, body = await health_page(short_tmp, "b", "/readyz")
-            assert (ready, body.strip()) == (503, "not ready:\n- standby: node a holds the links (epoch 1)")
+            assert (ready, body.strip()) == (503, "not ready:\n- standby: node a holds the links (epoch 1); host connections here are forwarded to it")
             page, body = await health_page(short_tmp, "b", "/status.json")
             standby = json.loads(body)["cluster"]
             assert page == 200 and (standby["node"], standby["state"], standby["holder"]["node"]) == ("b", "standby", "a")
@@ -219,7 +227,7 @@ async def test_a_holder_paused_past_its_lease_is_fenced_when_it_resumes(short_tm
                     os.kill(a.pid, signal.SIGSTOP)
                     try:
                         # b takes the links while a is stopped, and serves.
-                        await wait_until(lambda: serving(socket_of(short_tmp, "b")), timeout=30, interval=0.1)
+                        await wait_until(lambda: serving(short_tmp, "b"), timeout=30, interval=0.1)
                         taken_at = time.monotonic()
                         await trio.sleep(1)  # the flood goes on through b
                     finally:
@@ -272,7 +280,7 @@ async def test_a_drained_holder_hands_the_links_over_at_once(short_tmp: Path, po
     # Asked of a's config after it left: the error says a cluster's node may be a standby.
     asked = subprocess.run([sys.executable, "-m", "mcpl_router", "status", "--config", str(short_tmp / "cluster.json")],
                            capture_output=True, text=True, env={**os.environ, "MCPL_ROUTER_NODE": "a"}, check=False)
-    assert asked.returncode != 0 and "a cluster's node: a standby listens for hosts only while it holds the links" in asked.stderr, asked.stderr
+    assert asked.returncode != 0 and "a cluster's node: its socket answers while the node runs" in asked.stderr, asked.stderr
     # Released, not waited out: b took the links well within the lease.
     assert took < LEASE
 
@@ -320,7 +328,7 @@ async def test_a_host_leaves_a_holder_stopped_for_good_and_is_woken_by_the_new_h
                     stopped_at = time.monotonic()
                     os.kill(a.pid, signal.SIGSTOP)
                     try:
-                        await wait_until(lambda: serving(socket_of(short_tmp, "b")), timeout=30, interval=0.1)
+                        await wait_until(lambda: serving(short_tmp, "b"), timeout=30, interval=0.1)
                         taken = time.monotonic() - stopped_at
                         await send_until_accepted(server, "m-after")
                         accepted = time.monotonic() - stopped_at

@@ -71,10 +71,11 @@ def cluster_config(workdir: Path, servers: dict[str, FixtureProcess], dsn: str) 
     return path
 
 
-async def serving(socket: str) -> bool:
-    """Whether the node serves hosts with both servers ready and every channel registered."""
+async def serving(workdir: Path, node: str) -> bool:
+    """Whether the node serves hosts itself (not forwarded, as a standby's socket is) with every
+    server ready and every channel registered."""
     wanted = [(server_id, channel_id) for server_id, ids in CHANNELS.items() for channel_id in ids]
-    return await daemon_serving(socket, servers=len(CHANNELS), channels=wanted, timeout=2)
+    return await daemon_serving(socket_of(workdir, node), servers=len(CHANNELS), channels=wanted, timeout=2, node=node)
 
 
 class Cluster:
@@ -95,7 +96,7 @@ class Cluster:
             process = self.nodes[node].process
             if process is not None and process.poll() is not None:
                 raise AssertionError(f"{node} exited ({process.returncode}): {self.log(node)[-2000:]}")
-            return await serving(socket_of(self.workdir, node))
+            return await serving(self.workdir, node)
 
         try:
             await wait_until(up, timeout=timeout, interval=0.05)
