@@ -444,7 +444,8 @@ class ClusterNode:
             return Readiness((f"standby: {self.problem}",))
         holder = self._holder()
         if holder is None or float(str(holder.get("expiresIn", 0))) <= 0:
-            return Readiness((f"standby: node {self.name} does not hold {self.lease_what}, and no node holds it now",))
+            them = "them" if self.lease_what == "the links" else "it"
+            return Readiness((f"standby: node {self.name} does not hold {self.lease_what}, and no node holds {them} now",))
         return Readiness((f"standby: node {holder.get('node')} holds {self.lease_what} (epoch {holder.get('epoch')}); host connections here are forwarded to it",))
 
     def status_page(self, *, channels_page: int | None = None, channels_filter: str = "") -> dict[str, object]:

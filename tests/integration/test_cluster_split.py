@@ -81,7 +81,7 @@ async def split_cluster(workdir: Path, dsn: str) -> AsyncIterator[Cluster]:
 
         async def placed() -> bool:
             status = await raw_status(socket_of(workdir, "n3"))
-            return holders(status) == PINS and await serving(socket_of(workdir, "n3"))
+            return holders(status) == PINS and await serving(workdir, "n3")
 
         try:
             await wait_until(placed, timeout=40, interval=0.2)
@@ -111,6 +111,8 @@ async def test_with_links_on_two_nodes_and_the_host_on_a_third_every_scenario_ro
             endpoints = {row["serverId"]: row.get("endpoint") for row in status["servers"]}
             assert all(endpoint and endpoint.endswith(f"via node {PINS[server]}") for server, endpoint in endpoints.items()), endpoints
             assert holders(status) == PINS
+            # A host may connect to a link node too: it forwards to the router (cluster/host_proxy.py).
+            assert (await raw_status(socket_of(short_tmp, "n1")))["cluster"]["node"] == "n3"
             # What an operator reads: status (CLI) and /metrics say who holds which link.
             shown = await trio.run_process([sys.executable, "-m", "mcpl_router", "status", "--socket", socket_of(short_tmp, "n3")],
                                            capture_stdout=True)
