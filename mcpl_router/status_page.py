@@ -213,6 +213,31 @@ def _journal(model: Mapping[str, object]) -> str:
     return _table(["backend", "file", "size", "last seq", "last commit (ms)", "queued writes", "state"], rows)
 
 
+def _cluster(model: Mapping[str, object], now: float) -> str:
+    """A cluster's node (docs/cluster.md): this node, every node, who holds which lease."""
+    cluster = _map(model.get("cluster"))
+    if not cluster:
+        return ""
+    lease = _map(cluster.get("lease"))
+    holding = f"holding, epoch {e(lease.get('epoch'))} since {_ago(lease.get('since'), now)}" if lease else e(cluster.get("state"))
+    nodes = [
+        [e(node.get("node")), e(node.get("state")) if node.get("live") else f'<span class="bad">gone</span> (last said {e(node.get("state"))})',
+         e(f"{float(str(node.get('seenAgo', 0))):.1f}s ago")]
+        for node in _rows(cluster.get("nodes"))
+    ]
+    links = [
+        [e(link.get("server")), e(link.get("node")) if float(str(link.get("expiresIn", 0))) > 0 else '<span class="bad">free</span>',
+         e(link.get("epoch")), _ago(link.get("since"), now)]
+        for link in _rows(cluster.get("links"))
+    ]
+    return (
+        f"<h2>Cluster</h2><p>node <b>{e(cluster.get('node'))}</b>: {holding} · lease {e(cluster.get('leaseTtl'))} s"
+        + (f" · links {e(cluster.get('placement'))}" if cluster.get("placement") else "") + "</p>"
+        + _table(["node", "state", "heard of"], nodes)
+        + (_table(["server", "link held by", "epoch", "since"], links) if links else "")
+    )
+
+
 def render_status_page(model: Mapping[str, object], *, base: str = "/status", now: float | None = None) -> str:
     """The page for ``model`` (the daemon's status, as ``/status.json`` gives it)."""
     now = time.time() if now is None else now
@@ -231,6 +256,7 @@ def render_status_page(model: Mapping[str, object], *, base: str = "/status", no
         f"<title>mcpl-router {e(model.get('version'))}</title><style>{_STYLE}</style></head><body>"
         f"<h1>mcpl-router {e(model.get('version'))}</h1><p>{headline}</p>"
         + (f"<ul>{problems}</ul>" if problems else "")
+        + _cluster(model, now)
         + f"<h2>Servers</h2>{_servers(model, now)}"
         + f"<h2>Channels</h2>{_channels(model, base)}"
         + f"<h2>Agents</h2>{_agents(model)}"

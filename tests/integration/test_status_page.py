@@ -109,10 +109,34 @@ def test_no_value_reaches_the_page_unescaped() -> None:
                                   "candidates": [{"serverId": hostile, "channelId": hostile}], "preview": hostile}]},
         "journal": {"backend": hostile, "path": hostile, "failing": hostile},
         "readiness": {"ready": False, "problems": [hostile]},
+        "cluster": {"node": hostile, "state": hostile, "placement": hostile, "nodes": [{"node": hostile, "state": hostile, "live": True}],
+                    "links": [{"server": hostile, "node": hostile, "epoch": hostile, "expiresIn": 3}]},
     }
     page = render_status_page(model)
     assert "<img" not in page and "onerror=alert(1)>" not in page
-    assert page.count("&quot;&gt;&lt;img src=x onerror=alert(1)&gt;") >= 15
+    assert page.count("&quot;&gt;&lt;img src=x onerror=alert(1)&gt;") >= 22
+
+
+def test_a_cluster_nodes_page_shows_every_node_and_who_holds_each_link() -> None:
+    now = 1_000_000.0
+    model: dict[str, Any] = {
+        "version": "0.1.0",
+        "cluster": {
+            "node": "n3", "state": "holding", "leaseTtl": 5, "lease": {"epoch": 2, "since": now - 65},
+            "placement": "balanced over the live nodes (a on n1 while live), relay on 127.0.0.1:7001",
+            "nodes": [{"node": "n1", "state": "standby", "live": True, "seenAgo": 0.4},
+                      {"node": "n2", "state": "holding", "live": False, "seenAgo": 12.0}],
+            "links": [{"server": "a", "node": "n1", "epoch": 3, "since": now - 30, "expiresIn": 4.1},
+                      {"server": "b", "node": "n2", "epoch": 1, "since": now - 90, "expiresIn": -2.0}],
+        },
+    }
+    page = render_status_page(model, now=now)
+    assert "<h2>Cluster</h2><p>node <b>n3</b>: holding, epoch 2 since 1m 5s ago · lease 5 s · links balanced" in page
+    assert "<td>n1</td><td>standby</td><td>0.4s ago</td>" in page
+    assert '<td>n2</td><td><span class="bad">gone</span> (last said holding)</td>' in page
+    assert "<td>a</td><td>n1</td><td>3</td><td>0m 30s ago</td>" in page
+    assert '<td>b</td><td><span class="bad">free</span></td>' in page
+    assert "<h2>Cluster</h2>" not in render_status_page({"version": "0.1.0"})
 
 
 def _chromium() -> str:
