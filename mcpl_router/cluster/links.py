@@ -152,11 +152,15 @@ class LinkHoldings:
             if trio.current_time() >= next_renewal:
                 next_renewal = trio.current_time() + every
                 for server, held in list(self.held.items()):
+                    if self.held.get(server) is not held:
+                        continue  # handed over while an earlier renewal was under way: released, not lost
                     try:
                         valid_until = await self._leases.run(partial(renew_link, term=held.fence.term, ttl=self.ttl))
                     except Exception as exc:
                         self._log.warning("cluster.link.renew_failed", server=server, error=f"{type(exc).__name__}: {exc}")
                         continue
+                    if self.held.get(server) is not held:
+                        continue  # handed over meanwhile: its release is what the database has
                     if valid_until is None:
                         self._lose(server, held, f"node {self.node}'s lease on server {server}'s link (epoch {held.fence.term.epoch}) "
                                                  "expired or was taken by another node")
