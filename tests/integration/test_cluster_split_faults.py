@@ -37,6 +37,8 @@ import pytest
 import trio
 
 from mcpl_router.client import FailoverClient, RouterClient
+from mcpl_router.store.leases import LINKS, cluster_view
+from mcpl_router.store.postgres_backend import connect
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
@@ -287,3 +289,50 @@ async def test_the_router_killed_in_a_split_cluster_is_taken_over_through_the_sa
         served = [line["router"] for line in nodes.events(node, "cluster.relay.serving") if line.get("server") == server]
         assert served[-1] == router and ROUTER in served, (node, served)
     assert [line["epoch"] for line in nodes.events(router, "cluster.lease.taken")] == [2]
+
+
+def router_lease_left(dsn: str) -> float:
+    """Seconds the router's lease has left, by the database's clock (negative: run out)."""
+    conn = connect(dsn, None)
+    try:
+        [lease] = [row for row in cluster_view(conn)["leases"] if row["scope"] == LINKS]  # type: ignore[union-attr]
+        return float(lease["expiresIn"])
+    finally:
+        conn.close()
+
+
+async def test_a_new_router_gives_up_a_paused_link_nodes_relay_once_the_link_moves(
+    short_tmp: Path, postgres_server: postgres.Server
+) -> None:
+    """The router killed, and n1 (holding a's link) stopped just before another node takes the
+    router's lease: the new router's first dial of a's link goes to n1, whose kernel accepts the
+    connection and never answers. Once the database shows a's link taken by another node, the
+    dial is given up and the new holder dialled (before, it waited out the relay's 15 s answer
+    timeout: the link was ready 12 s after it had moved, 20 s after the kill)."""
+    dsn = postgres.fresh_database(postgres_server, "split_paused_relay")
+    with trio.fail_after(120):
+        async with flood_cluster(short_tmp, dsn) as nodes:
+            n1 = nodes.process("n1")
+            nodes.nodes[ROUTER].kill9()
+            assert await nodes.nodes[ROUTER].wait() == -signal.SIGKILL
+            # n1 stopped in the router's lease's last second: the new router (n2, the only
+            # other node) takes it only after that, while n1's link lease lasts seconds more.
+            async def in_its_last_second() -> bool:
+                return 0 < await trio.to_thread.run_sync(router_lease_left, dsn) < 1.0
+
+            await wait_until(in_its_last_second, timeout=10, interval=0.05)
+            paused_at = time.monotonic()
+            os.kill(n1.pid, signal.SIGSTOP)
+            try:
+                async def ready_through_n2() -> bool:
+                    return await reached_through(nodes.socket("n2"), "a") == "n2"
+
+                await wait_until(ready_through_n2, timeout=40, interval=0.1)
+                took = time.monotonic() - paused_at
+            finally:
+                os.kill(n1.pid, signal.SIGCONT)
+    print(f"\nrouter killed, a's link node paused: the new router's link to a ready through n2 {took:.2f} s after the pause (lease {LEASE:g} s)")
+    [abandoned] = [line for line in nodes.events("n2", "cluster.link.dial_abandoned") if line["server"] == "a"]
+    assert abandoned["holder"] == "n1", abandoned
+    waited_out = [line for line in nodes.events("n2", "link.state") if "did not answer" in str(line.get("error"))]
+    assert waited_out == [], waited_out
