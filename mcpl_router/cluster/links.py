@@ -31,7 +31,7 @@ from mcpl_router.config import RouterConfig, ServerConfig
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.transports import OpenTransport, TransportError
 from mcpl_router.store.leases import LeaseFence, LeaseTerm, release, renew
-from mcpl_router.store.link_leases import acquire_link, link_holder, links_view, router_holds
+from mcpl_router.store.link_leases import LinkHolder, acquire_link, link_holder, links_view, router_holds
 
 if TYPE_CHECKING:
     from mcpl_router.store.backend import Connection
@@ -161,11 +161,15 @@ class LinkHoldings:
             if trio.current_time() >= next_renewal:
                 next_renewal = trio.current_time() + every
                 for server, held in list(self.held.items()):
+                    if self.held.get(server) is not held:
+                        continue  # handed over while an earlier renewal was under way: released, not lost
                     try:
                         valid_until = await self._leases.run(partial(renew, term=held.fence.term, ttl=self.ttl))
                     except Exception as exc:
                         self._log.warning("cluster.link.renew_failed", server=server, error=f"{type(exc).__name__}: {exc}")
                         continue
+                    if self.held.get(server) is not held:
+                        continue  # handed over meanwhile: its release is what the database has
                     if valid_until is None:
                         self._lose(server, held, f"node {self.node}'s lease on server {server}'s link (epoch {held.fence.term.epoch}) "
                                                  "expired or was taken by another node")
@@ -206,20 +210,59 @@ class LinkHoldings:
                     holder = None
                 if holder is not None:
                     try:
-                        transport = await dial_relay(holder, server, router=router.node, router_epoch=router.epoch)
+                        transport = await self._dial_while_held(holder, server, router, poll)
                     except TransportError as exc:
                         # A holder just killed keeps its row until the lease runs out: waited
                         # for here, at the poll, not with the link's growing backoff.
                         why = str(exc)
                     else:
-                        self._dialled[server.id] = (holder.epoch, transport)
-                        return transport
+                        if transport is not None:
+                            self._dialled[server.id] = (holder.epoch, transport)
+                            return transport
+                        why = f"node {holder.node}'s relay did not answer before the link moved on"
+                        self._log.info("cluster.link.dial_abandoned", server=server.id, holder=holder.node, epoch=holder.epoch,
+                                       reason="the database shows the link taken by another node, or run out",
+                                       effect="the link's holder now is dialled at once")
+                        continue
                 if trio.current_time() >= deadline:
                     raise TransportError(f"server {server.id}'s link can't be reached through any node for "
                                          f"{math.ceil(self.ttl * HOLDER_WAIT_LEASES)}s: {why}")
                 await trio.sleep(poll)
 
         return open_link
+
+    async def _dial_while_held(self, holder: LinkHolder, server: ServerConfig, router: LeaseTerm, poll: float) -> OpenTransport | None:
+        """:func:`dial_relay`, given up (None) once the database shows the link under another
+        epoch or run out. A holder stopped (SIGSTOP, a paused VM) accepts the connection in its
+        kernel and never answers: the dial would wait out the answer's timeout (15 s) long
+        after another node took the link. (:meth:`links_seen` does the same for a relay
+        already dialled.)"""
+        dialling = trio.CancelScope()
+        transport: OpenTransport | None = None
+        failure: TransportError | None = None
+
+        async def watch() -> None:
+            while True:
+                await trio.sleep(poll)
+                try:
+                    now = await self._lookups.run(partial(link_holder, server=server.id))
+                except Exception:
+                    continue  # the database can't say now: the dial goes on, with its own timeout
+                if now is None or (now.node, now.epoch) != (holder.node, holder.epoch):
+                    dialling.cancel()
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            with dialling:
+                try:
+                    transport = await dial_relay(holder, server, router=router.node, router_epoch=router.epoch)
+                except TransportError as exc:
+                    failure = exc  # raised as itself, not in the nursery's group
+            nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return transport
 
     async def links_seen(self, links: list[dict[str, object]]) -> None:
         """The router's side of a hand-over it was not told of: the database shows a server's

@@ -624,7 +624,7 @@ class FixtureServer:
         self.epoch += 1
         session = _HostSession(self, self.epoch, transport)
         previous, self.session = self.session, session
-        if previous is not None:
+        if previous is not None and not self.options.keep_replaced_hosts:
             # One live host at a time: a new connection replaces the old one.
             await previous.peer.aclose("replaced by a newer host connection")
         self.log.info("fixture.host.connected", epoch=session.epoch)
@@ -1425,6 +1425,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host-owns-subscriptions", action="store_true",
                         help="as discord-mcpl: keep no subscriptions across a restart or a new host connection; "
                              "a message in a channel the host has not opened (channels/open) on this connection is not sent")
+    parser.add_argument("--keep-replaced-hosts", action="store_true",
+                        help="a new host connection does not close the one before (a server serving several hosts):"
+                             " the older stays open and what arrives on it is recorded under its epoch; the control"
+                             " channel drives the newest")
     parser.add_argument("--exit-with-parent", action="store_true", help="exit when the parent process is gone")
     parser.add_argument("--never-answer", action="append", default=[], metavar="METHOD",
                         help="never answer this host request (initialize, featureSets/update, …): a hung server")
