@@ -30,7 +30,7 @@ from mcpl_router.cluster.relay import HeldLink, Relay, dial_relay
 from mcpl_router.config import RouterConfig, ServerConfig
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.transports import OpenTransport, TransportError
-from mcpl_router.store.leases import LeaseFence, LeaseTerm, release, renew
+from mcpl_router.store.leases import LeaseFence, LeaseTerm, relay_token, release, renew
 from mcpl_router.store.link_leases import LinkHolder, acquire_link, link_holder, links_view, router_holds
 
 if TYPE_CHECKING:
@@ -73,6 +73,8 @@ class LinkHoldings:
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with trio.open_nursery() as nursery:
+                # Only a node reads the cluster's relay token (from the journal's database).
+                self.relay.token = str(await self._lookups.run(relay_token))
                 address = await nursery.start(self.relay.serve)
                 task_status.started(address)
                 nursery.start_soon(self._renewals)
@@ -80,6 +82,11 @@ class LinkHoldings:
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
                 await self._hand_over_all("node stopped")
+
+    def leaving(self) -> None:
+        """The node was asked to stop: no new relay is served (a new router dials the links'
+        next holders, not this node's), while the relays under way carry its router's drain."""
+        self.relay.refusing = f"node {self.node} is leaving the cluster"
 
     async def drain(self) -> None:
         """Hand every link over now (a node leaving): another takes each at its next poll."""
@@ -200,7 +207,12 @@ class LinkHoldings:
             poll = min(0.5, self.ttl * POLL_SHARE)
             why = "no node holds it"
             while True:
-                holder = await self._lookups.run(partial(link_holder, server=server.id))
+                try:
+                    holder = await self._lookups.run(partial(link_holder, server=server.id))
+                except Exception as exc:
+                    # The database can't say who holds the link: a connection failure like
+                    # any other to the link (retried with its backoff), not a crash of it.
+                    raise TransportError(f"who holds server {server.id}'s link can't be read: {type(exc).__name__}: {exc}") from None
                 if holder is not None and holder.node == self.node and server.id not in self.held:
                     holder = None  # the row is this node's, but it is handing it over
                 elif holder is not None and holder.node != self.node and (holder.seen_ago is None or holder.seen_ago > self.ttl * LIVE_SHARE):
@@ -210,14 +222,18 @@ class LinkHoldings:
                     holder = None
                 if holder is not None:
                     try:
-                        transport = await self._dial_while_held(holder, server, router, poll)
+                        dialled = await self._dial_while_held(holder, server, router, poll)
                     except TransportError as exc:
+                        if exc.status is not None:
+                            raise  # the server refused the holder's dial: the link decides (its token's place)
                         # A holder just killed keeps its row until the lease runs out: waited
                         # for here, at the poll, not with the link's growing backoff.
                         why = str(exc)
                     else:
-                        if transport is not None:
-                            self._dialled[server.id] = (holder.epoch, transport)
+                        if dialled is not None:
+                            transport, link_epoch = dialled
+                            # The epoch the relay answered for: the one links_seen compares.
+                            self._dialled[server.id] = (link_epoch, transport)
                             return transport
                         why = f"node {holder.node}'s relay did not answer before the link moved on"
                         self._log.info("cluster.link.dial_abandoned", server=server.id, holder=holder.node, epoch=holder.epoch,
@@ -231,14 +247,14 @@ class LinkHoldings:
 
         return open_link
 
-    async def _dial_while_held(self, holder: LinkHolder, server: ServerConfig, router: LeaseTerm, poll: float) -> OpenTransport | None:
+    async def _dial_while_held(self, holder: LinkHolder, server: ServerConfig, router: LeaseTerm, poll: float) -> tuple[OpenTransport, int] | None:
         """:func:`dial_relay`, given up (None) once the database shows the link under another
         epoch or run out. A holder stopped (SIGSTOP, a paused VM) accepts the connection in its
         kernel and never answers: the dial would wait out the answer's timeout (15 s) long
         after another node took the link. (:meth:`links_seen` does the same for a relay
         already dialled.)"""
         dialling = trio.CancelScope()
-        transport: OpenTransport | None = None
+        transport: tuple[OpenTransport, int] | None = None
         failure: TransportError | None = None
 
         async def watch() -> None:
@@ -256,7 +272,7 @@ class LinkHoldings:
             nursery.start_soon(watch)
             with dialling:
                 try:
-                    transport = await dial_relay(holder, server, router=router.node, router_epoch=router.epoch)
+                    transport = await dial_relay(holder, server, router=router.node, router_epoch=router.epoch, token=self.relay.token)
                 except TransportError as exc:
                     failure = exc  # raised as itself, not in the nursery's group
             nursery.cancel_scope.cancel()

@@ -129,6 +129,8 @@ class ClusterNode:
     def request_shutdown(self, reason: str = "requested") -> None:
         self._shutdown_reason = self._shutdown_reason or reason
         self.shutdown_requested.set()
+        if self.links is not None:
+            self.links.leaving()
         if self.daemon is not None:
             self.state = "draining"
             self.daemon.request_shutdown(reason)

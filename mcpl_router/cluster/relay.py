@@ -24,6 +24,7 @@ server replaces the relay under way: one connection to the server at a time.
 
 from __future__ import annotations
 
+import hmac
 import json
 from socket import gethostname
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,13 +34,13 @@ import attrs
 import msgspec
 import structlog
 import trio
-import trio_websocket
 
 from mcpl_router.config import RouterConfig, ServerConfig
 from mcpl_router.config.addresses import host_port
 from mcpl_router.jsonrpc.fenced import FencedStream
 from mcpl_router.jsonrpc.framing import DEFAULT_MAX_MESSAGE_BYTES, MessageStream, NdjsonStream, OversizedMessage
 from mcpl_router.logs import get_logger
+from mcpl_router.mcpl.link import describe_failure, expected_failure
 from mcpl_router.mcpl.transports import OpenTransport, TransportError, open_transport
 from mcpl_router.store.leases import LeaseFence
 from mcpl_router.store.link_leases import LinkHolder
@@ -47,6 +48,13 @@ from mcpl_router.store.link_leases import LinkHolder
 __all__ = ["HeldLink", "Relay", "dial_relay"]
 
 RELAY_VERSION: Final = 1
+#: Connections a relay serves at once beyond two a server (a router's, and its successor's).
+MAX_SPARE_CONNECTIONS: Final = 8
+#: How long a hello waits for the database to say whether its router holds the router's lease.
+ROUTER_CHECK_TIMEOUT: Final = 5.0
+#: How long a newer relay waits for the one it replaces to close its server connection (a stdio
+#: child's graces, transports.py: 2 s + 3 s, and a margin).
+CLOSE_WAIT: Final = 8.0
 _WILDCARDS: Final = ("0.0.0.0", "::", "")
 #: How long either side waits for the other's hello or its answer (the answer waits for the
 #: server's connection: a WebSocket dial may take its own 10 s).
@@ -61,6 +69,10 @@ class _Hello(msgspec.Struct, frozen=True):
     server: str
     router: str
     routerEpoch: int  # noqa: N815 - the wire's spelling
+    #: The cluster's relay token (store/leases.py ``relay_token``): only a node reads it.
+    token: str = ""
+    #: Where the router's link has learned to put a WebSocket token (``tokenIn = "auto"``).
+    tokenIn: str | None = None  # noqa: N815
 
 
 @attrs.define(eq=False)
@@ -68,9 +80,11 @@ class HeldLink:
     """A server's link this node holds: its lease's fence, and the relay serving it (if any)."""
 
     fence: LeaseFence
-    #: The relay under way for it, and the router it serves.
+    #: The relay under way for it, the router it serves, and set once its server connection
+    #: is closed (a newer relay waits for it: one connection to the server at a time).
     relay_scope: trio.CancelScope | None = None
     router: tuple[str, int] | None = None
+    relay_done: trio.Event | None = None
     relays: int = 0
 
     def end_relay(self) -> None:
@@ -106,7 +120,12 @@ class Relay:
         self._open_transport = open_transport_fn
         #: ``host:port`` the relay listens on, once it does (published in the node's row).
         self.address: str | None = None
+        #: The cluster's relay token, read from the database before the relay listens.
+        self.token = ""
+        #: Why new relays are refused now (the node leaves), or None.
+        self.refusing: str | None = None
         self.counts = RelayCounts()
+        self._connections = 0
         self._log = get_logger(component="relay")
 
     async def serve(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -139,7 +158,16 @@ class Relay:
     async def _serve_one(self, socket: trio.SocketStream) -> None:
         # One stream for the hello and the messages after it (nothing of theirs is lost in between).
         stream = NdjsonStream(socket, socket, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, skip_log_lines=False)
+        self._connections += 1
         try:
+            if self._connections > self.max_connections:
+                # Each router dials a relay once a server: more is a router retrying against a
+                # fault, or not a router. Refused, counted, said; never queued without bound.
+                self.counts.refused += 1
+                self._log.warning("cluster.relay.refused", reason="too many relay connections", limit=self.max_connections)
+                with trio.move_on_after(1):
+                    await _answer(stream, {"ok": False, "error": f"node {self.node}'s relay serves {self.max_connections} connections at most"})
+                return
             await self._serve_hello(stream)
         except Exception as exc:
             # A fault serving one relay (the database unreachable at the hello, a server's
@@ -148,23 +176,40 @@ class Relay:
             with trio.move_on_after(1):
                 await _answer(stream, {"ok": False, "error": f"node {self.node}'s relay failed: {type(exc).__name__}: {exc}"})
         finally:
+            self._connections -= 1
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await socket.aclose()
+
+    @property
+    def max_connections(self) -> int:
+        return 2 * len(self.config.servers) + MAX_SPARE_CONNECTIONS
 
     async def _serve_hello(self, stream: NdjsonStream) -> None:
         hello = await self._read_hello(stream)
         if hello is None:
             return
         held = self._held.get(hello.server)
-        refusal = self._refusal(hello, held)
-        if refusal is None and not await self._router_holds(hello.router, hello.routerEpoch):
-            refusal = f"node {hello.router} does not hold the router's lease with epoch {hello.routerEpoch}"
+        refusal = await self._admit(hello, held)
+        if refusal is None and held is not None:
+            # One connection to the server at a time: the relay under way ends, and its server
+            # connection is closed (a stdio child given its graces), before this one opens.
+            while held.relay_scope is not None and held.relay_done is not None:
+                done = held.relay_done
+                held.end_relay()
+                with trio.move_on_after(CLOSE_WAIT):
+                    await done.wait()
+                if not done.is_set():
+                    refusal = f"node {self.node}'s earlier relay of server {hello.server} did not close within {CLOSE_WAIT:g}s"
+                    break
+            # Anything may have changed while this waited: checked again, with no wait after.
+            if refusal is None:
+                refusal = self._refusal(hello, self._held.get(hello.server), held)
         if refusal is not None or held is None:
             self.counts.refused += 1
             self._log.warning("cluster.relay.refused", server=hello.server, router=hello.router, reason=refusal)
             await _answer(stream, {"ok": False, "error": refusal})
             return
-        held.end_relay()  # one connection to the server at a time: the newer router's
+        done = held.relay_done = trio.Event()
         with trio.CancelScope() as scope:
             held.relay_scope, held.router = scope, (hello.router, hello.routerEpoch)
             held.relays += 1
@@ -172,10 +217,28 @@ class Relay:
                 with structlog.contextvars.bound_contextvars(server=hello.server, router=hello.router):
                     await self._relay(stream, hello, held)
             finally:
+                done.set()
                 if held.relay_scope is scope:  # not replaced by a newer router's relay
-                    held.relay_scope = held.router = None
+                    held.relay_scope = held.router = held.relay_done = None
         if scope.cancelled_caught:
             self._log.info("cluster.relay.ended", server=hello.server, reason="ended by this node (lease, router or drain)")
+
+    async def _admit(self, hello: _Hello, held: HeldLink | None) -> str | None:
+        """Why ``hello`` may not be served by ``held`` (None: it may, as far as can be known
+        before the wait for an earlier relay), the router's lease checked in the database."""
+        if not self.token or not hmac.compare_digest(hello.token.encode(), self.token.encode()):
+            return "the relay token does not match: not a node of this cluster (it is read from the journal's database)"
+        refusal = self._refusal(hello, held, held)
+        if refusal is not None:
+            return refusal
+        try:
+            with trio.fail_after(ROUTER_CHECK_TIMEOUT):
+                holds = await self._router_holds(hello.router, hello.routerEpoch)
+        except trio.TooSlowError:
+            return f"the journal's database did not say within {ROUTER_CHECK_TIMEOUT:g}s whether node {hello.router} holds the router's lease"
+        if not holds:
+            return f"node {hello.router} does not hold the router's lease with epoch {hello.routerEpoch}"
+        return self._refusal(hello, self._held.get(hello.server), held)  # what changed during the check
 
     async def _read_hello(self, stream: NdjsonStream) -> _Hello | None:
         try:
@@ -190,7 +253,14 @@ class Relay:
                 await _answer(stream, {"ok": False, "error": f"not a relay hello: {type(exc).__name__}: {exc}"})
             return None
 
-    def _refusal(self, hello: _Hello, held: HeldLink | None) -> str | None:
+    def _refusal(self, hello: _Hello, held: HeldLink | None, first: HeldLink | None) -> str | None:
+        """Why ``hello`` may not be served by ``held`` (what this node holds now), ``first``
+        being what it held when the hello came: a link handed over meanwhile, even if taken
+        again since, is another holding."""
+        if self.refusing is not None:
+            return self.refusing
+        if held is not first:
+            return f"node {self.node} handed server {hello.server}'s link over while the relay was being set up"
         if hello.relay != RELAY_VERSION:
             return f"relay version {hello.relay} is not this node's ({RELAY_VERSION})"
         if hello.server not in self.config.servers:
@@ -206,28 +276,42 @@ class Relay:
 
     async def _relay(self, router: NdjsonStream, hello: _Hello, held: HeldLink) -> None:
         server_config = self.config.servers[hello.server]
-        async with trio.open_nursery() as nursery:
-            try:
+        if hello.tokenIn in ("header", "query") and server_config.token_in == "auto":
+            # The router's link learned where this server takes its token (link.py): dialled so.
+            server_config = attrs.evolve(server_config, token_in=hello.tokenIn)
+        answered = False
+        try:
+            async with trio.open_nursery() as nursery:
                 transport = await self._open_transport(server_config, nursery)
-            except (TransportError, OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as exc:
-                # What a direct link would see and retry: said to the router, which retries.
-                error = str(exc) if isinstance(exc, TransportError) else f"{type(exc).__name__}: {exc}"
-                self._log.warning("cluster.relay.server_unreachable", error=error)
-                await _answer(router, {"ok": False, "error": error})
-                nursery.cancel_scope.cancel()
-                return
-            try:
-                to_server = FencedStream(transport.stream, held.fence.refusal)
-                await _answer(router, {"ok": True, "endpoint": transport.description, "lineOriented": transport.stream.line_oriented,
-                                       "linkEpoch": held.fence.term.epoch})
-                self.counts.served += 1
-                self._log.info("cluster.relay.serving", endpoint=transport.description, link_epoch=held.fence.term.epoch)
-                async with trio.open_nursery() as pumps:
-                    pumps.start_soon(self._pump, transport.stream, router, "fromServer", pumps.cancel_scope)
-                    pumps.start_soon(self._pump, router, to_server, "toServer", pumps.cancel_scope)
-            finally:
-                await transport.aclose()
-                nursery.cancel_scope.cancel()
+                try:
+                    # Both ways are fenced by the link's lease: a holder resumed past it neither
+                    # writes to the server nor hands the router what its old connection still says.
+                    to_server = FencedStream(transport.stream, held.fence.refusal)
+                    to_router = FencedStream(router, held.fence.refusal)
+                    await _answer(router, {"ok": True, "endpoint": transport.description, "lineOriented": transport.stream.line_oriented,
+                                           "linkEpoch": held.fence.term.epoch})
+                    answered = True
+                    self.counts.served += 1
+                    self._log.info("cluster.relay.serving", endpoint=transport.description, link_epoch=held.fence.term.epoch)
+                    async with trio.open_nursery() as pumps:
+                        pumps.start_soon(self._pump, transport.stream, to_router, "fromServer", pumps.cancel_scope)
+                        pumps.start_soon(self._pump, router, to_server, "toServer", pumps.cancel_scope)
+                finally:
+                    await transport.aclose()
+                    nursery.cancel_scope.cancel()
+        except BaseException as exc:  # noqa: BLE001 - sorted here: the server's failure, or not ours to take
+            failure = expected_failure(exc)
+            if failure is None or isinstance(exc, trio.Cancelled):
+                raise
+            # A dial's failure (trio-websocket raises a refusal from its reader task, beside the
+            # dial) is what a direct link would see and retry: said to the router, which retries
+            # (with its token's place moved after a refusal, as on one node). After the answer,
+            # the server's connection failing ends the relay, as a closed connection would.
+            error = str(failure) if isinstance(failure, TransportError) else describe_failure(failure)
+            status = failure.status if isinstance(failure, TransportError) else getattr(failure, "status_code", None)
+            self._log.warning("cluster.relay.server_failed" if answered else "cluster.relay.server_unreachable", error=error, status=status)
+            if not answered:
+                await _answer(router, {"ok": False, "error": error, "status": status})
 
     async def _pump(self, source: MessageStream, sink: MessageStream, direction: str, both: trio.CancelScope) -> None:
         """Carry messages one way until either end closes; then both ways end. What arrived in
@@ -270,8 +354,8 @@ async def _answer(stream: NdjsonStream, answer: dict[str, object]) -> None:
         pass
 
 
-async def dial_relay(holder: LinkHolder, server: ServerConfig, *, router: str, router_epoch: int,
-                     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> OpenTransport:
+async def dial_relay(holder: LinkHolder, server: ServerConfig, *, router: str, router_epoch: int, token: str,
+                     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> tuple[OpenTransport, int]:
     """The router's side: a transport to ``server`` through the relay of the node holding its
     link. Raises :class:`TransportError` (the link retries with its backoff) when the holder
     can't be reached or refuses."""
@@ -285,7 +369,8 @@ async def dial_relay(holder: LinkHolder, server: ServerConfig, *, router: str, r
         raise TransportError(f"node {holder.node}'s relay at {holder.relay} can't be reached: {type(exc).__name__}: {exc}") from None
     stream = NdjsonStream(socket, socket, max_message_bytes=max_message_bytes, skip_log_lines=False)
     try:
-        hello = _Hello(relay=RELAY_VERSION, server=server.id, router=router, routerEpoch=router_epoch)
+        hello = _Hello(relay=RELAY_VERSION, server=server.id, router=router, routerEpoch=router_epoch, token=token,
+                       tokenIn=server.token_in if server.transport == "websocket" and server.token else None)
         await stream.send_message(msgspec.json.encode(hello))
         with trio.fail_after(ANSWER_TIMEOUT):
             answer = json.loads(await stream.receive_message())
@@ -298,6 +383,10 @@ async def dial_relay(holder: LinkHolder, server: ServerConfig, *, router: str, r
     if not isinstance(answer, dict) or answer.get("ok") is not True:
         await trio.aclose_forcefully(socket)
         error = answer.get("error") if isinstance(answer, dict) else answer
-        raise TransportError(f"node {holder.node} did not relay server {server.id}: {error}")
+        status = answer.get("status") if isinstance(answer, dict) else None
+        raise TransportError(f"node {holder.node} did not relay server {server.id}: {error}",
+                             status=status if isinstance(status, int) else None)
     stream.line_oriented = bool(answer.get("lineOriented", True))
-    return OpenTransport(stream=stream, description=f"{answer.get('endpoint')} via node {holder.node}", socket=socket)
+    link_epoch = answer.get("linkEpoch")
+    transport = OpenTransport(stream=stream, description=f"{answer.get('endpoint')} via node {holder.node}", socket=socket)
+    return transport, link_epoch if isinstance(link_epoch, int) else holder.epoch

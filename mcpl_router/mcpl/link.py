@@ -297,11 +297,11 @@ class ServerLink(LinkHandshake, LinkRegrant):
                     self._set_state(LinkState.FAILED, reason=str(exc))
                     return
                 except Exception as exc:
-                    expected = _expected_failure(exc)
+                    expected = expected_failure(exc)
                     if expected is not None:
                         # A child that died says more than the closed pipe it left.
                         exited = self._exited() if isinstance(expected, (PeerClosed, trio.BrokenResourceError)) else None
-                        self.last_error = exited or _describe_failure(expected)
+                        self.last_error = exited or describe_failure(expected)
                         self._maybe_token_in_query(expected)
                     else:
                         # A bug in handling one server must not take the daemon (and every
@@ -313,12 +313,12 @@ class ServerLink(LinkHandshake, LinkRegrant):
                     # Cancelled of the epoch's own nursery. That is a connection failure like any
                     # other: taken as one, the Cancelled dropped. Were this link really being
                     # cancelled, the next checkpoint (the backoff sleep) raises it again.
-                    failures, rest = group.split(lambda leaf: _expected_failure(leaf) is not None)
+                    failures, rest = group.split(lambda leaf: expected_failure(leaf) is not None)
                     if failures is None or (rest is not None and rest.split(trio.Cancelled)[1] is not None):
                         raise
-                    expected = _expected_failure(failures)
+                    expected = expected_failure(failures)
                     assert expected is not None
-                    self.last_error = _describe_failure(expected)
+                    self.last_error = describe_failure(expected)
                     self._maybe_token_in_query(expected)
                 if self._ready_since is not None and trio.current_time() - self._ready_since >= STABLE_AFTER:
                     self.attempts = 1
@@ -488,7 +488,7 @@ class ServerLink(LinkHandshake, LinkRegrant):
 _EXPECTED_FAILURES = (TransportError, PeerClosed, RequestTimeout, RpcError, ManifestError, trio.BrokenResourceError)
 
 
-def _expected_failure(exc: BaseException) -> BaseException | None:
+def expected_failure(exc: BaseException) -> BaseException | None:
     """The first connection-level failure in ``exc`` (or in its group), or None for a bug."""
     # trio-websocket's reader raises its own errors (ConnectionRejected, …) in the nursery.
     return first_leaf(
@@ -497,7 +497,7 @@ def _expected_failure(exc: BaseException) -> BaseException | None:
     )
 
 
-def _describe_failure(exc: BaseException) -> str:
+def describe_failure(exc: BaseException) -> str:
     status = getattr(exc, "status_code", None)
     if status is not None:  # trio-websocket's ConnectionRejected: the server said no
         return f"websocket handshake refused (status {status})"

@@ -26,6 +26,7 @@ Every function here is synchronous and runs in a worker thread on a connection o
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
@@ -46,6 +47,7 @@ __all__ = [
     "forget_gone_nodes",
     "heartbeat",
     "leave",
+    "relay_token",
     "release",
     "renew",
 ]
@@ -76,6 +78,12 @@ CLUSTER_TABLES: Final = (
         epoch bigint NOT NULL,
         acquired_at timestamptz NOT NULL,
         expires_at timestamptz NOT NULL
+    )""",
+    # The token a node's relay takes from the router (cluster/relay.py): made once, read by
+    # every node from here, so only what can read the journal can use a relay.
+    """CREATE TABLE IF NOT EXISTS cluster_relay_token (
+        id smallint PRIMARY KEY CHECK (id = 1),
+        token text NOT NULL
     )""",
     """CREATE TABLE IF NOT EXISTS cluster_nodes (
         node text PRIMARY KEY,
@@ -250,6 +258,14 @@ def release(db: Connection, term: LeaseTerm) -> bool:
     if term.server is None:
         db.execute(f"NOTIFY {RELEASED_CHANNEL}")
     return row is not None
+
+
+def relay_token(db: Connection) -> str:
+    """The cluster's relay token, made at the first ask (256 random bits)."""
+    db.execute("INSERT INTO cluster_relay_token (id, token) VALUES (1, ?) ON CONFLICT (id) DO NOTHING", (secrets.token_urlsafe(32),))
+    row = db.execute("SELECT token FROM cluster_relay_token WHERE id = 1").fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 def heartbeat(db: Connection, node: str, state: str, info: Mapping[str, object], *, within: float = 0.0) -> dict[str, object] | None:

@@ -21,6 +21,10 @@ from mcpl_router.store.leases import LeaseFence, LeaseTerm
 from mcpl_router.store.link_leases import LinkHolder
 
 
+#: The cluster's relay token, as a node reads it from the database.
+TOKEN = "relay-token-of-this-cluster"
+
+
 def config(tmp_path: Path) -> RouterConfig:
     return parse_config(
         {
@@ -80,6 +84,7 @@ async def start(tmp_path: Path, nursery: trio.Nursery, holding: dict[str, HeldLi
         return (node, epoch) == router
 
     relay = Relay("n1", config(tmp_path), holding, router_holds, open_transport_fn=servers.open)
+    relay.token = TOKEN
     address = await nursery.start(relay.serve)
     return relay, servers, address
 
@@ -92,7 +97,7 @@ async def test_messages_go_both_ways_unchanged_and_a_newline_inside_one_stays_wh
     async with trio.open_nursery() as nursery:
         holding = {"s": held()}
         relay, servers, address = await start(tmp_path, nursery, holding)
-        transport = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        transport, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
         assert transport.description == "memory:s via node n1" and transport.stream.line_oriented is False
         [server] = servers.far_ends
         await transport.stream.send_message(b'{"jsonrpc":"2.0","id":1,"method":"initialize"}')
@@ -123,7 +128,7 @@ async def test_a_relay_is_refused_with_the_reason_when_this_node_may_not_serve_i
         relay, servers, address = await start(tmp_path, nursery, {"s": held()})
         wanted = config(tmp_path).servers.get(server) or ServerConfig(id=server, transport="tcp", host="127.0.0.1", port=9)
         with pytest.raises(TransportError, match=refused):
-            await dial_relay(holder(address, server), wanted, router="n3", router_epoch=router_epoch)
+            await dial_relay(holder(address, server), wanted, router="n3", router_epoch=router_epoch, token=TOKEN)
         assert relay.counts.refused == 1 and not servers.far_ends
         nursery.cancel_scope.cancel()
 
@@ -132,7 +137,7 @@ async def test_a_relay_whose_link_lease_ran_out_writes_nothing_more_to_the_serve
     async with trio.open_nursery() as nursery:
         link = held()
         relay, servers, address = await start(tmp_path, nursery, {"s": link})
-        transport = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        transport, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
         [server] = servers.far_ends
         link.fence.lost("node n1's lease on server s's link (epoch 4) ran out unrenewed")
         await transport.stream.send_message(b'{"jsonrpc":"2.0","method":"late"}')
@@ -156,10 +161,11 @@ async def test_a_newer_router_replaces_the_relay_and_an_older_one_is_refused(tmp
 
         holding = {"s": held()}
         relay = Relay("n1", config(tmp_path), holding, router_holds, open_transport_fn=servers.open)
+        relay.token = TOKEN
         address = await nursery.start(relay.serve)
-        first = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+        first, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
         router[:] = ["n2", 8]  # n3 paused past its lease; n2 took the router's
-        second = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n2", router_epoch=8)
+        second, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n2", router_epoch=8, token=TOKEN)
         with trio.fail_after(2):
             with pytest.raises(trio.EndOfChannel):
                 await first.stream.receive_message()
@@ -201,10 +207,11 @@ async def test_a_fault_serving_one_relay_is_answered_and_the_relay_serves_the_ne
     async with trio.open_nursery() as nursery:
         servers = Servers()
         relay = Relay("n1", config(tmp_path), {"s": held()}, router_holds, open_transport_fn=servers.open)
+        relay.token = TOKEN
         address = await nursery.start(relay.serve)
         with pytest.raises(TransportError, match="node n1's relay failed: OSError: the journal's database can't be reached"):
-            await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
-        transport = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7)
+            await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        transport, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
         assert len(servers.far_ends) == 1
         await transport.aclose()
         nursery.cancel_scope.cancel()
@@ -223,4 +230,123 @@ async def test_the_relay_publishes_an_address_to_dial_never_a_wildcard(tmp_path:
             assert not address.startswith("0.0.0.0")
             if host is not None:
                 assert address.startswith(f"{host}:")
+            nursery.cancel_scope.cancel()
+
+
+class SlowClosingServers(Servers):
+    """Each connection's close takes a while (a stdio child given its graces): overlap counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open_now = 0
+        self.most_open = 0
+
+    async def open(self, server: ServerConfig, nursery: trio.Nursery) -> OpenTransport:
+        opened = await super().open(server, nursery)
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
+        inner, outer = opened.stream, self
+
+        class Slow(FramedEnd):
+            async def aclose(self) -> None:
+                with trio.CancelScope(shield=True):
+                    await trio.sleep(0.3)
+                    await inner.aclose()
+                    outer.open_now -= 1
+
+        return OpenTransport(stream=Slow(inner._send, inner._receive), description=opened.description)  # type: ignore[attr-defined]
+
+
+async def test_a_newer_router_is_served_only_once_the_old_server_connection_is_closed(tmp_path: Path) -> None:
+    async def router_holds(node: str, epoch: int) -> bool:
+        return True
+
+    async with trio.open_nursery() as nursery:
+        servers = SlowClosingServers()
+        relay = Relay("n1", config(tmp_path), {"s": held()}, router_holds, open_transport_fn=servers.open)
+        relay.token = TOKEN
+        address = await nursery.start(relay.serve)
+        first, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        second, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n2", router_epoch=8, token=TOKEN)
+        assert (servers.most_open, len(servers.far_ends)) == (1, 2)  # never two connections to the server at once
+        await first.aclose()
+        await second.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_link_handed_over_while_the_hello_was_checked_opens_no_connection(tmp_path: Path) -> None:
+    holding = {"s": held()}
+    link = holding["s"]
+
+    async def router_holds(node: str, epoch: int) -> bool:
+        holding.pop("s")  # while the database answers, the placement hands the link over
+        link.fence.lost("handed over: test")
+        await trio.sleep(0)
+        return True
+
+    async with trio.open_nursery() as nursery:
+        servers = Servers()
+        relay = Relay("n1", config(tmp_path), holding, router_holds, open_transport_fn=servers.open)
+        relay.token = TOKEN
+        address = await nursery.start(relay.serve)
+        with pytest.raises(TransportError, match="does not hold server s's link|handed server s's link over"):
+            await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        assert not servers.far_ends
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_hello_without_the_clusters_token_is_refused_and_the_routers_relay_goes_on(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        relay, servers, address = await start(tmp_path, nursery, {"s": held()})
+        real, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        # The router's name and epoch are public (/status.json, /metrics); the token is not.
+        with pytest.raises(TransportError, match="the relay token does not match"):
+            await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token="guessed")
+        [server] = servers.far_ends
+        await server.send_message(b'{"jsonrpc":"2.0","method":"still here"}')
+        assert await real.stream.receive_message() == b'{"jsonrpc":"2.0","method":"still here"}'
+        await real.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_nothing_the_server_says_after_the_link_lease_ran_out_reaches_the_router(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        link = held()
+        relay, servers, address = await start(tmp_path, nursery, {"s": link})
+        transport, link_epoch = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        assert link_epoch == 4
+        [server] = servers.far_ends
+        link.fence.lost("node n1's lease on server s's link (epoch 4) ran out unrenewed")
+        await server.send_message(b'{"jsonrpc":"2.0","method":"stale"}')
+        with trio.fail_after(2), pytest.raises(trio.EndOfChannel):
+            await transport.stream.receive_message()  # the relay ended; "stale" never came
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_server_refusing_the_relays_dial_is_said_to_the_router_with_its_status(tmp_path: Path) -> None:
+    import trio_websocket
+
+    async def refuse(request: trio_websocket.WebSocketRequest) -> None:
+        await request.reject(401)
+
+    async def router_holds(node: str, epoch: int) -> bool:
+        return True
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(trio_websocket.serve_websocket, refuse, "127.0.0.1", 0, None)
+            refusing = parse_config(
+                {"mcplServers": {"s": {"url": f"ws://127.0.0.1:{server.port}/mcpl", "token": "t", "tokenIn": "auto"}},
+                 "journal": {"backend": "postgres", "dsn": "host=127.0.0.1 dbname=x"}, "cluster": {"node": "n1", "links": "balanced"}},
+                source="<test>", base_dir=tmp_path)
+            relay = Relay("n1", refusing, {"s": held()}, router_holds)
+            relay.token = TOKEN
+            address = await nursery.start(relay.serve)
+            for _ in range(2):  # the relay goes on serving after each refusal
+                with pytest.raises(TransportError, match=r"websocket handshake refused \(status 401\)") as refused:
+                    await dial_relay(holder(address), refusing.servers["s"], router="n3", router_epoch=7, token=TOKEN)
+                # The router's link reads the status, as from its own dial (it may move the token).
+                assert refused.value.status == 401
+            assert relay.counts.refused == 0
             nursery.cancel_scope.cancel()
