@@ -44,6 +44,12 @@ RENEW_SHARE: Final = 0.2
 #: A node unheard of for this share of the lease is not given links (three heartbeats missed):
 #: its own leases run out soon after, and the others must not wait on its share for long.
 LIVE_SHARE: Final = 0.6
+#: A link held for less than this many leases is not moved for placement (every move is a
+#: reconnect of its server): a pinned node flapping, or nodes restarted one after another.
+SETTLE_LEASES: Final = 1
+#: A link seen free for this many leases is taken by any live node, whatever the placement
+#: says (nodes whose configs disagree must not leave a server unheld).
+LONG_FREE_LEASES: Final = 2
 #: How long the router's link waits for some node to hold a free link before its attempt
 #: fails (and is tried again with the link's backoff).
 HOLDER_WAIT_LEASES: Final = 2
@@ -65,6 +71,8 @@ class LinkHoldings:
         self.counts = {"linksTaken": 0, "linksLost": 0, "linksHandedOver": 0}
         self._log = get_logger(component="links")
         self._nudge = trio.Event()
+        #: Since when (trio time) each configured link was seen free by this node's polls.
+        self._free_since: dict[str, float] = {}
         #: The router's side: server id → (the link epoch its relay answered for, the transport).
         self._dialled: dict[str, tuple[int, OpenTransport]] = {}
 
@@ -106,7 +114,9 @@ class LinkHoldings:
         said: str | None = None
         while True:
             try:
-                held_by, live = await self._lookups.run(partial(_placement_view, live_within=self.ttl * LIVE_SHARE))
+                held_by, live = await self._lookups.run(
+                    partial(_placement_view, live_within=self.ttl * LIVE_SHARE, servers=list(self.config.servers))
+                )
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 if error != said:
@@ -114,8 +124,18 @@ class LinkHoldings:
                     self._log.warning("cluster.links.unreadable", error=error)
             else:
                 said = None
-                plan = plan_links(me=self.node, servers=tuple(self.config.servers), pin=self.config.cluster.pin if self.config.cluster else {},
-                                  live=live, held_by=held_by, draining=self.draining)
+                now = trio.current_time()
+                for server in self.config.servers:
+                    if server in held_by:
+                        self._free_since.pop(server, None)
+                    else:
+                        self._free_since.setdefault(server, now)
+                plan = plan_links(
+                    me=self.node, servers=tuple(self.config.servers), pin=self.config.cluster.pin if self.config.cluster else {},
+                    live=live, held_by=held_by, draining=self.draining,
+                    settled=[server for server, held in self.held.items() if now - held.taken_at >= self.ttl * SETTLE_LEASES],
+                    long_free=[server for server, since in self._free_since.items() if now - since >= self.ttl * LONG_FREE_LEASES],
+                )
                 for server, why in plan.release.items():
                     await self._hand_over(server, why)
                 for server in [server for server in self.held if server not in self.config.servers]:
@@ -311,8 +331,11 @@ class LinkHoldings:
         }
 
 
-def _placement_view(db: Connection, *, live_within: float) -> tuple[dict[str, str], set[str]]:
-    """(server → the node holding its link unexpired, the nodes live enough to be given links)."""
+def _placement_view(db: Connection, *, live_within: float, servers: list[str]) -> tuple[dict[str, str], set[str]]:
+    """(server → the node holding its link unexpired, the nodes live enough to be given links);
+    the rows of servers no longer configured, and not held, are deleted on the way (a server
+    removed from the file leaves status and ``journal check`` once its holder let it go)."""
+    db.execute("DELETE FROM cluster_links WHERE NOT (server = ANY(?)) AND expires_at < clock_timestamp()", (servers,))
     held_by = {str(row["server"]): str(row["node"]) for row in links_view(db) if float(str(row["expiresIn"])) > 0}
     live = {
         str(node)

@@ -86,6 +86,8 @@ class HeldLink:
     router: tuple[str, int] | None = None
     relay_done: trio.Event | None = None
     relays: int = 0
+    #: When this node took it (trio time): a link just taken is not moved for placement.
+    taken_at: float = attrs.field(factory=trio.current_time)
 
     def end_relay(self) -> None:
         if self.relay_scope is not None:

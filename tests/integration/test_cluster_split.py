@@ -253,6 +253,13 @@ async def test_a_server_added_by_a_reload_is_placed_and_one_removed_is_handed_ov
             status = await raw_status(socket_of(short_tmp, ROUTER))
             assert await reached_through(socket_of(short_tmp, ROUTER), "d") == holders(status)["d"]
             assert '"cluster.link.handed_over"' in nodes.log("n2") and "no longer in the config" in nodes.log("n2")
+            # c's row is gone once let go: status and journal check no longer list it.
+            await wait_until(lambda: _without(short_tmp, "c"), timeout=10, interval=0.2)
+
+
+async def _without(workdir: Path, server: str) -> bool:
+    status = await raw_status(socket_of(workdir, ROUTER))
+    return server not in [row["server"] for row in status["cluster"]["links"]]
 
 
 # -- the misrouting property, over a split cluster ---------------------------------------------------
