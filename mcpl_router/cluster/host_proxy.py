@@ -45,7 +45,7 @@ import msgspec
 import trio
 
 from mcpl_router.config import HostConfig
-from mcpl_router.hosts.admission import ConnectionRefusal, HostAdmission, PatientListener
+from mcpl_router.hosts.admission import HostAdmission, PatientListener
 from mcpl_router.hosts.listener import SocketSetupError, open_unix_listener
 from mcpl_router.jsonrpc.envelope import OVERLOADED
 from mcpl_router.logs import get_logger

@@ -25,9 +25,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
 from functools import partial
-from typing import Final, TypeVar
+from typing import Final
 
 import attrs
 import structlog
@@ -45,7 +44,6 @@ from mcpl_router.logs import get_logger
 from mcpl_router.store.backend import Connection
 from mcpl_router.store.journal import read_password
 from mcpl_router.store.leases import (
-    LEASE_LOCK_TIMEOUT_MS,
     LINKS,
     LeaseFence,
     LeaseTerm,
@@ -58,13 +56,10 @@ from mcpl_router.store.leases import (
     release,
     renew,
 )
-from mcpl_router.store.postgres_backend import PgConnection, connect
 from mcpl_router.store.link_leases import links_view
 from mcpl_router.store.schema import JournalLocked, JournalRefused
 
 __all__ = ["ClusterNode"]
-
-_T = TypeVar("_T")
 
 #: A standby tries to take the lease this often, as a share of the lease (at most every second).
 POLL_SHARE: Final = 0.1

@@ -36,13 +36,14 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
 
-from .conftest import FAST_RECONNECT, DaemonProcess, daemon_process, daemon_serving
-from .test_cluster import health_page
+from .conftest import FAST_RECONNECT, daemon_serving
+from .test_cluster import health_page, log_events
 from .test_cluster_scenarios import (
     AGENTS,
     CHANNELS,
     ONE_DAEMON,
     SERVER_OPTIONS,
+    Cluster,
     check_state,
     raw_status,
     scenarios,
@@ -59,20 +60,8 @@ ROUTER = "n3"
 PINS = {"a": "n1", "b": "n2", "c": "n2"}
 
 
-class SplitNodes:
+class SplitNodes(Cluster):
     """The servers and the nodes of one split cluster, and what the tests read of them."""
-
-    def __init__(self, workdir: Path, config: Path, servers: dict[str, FixtureProcess], stack: AsyncExitStack) -> None:
-        self.workdir = workdir
-        self.config = config
-        self.servers = servers
-        self.stack = stack
-        self.nodes: dict[str, DaemonProcess] = {}
-
-    async def start(self, node: str) -> None:
-        env = {**os.environ, "MCPL_ROUTER_NODE": node}
-        self.nodes[node] = await self.stack.enter_async_context(daemon_process(self.config, self.workdir / f"{node}.log", env=env))
-        await self.nodes[node].start()
 
     def process(self, node: str) -> trio.Process:
         process = self.nodes[node].process
@@ -82,19 +71,9 @@ class SplitNodes:
     def socket(self, node: str) -> str:
         return socket_of(self.workdir, node)
 
-    def log(self, node: str) -> str:
-        return (self.workdir / f"{node}.log").read_text(errors="replace")
-
     def events(self, node: str, event: str) -> list[dict[str, Any]]:
         """``node``'s log lines of ``event``, parsed."""
-        found = []
-        for line in self.log(node).splitlines():
-            if f'"{event}"' in line:
-                try:
-                    found.append(json.loads(line))
-                except ValueError:
-                    continue
-        return found
+        return log_events(self.workdir / f"{node}.log", event)
 
     def tails(self, lines: int = 30) -> str:
         return json.dumps({node: self.log(node).splitlines()[-lines:] for node in self.nodes}, indent=1)
