@@ -97,16 +97,19 @@ class Daemon:
             ``cluster``, and it serves the health listener (this daemon then doesn't).
         link_transport: what each link opens instead of its own connection to the server (a
             balanced cluster's router reaches servers through their holders' relays).
+        journal: the journal ``config`` names, already opened (a cluster node opens it in a
+            worker thread); None: opened here.
     """
 
     def __init__(
         self, config: RouterConfig, *, observers: list[Observer] | None = None, fence: LeaseFence | None = None,
         node: ClusterStatus | None = None,
         link_transport: Callable[[ServerConfig, trio.Nursery], Awaitable[OpenTransport]] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.config = config
         self.router = Router()
-        self.journal = Journal.from_config(config.journal, fence=fence)
+        self.journal = Journal.from_config(config.journal, fence=fence) if journal is None else journal
         #: Asked before each write to a server (None: a single daemon sends freely).
         self._outbound_fence = None if fence is None else fence.refusal
         self._node = node

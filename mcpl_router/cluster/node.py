@@ -42,7 +42,7 @@ from mcpl_router.daemon import Daemon
 from mcpl_router.health import Readiness, serve_health
 from mcpl_router.logs import get_logger
 from mcpl_router.store.backend import Connection
-from mcpl_router.store.journal import read_password
+from mcpl_router.store.journal import Journal, read_password
 from mcpl_router.store.leases import (
     LINKS,
     LeaseFence,
@@ -272,7 +272,7 @@ class ClusterNode:
             async with trio.open_nursery() as nursery:
                 self._term_scope = nursery.cancel_scope
                 nursery.start_soon(self._renewals, fence, nursery.cancel_scope)
-                daemon = self._new_daemon(fence)
+                daemon = await self._new_daemon(fence)
                 if daemon is None:
                     nursery.cancel_scope.cancel()
                     return
@@ -297,7 +297,7 @@ class ClusterNode:
             elif not self.shutdown_requested.is_set():
                 self._log.info("cluster.node.standby_again", reason=fence.loss)
 
-    def _new_daemon(self, fence: LeaseFence) -> Daemon | None:
+    async def _new_daemon(self, fence: LeaseFence) -> Daemon | None:
         config = self.config
         if self._reload_pending:
             self._reload_pending = False
@@ -311,7 +311,10 @@ class ClusterNode:
                 else:
                     self.config = config = fresh
         try:
-            return Daemon(config, fence=fence, node=self,
+            # Opened (connected, its schema checked, its state read) in a worker thread: the
+            # node's renewals, heartbeats and relays run on on the trio thread meanwhile.
+            journal = await _open_journal(config, fence)
+            return Daemon(config, fence=fence, node=self, journal=journal,
                           link_transport=None if self.links is None else self.links.transport_for(fence.term))
         except (JournalRefused, JournalLocked) as exc:
             self.counts["refusedTerms"] += 1
@@ -451,6 +454,23 @@ class ClusterNode:
             return daemon.status(channels_page=channels_page, channels_filter=channels_filter)
         readiness = self.readiness()
         return {"version": __version__, "ready": readiness.ready, "problems": list(readiness.problems), "cluster": self.status()}
+
+
+async def _open_journal(config: RouterConfig, fence: LeaseFence) -> Journal:
+    """The term's journal, opened in a worker thread; closed again if the term ends (the lease
+    lost) before the daemon has it, rather than left with its connection open."""
+    opened: list[Journal] = []
+
+    def open_it() -> None:
+        opened.append(Journal.from_config(config.journal, fence=fence))
+
+    try:
+        await trio.to_thread.run_sync(open_it)
+    except trio.Cancelled:
+        for journal in opened:
+            journal.close()
+        raise
+    return opened[0]
 
 
 def _without_pins(config: RouterConfig) -> object:
