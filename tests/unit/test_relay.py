@@ -350,3 +350,17 @@ async def test_a_server_refusing_the_relays_dial_is_said_to_the_router_with_its_
                 assert refused.value.status == 401
             assert relay.counts.refused == 0
             nursery.cancel_scope.cancel()
+
+
+async def test_a_leaving_node_serves_no_new_relay_and_the_one_under_way_goes_on(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        relay, servers, address = await start(tmp_path, nursery, {"s": held()})
+        under_way, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        relay.refusing = "node n1 is leaving the cluster"
+        with pytest.raises(TransportError, match="node n1 is leaving the cluster"):
+            await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=8, token=TOKEN)
+        [server] = servers.far_ends
+        await under_way.stream.send_message(b'{"jsonrpc":"2.0","method":"drain"}')
+        assert await server.receive_message() == b'{"jsonrpc":"2.0","method":"drain"}'
+        await under_way.aclose()
+        nursery.cancel_scope.cancel()
