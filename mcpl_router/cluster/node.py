@@ -22,6 +22,8 @@ share one PostgreSQL journal. Each is a :class:`ClusterNode`:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import time
@@ -95,6 +97,8 @@ class ClusterNode:
         self.view: dict[str, object] = {"nodes": [], "leases": []}
         self.counts = {"terms": 0, "leasesLost": 0, "renewFailures": 0, "heartbeatFailures": 0, "refusedTerms": 0, "nameClashes": 0}
         self._clash_said: object = None
+        #: Live nodes whose placement (servers, pins) differs from this node's, at the last beat.
+        self.placement_differs: list[str] = []
         #: Why a standby could not try for the lease just now (the database unreachable), if so.
         self.problem: str | None = None
         self._shutdown_reason: str | None = None
@@ -384,12 +388,31 @@ class ClusterNode:
                 self.links.relay.router_seen(int(str(router.get("epoch"))), float(str(router.get("expiresIn", 0))) > 0)
             links = self.view.get("links")
             await self.links.links_seen(links if isinstance(links, list) else [])
+            self._compare_placement()
         if other is not None and other.get("pid") != self._clash_said:
             # Said once per other process: each overwrites the other's row at every beat.
             self._clash_said = other.get("pid")
             self.counts["nameClashes"] += 1
             self._log.error("cluster.node.name_clash", other_pid=other.get("pid"), other_hostname=other.get("hostname"),
                             fix=f"another process runs as node {self.name}: give each node its own cluster.node")
+
+    def _compare_placement(self) -> None:
+        """Nodes placing links from different files (one reloaded, another not) disagree on
+        pins and servers: said once for each set of such nodes (the links are still held: a
+        link free too long is taken by any node)."""
+        assert self.links is not None
+        mine = _placement_digest(self.links.config)
+        nodes = self.view.get("nodes")
+        differ = sorted(
+            str(row.get("node")) for row in (nodes if isinstance(nodes, list) else [])
+            if isinstance(row, dict) and row.get("node") != self.name and row.get("state") != "stopped"
+            and float(str(row.get("seenAgo", 0))) < self.ttl and isinstance(row.get("info"), dict)
+            and row["info"].get("placement") not in (None, mine)
+        )
+        if differ and differ != self.placement_differs:
+            self._log.warning("cluster.config.differs", nodes=differ,
+                              fix="the nodes place links from different [cluster] pins or servers: give every node the same file and reload each")
+        self.placement_differs = differ
 
     def _info_fields(self) -> dict[str, object]:
         host = self.config.host
@@ -401,6 +424,7 @@ class ClusterNode:
             "health": self.health_url,
             "websocket": None if self.daemon is None else self.daemon.host_websocket_url,
             "relay": None if self.links is None else self.links.relay.address,
+            "placement": None if self.links is None else _placement_digest(self.links.config),
         }
 
     def _holder(self) -> dict[str, object] | None:
@@ -433,6 +457,7 @@ class ClusterNode:
             "links": self.view.get("links", []),
             "linkHoldings": None if self.links is None else self.links.status(),
             "placement": None if self.config.cluster is None else self.config.cluster.described_links,
+            "placementDiffers": self.placement_differs,
             **self.counts,
         }
 
@@ -471,6 +496,14 @@ async def _open_journal(config: RouterConfig, fence: LeaseFence) -> Journal:
             journal.close()
         raise
     return opened[0]
+
+
+def _placement_digest(config: RouterConfig) -> str:
+    """What placement decides from (the servers, the pins, the mode), in 12 hex digits."""
+    cluster = config.cluster
+    placed = {"servers": sorted(config.servers), "pin": dict(sorted((cluster.pin if cluster else {}).items())),
+              "links": cluster.links if cluster else None}
+    return hashlib.sha256(json.dumps(placed, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _without_pins(config: RouterConfig) -> object:

@@ -213,7 +213,11 @@ async def test_a_server_added_by_a_reload_is_placed_and_one_removed_is_handed_ov
             del config["mcplServers"]["c"]
             del config["cluster"]["pin"]["c"]
             nodes.config.write_text(json.dumps(config))
-            for node in nodes.nodes:
+            # One node reloaded, the others not yet: they place from different files, and say so.
+            nodes.process("n1").send_signal(signal.SIGHUP)
+            await wait_until(lambda: bool(nodes.events(ROUTER, "cluster.config.differs")), timeout=10, interval=0.1)
+            assert nodes.events(ROUTER, "cluster.config.differs")[0]["nodes"] == ["n1"]
+            for node in ("n2", "n3"):
                 nodes.process(node).send_signal(signal.SIGHUP)
 
             async def replaced() -> bool:
@@ -234,6 +238,13 @@ async def test_a_server_added_by_a_reload_is_placed_and_one_removed_is_handed_ov
             assert '"cluster.link.handed_over"' in nodes.log("n2") and "no longer in the config" in nodes.log("n2")
             # c's row is gone once let go: status and journal check no longer list it.
             await wait_until(lambda: _without(short_tmp, "c"), timeout=10, interval=0.2)
+            # Every node on the same file again: none differs.
+            await wait_until(lambda: _agreeing(short_tmp), timeout=10, interval=0.2)
+
+
+async def _agreeing(workdir: Path) -> bool:
+    status = await raw_status(socket_of(workdir, ROUTER))
+    return status["cluster"]["placementDiffers"] == []
 
 
 async def _without(workdir: Path, server: str) -> bool:
