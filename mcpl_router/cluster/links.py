@@ -50,6 +50,10 @@ SETTLE_LEASES: Final = 1
 #: A link seen free for this many leases is taken by any live node, whatever the placement
 #: says (nodes whose configs disagree must not leave a server unheld).
 LONG_FREE_LEASES: Final = 2
+#: How long a hand-over waits for the server's answers to the router's requests under way (at
+#: most this, and at most this share of the lease: the lease is renewed meanwhile).
+HAND_OVER_GRACE: Final = 2.0
+HAND_OVER_GRACE_SHARE: Final = 0.4
 #: How long the router's link waits for some node to hold a free link before its attempt
 #: fails (and is tried again with the link's backoff).
 HOLDER_WAIT_LEASES: Final = 2
@@ -89,7 +93,7 @@ class LinkHoldings:
                 await self._placements()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await self._hand_over_all("node stopped")
+                await self._hand_over_all("node stopped", graceful=False)
 
     def leaving(self) -> None:
         """The node was asked to stop: no new relay is served (a new router dials the links'
@@ -159,23 +163,34 @@ class LinkHoldings:
         self._log.info("cluster.link.taken", server=server, epoch=term.epoch)
 
     async def _hand_over(self, server: str, why: str) -> None:
-        held = self.held.pop(server, None)
-        if held is None:
-            return
-        held.fence.lost(f"handed over: {why}")  # nothing more is written to it from here
-        held.end_relay()
-        self.counts["linksHandedOver"] += 1
-        try:
-            released = await self._leases.run(partial(release, term=held.fence.term))
-        except Exception as exc:
-            self._log.warning("cluster.link.release_failed", server=server, error=f"{type(exc).__name__}: {exc}",
-                              effect=f"another node takes it when its lease runs out ({self.ttl:g}s)")
-            return
-        self._log.info("cluster.link.handed_over", server=server, epoch=held.fence.term.epoch, reason=why, released=released)
+        await self._hand_over_all(why, [server])
 
-    async def _hand_over_all(self, why: str) -> None:
-        for server in sorted(self.held):
-            await self._hand_over(server, why)
+    async def _hand_over_all(self, why: str, servers: list[str] | None = None, *, graceful: bool = True) -> None:
+        """Hand ``servers`` (all held: None) over. Gracefully: their relays send the server no
+        new request (the router's is answered "not sent") and the answers to those under way
+        are waited for, a bounded while, before the lease is let go; then nothing more is
+        written to the server from here and another node takes the link."""
+        handing = {server: self.held[server] for server in sorted(self.held if servers is None else servers) if server in self.held}
+        for held in handing.values():
+            held.closing = why
+        with trio.move_on_after(min(HAND_OVER_GRACE, self.ttl * HAND_OVER_GRACE_SHARE) if graceful else 0):
+            while any(held.pending and held.relay_scope is not None for held in handing.values()):
+                await trio.sleep(0.02)
+        for server, held in handing.items():
+            if self.held.get(server) is not held:
+                continue  # lost meanwhile: said where it was lost
+            del self.held[server]
+            held.fence.lost(f"handed over: {why}")  # nothing more is written to it from here
+            held.end_relay()
+            self.counts["linksHandedOver"] += 1
+            try:
+                released = await self._leases.run(partial(release, term=held.fence.term))
+            except Exception as exc:
+                self._log.warning("cluster.link.release_failed", server=server, error=f"{type(exc).__name__}: {exc}",
+                                  effect=f"another node takes it when its lease runs out ({self.ttl:g}s)")
+                continue
+            self._log.info("cluster.link.handed_over", server=server, epoch=held.fence.term.epoch, reason=why, released=released,
+                           unanswered=len(held.pending))
 
     async def _renewals(self) -> None:
         every = self.ttl * RENEW_SHARE

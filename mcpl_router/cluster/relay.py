@@ -48,6 +48,10 @@ from mcpl_router.store.link_leases import LinkHolder
 __all__ = ["HeldLink", "Relay", "dial_relay"]
 
 RELAY_VERSION: Final = 1
+#: The JSON-RPC error a router's request gets when it came during its link's hand-over.
+LINK_MOVING: Final = -32001
+#: Batches waiting for the router's stream (the server's, and refusals during a hand-over).
+_TO_ROUTER_QUEUE: Final = 4
 #: Connections a relay serves at once beyond two a server (a router's, and its successor's).
 MAX_SPARE_CONNECTIONS: Final = 8
 #: How long a hello waits for the database to say whether its router holds the router's lease.
@@ -75,6 +79,21 @@ class _Hello(msgspec.Struct, frozen=True):
     tokenIn: str | None = None  # noqa: N815
 
 
+class _Head(msgspec.Struct):
+    """What a hand-over reads of a message: whether it is a request (``method`` and ``id``) or
+    an answer (``id`` alone)."""
+
+    id: int | str | None = None
+    method: str | None = None
+
+
+def _head(message: bytes) -> _Head | None:
+    try:
+        return msgspec.json.decode(message, type=_Head)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None  # a batch, a log line: not a request of the router's to keep track of
+
+
 @attrs.define(eq=False)
 class HeldLink:
     """A server's link this node holds: its lease's fence, and the relay serving it (if any)."""
@@ -88,6 +107,42 @@ class HeldLink:
     relays: int = 0
     #: When this node took it (trio time): a link just taken is not moved for placement.
     taken_at: float = attrs.field(factory=trio.current_time)
+    #: Why the link is being handed over (set while its relay finishes what is under way).
+    closing: str | None = None
+    #: The router's requests the server has not answered yet (their ids, as JSON text).
+    pending: set[bytes] = attrs.field(factory=set)
+
+    def outgoing(self, batch: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+        """(what goes on to the server, what the router is answered at once). A hand-over
+        under way sends the server no new request: each is answered an error saying it was
+        not sent (a publish fails plainly, never "unconfirmed"); answers and notifications go."""
+        forward: list[bytes] = []
+        refused: list[bytes] = []
+        for message in batch:
+            if b'"method"' in message and b'"id"' in message:
+                head = _head(message)
+                if head is not None and head.method is not None and head.id is not None:
+                    key = msgspec.json.encode(head.id)
+                    if self.closing is not None:
+                        refused.append(msgspec.json.encode({
+                            "jsonrpc": "2.0", "id": head.id,
+                            "error": {"code": LINK_MOVING, "message": f"not sent: {self.closing}; the link reconnects through its next holder",
+                                      "data": {"reason": "link-moving"}},
+                        }))
+                        continue
+                    self.pending.add(key)
+            forward.append(message)
+        return forward, refused
+
+    def answered(self, batch: list[bytes]) -> None:
+        """The server's answers in ``batch``: the requests they answer are no longer pending."""
+        if not self.pending:
+            return
+        for message in batch:
+            if b'"result"' in message or b'"error"' in message:
+                head = _head(message)
+                if head is not None and head.method is None and head.id is not None:
+                    self.pending.discard(msgspec.json.encode(head.id))
 
     def end_relay(self) -> None:
         if self.relay_scope is not None:
@@ -295,9 +350,25 @@ class Relay:
                     answered = True
                     self.counts.served += 1
                     self._log.info("cluster.relay.serving", endpoint=transport.description, link_epoch=held.fence.term.epoch)
+                    # The router's stream has one writer, fed by both ways (the server's messages,
+                    # and a hand-over's refusals); bounded: a slow router slows the server's pump.
+                    to_router_send, to_router_receive = trio.open_memory_channel[list[bytes]](_TO_ROUTER_QUEUE)
+
+                    async def from_server(batch: list[bytes]) -> None:
+                        held.answered(batch)
+                        await to_router_send.send(batch)
+
+                    async def to_server_or_refused(batch: list[bytes]) -> None:
+                        forward, refused = held.outgoing(batch)
+                        if refused:
+                            await to_router_send.send(refused)
+                        if forward:
+                            await to_server.send_messages(forward)
+
                     async with trio.open_nursery() as pumps:
-                        pumps.start_soon(self._pump, transport.stream, to_router, "fromServer", pumps.cancel_scope)
-                        pumps.start_soon(self._pump, router, to_server, "toServer", pumps.cancel_scope)
+                        pumps.start_soon(self._write_router, to_router_receive, to_router, pumps.cancel_scope)
+                        pumps.start_soon(self._pump, transport.stream, from_server, "fromServer", pumps.cancel_scope)
+                        pumps.start_soon(self._pump, router, to_server_or_refused, "toServer", pumps.cancel_scope)
                 finally:
                     await transport.aclose()
                     nursery.cancel_scope.cancel()
@@ -315,7 +386,17 @@ class Relay:
             if not answered:
                 await _answer(router, {"ok": False, "error": error, "status": status})
 
-    async def _pump(self, source: MessageStream, sink: MessageStream, direction: str, both: trio.CancelScope) -> None:
+    async def _write_router(self, batches: trio.MemoryReceiveChannel[list[bytes]], router: MessageStream, both: trio.CancelScope) -> None:
+        try:
+            async for batch in batches:
+                await router.send_messages(batch)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._log.info("cluster.relay.closed", direction="toRouter", reason=str(exc) or type(exc).__name__)
+        finally:
+            both.cancel()
+
+    async def _pump(self, source: MessageStream, deliver: Callable[[list[bytes]], Awaitable[None]], direction: str,
+                    both: trio.CancelScope) -> None:
         """Carry messages one way until either end closes; then both ways end. What arrived in
         one read goes out in one write (a flood costs a write a burst, not one a message)."""
         buffered = getattr(source, "message_buffered", None)
@@ -332,7 +413,7 @@ class Relay:
                     self._log.warning("cluster.relay.oversized", direction=direction, error=str(exc))
                 if not batch:
                     continue
-                await sink.send_messages(batch)
+                await deliver(batch)
                 if direction == "fromServer":
                     self.counts.fromServer += len(batch)
                 else:

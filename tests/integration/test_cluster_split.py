@@ -40,6 +40,7 @@ from .conftest import FAST_RECONNECT, daemon_serving
 from .test_cluster import health_page, log_events
 from .test_cluster_scenarios import (
     AGENTS,
+    posts,
     CHANNELS,
     ONE_DAEMON,
     SERVER_OPTIONS,
@@ -197,6 +198,54 @@ async def test_with_links_on_two_nodes_and_the_host_on_a_third_every_scenario_ro
             _, metrics = await health_page(short_tmp, "n1", "/metrics")
             assert 'mcpl_router_cluster_link_holder{node="n1",server="a"} 1.0' in metrics
             assert 'mcpl_router_cluster_links_taken_total{node="n1"}' in metrics
+
+
+async def test_a_link_moved_while_a_publish_is_under_way_hands_over_once_the_server_answered(
+    short_tmp: Path, postgres_server: postgres.Server
+) -> None:
+    dsn = postgres.fresh_database(postgres_server, "cluster_split_move")
+    with trio.fail_after(120):
+        async with split_cluster(short_tmp, dsn, channels=CHANNELS, pins=PINS, server_options=SERVER_OPTIONS) as nodes, \
+                RouterClient.connect_unix(socket_of(short_tmp, ROUTER)) as host:
+            await host.hello("host", AGENTS)
+            # n1 took a's link when the router handed it on; a link is moved for placement only
+            # once held a lease (links.py SETTLE_LEASES): waited out, so the move comes at once.
+            await trio.sleep(LEASE)
+            a = nodes.servers["a"]
+            await a.configure(publish={"delayMs": 800})  # the server takes a while to answer
+            answers: list[dict[str, Any]] = []
+
+            async def publish() -> None:
+                answers.append(await host.call("channels/publish", {"agent": "kai", "channel": "a:general", "content": "while it moves"}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(publish)
+                await wait_until(lambda: _recorded(a, "while it moves"), timeout=10, interval=0.02)
+                # a's pin moves to n2 while the server has not answered yet: n1 hands the link over.
+                config = json.loads(nodes.config.read_text())
+                config["cluster"]["pin"]["a"] = "n2"
+                nodes.config.write_text(json.dumps(config))
+                for node in ("n1", "n2", "n3"):
+                    nodes.process(node).send_signal(signal.SIGHUP)
+            # The publish under way was answered by the server through n1, as on one daemon.
+            [answer] = answers
+            assert answer["delivered"] is True and answer.get("outcome", "delivered") == "delivered", answer
+            await wait_until(lambda: _reached_through_is(short_tmp, "a", "n2"), timeout=30, interval=0.2)
+            [moved] = nodes.events("n1", "cluster.link.handed_over")
+            assert moved["server"] == "a" and moved["unanswered"] == 0, moved
+            await a.configure(publish={"delayMs": 0})
+            after = await host.call("channels/publish", {"agent": "kai", "channel": "a:general", "content": "after it moved"})
+            assert after["delivered"] is True
+            texts = [text for _, text in await posts(a)]
+            assert texts.count("while it moves") == 1 and texts.count("after it moved") == 1
+
+
+async def _recorded(server: FixtureProcess, text: str) -> bool:
+    return any(text in posted for _, posted in await posts(server))
+
+
+async def _reached_through_is(workdir: Path, server: str, node: str) -> bool:
+    return await reached_through(socket_of(workdir, ROUTER), server) == node
 
 
 async def test_a_server_added_by_a_reload_is_placed_and_one_removed_is_handed_over(

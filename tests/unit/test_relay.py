@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -363,4 +364,29 @@ async def test_a_leaving_node_serves_no_new_relay_and_the_one_under_way_goes_on(
         await under_way.stream.send_message(b'{"jsonrpc":"2.0","method":"drain"}')
         assert await server.receive_message() == b'{"jsonrpc":"2.0","method":"drain"}'
         await under_way.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_during_a_hand_over_the_server_gets_no_new_request_and_answers_the_ones_under_way(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        link = held()
+        relay, servers, address = await start(tmp_path, nursery, {"s": link})
+        transport, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        [server] = servers.far_ends
+        router = transport.stream
+        await router.send_message(b'{"jsonrpc":"2.0","id":1,"method":"channels/publish","params":{}}')
+        assert b'"id":1' in await server.receive_message()
+        assert link.pending == {b"1"}
+        link.closing = "node n1 hands server s's link over (a node joined)"
+        await router.send_message(b'{"jsonrpc":"2.0","id":"two","method":"channels/publish","params":{}}')
+        await router.send_message(b'{"jsonrpc":"2.0","method":"channels/typing","params":{}}')  # a notification goes on
+        refused = msgspec.json.decode(await router.receive_message())
+        assert refused["id"] == "two" and refused["error"]["data"] == {"reason": "link-moving"}
+        assert "not sent: node n1 hands server s's link over" in refused["error"]["message"]
+        assert b"channels/typing" in await server.receive_message()
+        # The server's answer to the request under way reaches the router; nothing is pending.
+        await server.send_message(b'{"jsonrpc":"2.0","id":1,"result":{"messageId":"m1"}}')
+        assert await router.receive_message() == b'{"jsonrpc":"2.0","id":1,"result":{"messageId":"m1"}}'
+        assert link.pending == set()
+        await transport.aclose()
         nursery.cancel_scope.cancel()
