@@ -48,6 +48,8 @@ from mcpl_router.store.link_leases import LinkHolder
 __all__ = ["HeldLink", "Relay", "dial_relay"]
 
 RELAY_VERSION: Final = 1
+#: The router's requests a relay keeps track of, unanswered, for a graceful hand-over.
+PENDING_KEPT: Final = 1024
 #: The JSON-RPC error a router's request gets when it came during its link's hand-over.
 LINK_MOVING: Final = -32001
 #: Batches waiting for the router's stream (the server's, and refusals during a hand-over).
@@ -109,8 +111,10 @@ class HeldLink:
     taken_at: float = attrs.field(factory=trio.current_time)
     #: Why the link is being handed over (set while its relay finishes what is under way).
     closing: str | None = None
-    #: The router's requests the server has not answered yet (their ids, as JSON text).
-    pending: set[bytes] = attrs.field(factory=set)
+    #: The router's requests the server has not answered yet, this relay (their ids, as JSON
+    #: text; oldest first, at most :data:`PENDING_KEPT`: a server that never answers some
+    #: makes the router time them out, and the oldest are forgotten here).
+    pending: dict[bytes, None] = attrs.field(factory=dict)
 
     def outgoing(self, batch: list[bytes]) -> tuple[list[bytes], list[bytes]]:
         """(what goes on to the server, what the router is answered at once). A hand-over
@@ -130,7 +134,9 @@ class HeldLink:
                                       "data": {"reason": "link-moving"}},
                         }))
                         continue
-                    self.pending.add(key)
+                    if len(self.pending) >= PENDING_KEPT:
+                        del self.pending[next(iter(self.pending))]
+                    self.pending[key] = None
             forward.append(message)
         return forward, refused
 
@@ -142,7 +148,7 @@ class HeldLink:
             if b'"result"' in message or b'"error"' in message:
                 head = _head(message)
                 if head is not None and head.method is None and head.id is not None:
-                    self.pending.discard(msgspec.json.encode(head.id))
+                    self.pending.pop(msgspec.json.encode(head.id), None)
 
     def end_relay(self) -> None:
         if self.relay_scope is not None:
@@ -267,6 +273,7 @@ class Relay:
             await _answer(stream, {"ok": False, "error": refusal})
             return
         done = held.relay_done = trio.Event()
+        held.pending = {}  # what this relay's router asks
         with trio.CancelScope() as scope:
             held.relay_scope, held.router = scope, (hello.router, hello.routerEpoch)
             held.relays += 1
