@@ -50,6 +50,12 @@ SETTLE_LEASES: Final = 1
 #: A link seen free for this many leases is taken by any live node, whatever the placement
 #: says (nodes whose configs disagree must not leave a server unheld).
 LONG_FREE_LEASES: Final = 2
+#: A holder whose dials of a server failed this many times in a row, over at least this many
+#: leases, hands the link on (if another node is live), and does not take it back for the
+#: last many leases.
+UNREACHABLE_DIALS: Final = 3
+UNREACHABLE_LEASES: Final = 2
+AVOID_LEASES: Final = 12
 #: How long a hand-over waits for the server's answers to the router's requests under way (at
 #: most this, and at most this share of the lease: the lease is renewed meanwhile).
 HAND_OVER_GRACE: Final = 2.0
@@ -72,9 +78,16 @@ class LinkHoldings:
         self.held: dict[str, HeldLink] = {}
         self.relay = Relay(node, config, self.held, self._router_holds)
         self.draining = False
-        self.counts = {"linksTaken": 0, "linksLost": 0, "linksHandedOver": 0}
+        self.counts = {"linksTaken": 0, "linksLost": 0, "linksHandedOver": 0, "linksUnreachable": 0}
         self._log = get_logger(component="links")
         self._nudge = trio.Event()
+        #: Links this node handed on because it could not reach their server: not taken back
+        #: before this time (trio time).
+        self._avoid: dict[str, float] = {}
+        #: Links this node handed on for balance, and when; balancing is held off until the
+        #: pause's end once one of them was picked up by no node (a live node not taking links).
+        self._balanced_away: dict[str, float] = {}
+        self._balance_paused_until = 0.0
         #: Since when (trio time) each configured link was seen free by this node's polls.
         self._free_since: dict[str, float] = {}
         #: The router's side: server id → (the link epoch its relay answered for, the transport).
@@ -134,21 +147,50 @@ class LinkHoldings:
                         self._free_since.pop(server, None)
                     else:
                         self._free_since.setdefault(server, now)
+                long_free = [server for server, since in self._free_since.items() if now - since >= self.ttl * LONG_FREE_LEASES]
+                self._check_balance(long_free, now)
                 plan = plan_links(
                     me=self.node, servers=tuple(self.config.servers), pin=self.config.cluster.pin if self.config.cluster else {},
                     live=live, held_by=held_by, draining=self.draining,
                     settled=[server for server, held in self.held.items() if now - held.taken_at >= self.ttl * SETTLE_LEASES],
-                    long_free=[server for server, since in self._free_since.items() if now - since >= self.ttl * LONG_FREE_LEASES],
+                    long_free=long_free, balance=now >= self._balance_paused_until,
                 )
+                for server in plan.balancing:
+                    self._balanced_away[server] = now
                 for server, why in plan.release.items():
                     await self._hand_over(server, why)
+                await self._hand_on_unreachable(live, now)
                 for server in [server for server in self.held if server not in self.config.servers]:
                     await self._hand_over(server, "it is no longer in the config")
                 for server in plan.take:
-                    await self._take(server)
+                    if self._avoid.get(server, 0.0) <= now:
+                        await self._take(server)
             with trio.move_on_after(poll):
                 await self._nudge.wait()
             self._nudge = trio.Event()
+
+    def _check_balance(self, long_free: list[str], now: float) -> None:
+        for server in long_free:
+            moved_at = self._balanced_away.pop(server, None)
+            if moved_at is not None and now - moved_at < self.ttl * AVOID_LEASES:
+                self._balance_paused_until = now + self.ttl * AVOID_LEASES
+                self._log.warning("cluster.links.balance_paused", server=server, pause=self.ttl * AVOID_LEASES,
+                                  reason="a link this node handed on for balance was picked up by no node (a live node that takes no links?)")
+
+    async def _hand_on_unreachable(self, live: set[str], now: float) -> None:
+        """A link whose server this node's dials have failed to reach for a while, while
+        another node is live, is handed on to let that node try (and not taken back here for
+        a while): a holder cut off from its server must not keep the link for good."""
+        if not live - {self.node}:
+            return
+        for server, held in list(self.held.items()):
+            since = held.unreachable_since
+            if since is None or held.unreachable < UNREACHABLE_DIALS or now - since < self.ttl * UNREACHABLE_LEASES:
+                continue
+            self._avoid[server] = now + self.ttl * AVOID_LEASES
+            self.counts["linksUnreachable"] += 1
+            await self._hand_over(server, f"node {self.node} can't reach server {server} ({held.unreachable} dials failed in "
+                                          f"{now - since:.0f}s, the last: {held.unreachable_error}): another node tries")
 
     async def _take(self, server: str) -> None:
         try:

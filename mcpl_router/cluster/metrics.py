@@ -90,6 +90,7 @@ class NodeMetrics:
                 ("linksTaken", "mcpl_router_cluster_links_taken", "Server links this node took (a lease per link)."),
                 ("linksLost", "mcpl_router_cluster_links_lost", "Server links whose lease this node lost (expired unrenewed or taken)."),
                 ("linksHandedOver", "mcpl_router_cluster_links_handed_over", "Server links this node released to another (placement, drain)."),
+                ("linksUnreachable", "mcpl_router_cluster_links_unreachable", "Server links this node handed on because it could not reach their server."),
             ):
                 counter = CounterMetricFamily(name, text, labels=["node"])
                 counter.add_metric([node], float(str(holdings.get(key, 0))))

@@ -32,6 +32,9 @@ class LinkPlan:
 
     take: tuple[str, ...] = ()
     release: Mapping[str, str] = attrs.field(factory=dict)
+    #: Which of ``release`` are for balance alone (the node may pause balancing when no node
+    #: picks them up).
+    balancing: tuple[str, ...] = ()
 
 
 def plan_links(
@@ -44,6 +47,7 @@ def plan_links(
     draining: bool = False,
     settled: Collection[str] | None = None,
     long_free: Collection[str] = (),
+    balance: bool = True,
 ) -> LinkPlan:
     """This node's moves, given the configured ``servers``, their pins, the ``live``
     nodes that take links (this one among them unless it drains) and who holds each link
@@ -54,6 +58,8 @@ def plan_links(
     a rolling restart), since every move is a reconnect of that server. ``long_free``: links
     free for longer than a node should take to pick them up; taken by any live node whatever
     the rules say (nodes whose configs disagree on a pin must not leave a link unheld).
+    ``balance``: False while this node holds off moving links for balance (one it moved was
+    picked up by no node).
     """
     mine = sorted(server for server in servers if held_by.get(server) == me)
     if draining:
@@ -80,11 +86,14 @@ def plan_links(
     mine_balanced = [server for server in mine if server in balanced]
     # Handed on while this node holds two more than the least loaded, one a poll (the last by
     # id): the spread converges to differences of one, and a node that joins gets its share.
-    if len(mine_balanced) >= fewest + 2:
+    # Only while every balanced link is held: a move waits for the last one to be picked up.
+    balancing: tuple[str, ...] = ()
+    if balance and len(mine_balanced) >= fewest + 2 and all(server in held_by for server in balanced):
         candidates = [server for server in mine_balanced if server in movable]
         if candidates:
             release[candidates[-1]] = (f"node {me} holds {len(mine_balanced)} balanced links and another live node "
                                        f"{fewest}: one moves")
+            balancing = (candidates[-1],)
     # Taken while under the share and among the least loaded (the node that just handed one
     # on does not take it back).
     share = math.ceil(len(balanced) / len(live_nodes)) if balanced else 0
@@ -98,4 +107,4 @@ def plan_links(
     for server in sorted(long_free):
         if server in servers and server not in held_by and server not in take:
             take.append(server)
-    return LinkPlan(take=tuple(take), release=release)
+    return LinkPlan(take=tuple(take), release=release, balancing=balancing)

@@ -111,6 +111,20 @@ class HeldLink:
     taken_at: float = attrs.field(factory=trio.current_time)
     #: Why the link is being handed over (set while its relay finishes what is under way).
     closing: str | None = None
+    #: This node's dials of the server failing in a row: since when (trio time), how many, the
+    #: last error (a holder that can't reach its server hands the link on, cluster/links.py).
+    unreachable_since: float | None = None
+    unreachable: int = 0
+    unreachable_error: str = ""
+
+    def dialled(self, error: str | None) -> None:
+        if error is None:
+            self.unreachable_since, self.unreachable, self.unreachable_error = None, 0, ""
+            return
+        if self.unreachable_since is None:
+            self.unreachable_since = trio.current_time()
+        self.unreachable += 1
+        self.unreachable_error = error
     #: The router's requests the server has not answered yet, this relay (their ids, as JSON
     #: text; oldest first, at most :data:`PENDING_KEPT`: a server that never answers some
     #: makes the router time them out, and the oldest are forgotten here).
@@ -347,6 +361,7 @@ class Relay:
         try:
             async with trio.open_nursery() as nursery:
                 transport = await self._open_transport(server_config, nursery)
+                held.dialled(None)
                 try:
                     # Both ways are fenced by the link's lease: a holder resumed past it neither
                     # writes to the server nor hands the router what its old connection still says.
@@ -391,6 +406,7 @@ class Relay:
             status = failure.status if isinstance(failure, TransportError) else getattr(failure, "status_code", None)
             self._log.warning("cluster.relay.server_failed" if answered else "cluster.relay.server_unreachable", error=error, status=status)
             if not answered:
+                held.dialled(error)
                 await _answer(router, {"ok": False, "error": error, "status": status})
 
     async def _write_router(self, batches: trio.MemoryReceiveChannel[list[bytes]], router: MessageStream, both: trio.CancelScope) -> None:

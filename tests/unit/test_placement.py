@@ -112,3 +112,10 @@ def test_a_link_free_too_long_is_taken_whatever_the_pins_say() -> None:
     assert plan_links(me="n2", servers=("a",), pin={"a": "n1"}, live=["n1", "n2"], held_by={}, long_free=("a",)).take == ("a",)
     # Only a configured server, and only while free.
     assert plan_links(me="n2", servers=("a",), pin={}, live=["n2"], held_by={"a": "n1"}, long_free=("a", "z")).take == ()
+
+
+def test_no_link_is_moved_for_balance_while_a_balanced_link_is_free() -> None:
+    held = {"a": "n1", "b": "n1", "c": "n1"}
+    assert plan_links(me="n1", servers="abcd", pin={}, live=["n1", "n2"], held_by=held).release == {}
+    assert plan_links(me="n1", servers="abc", pin={}, live=["n1", "n2"], held_by=held).balancing == ("c",)
+    assert plan_links(me="n1", servers="abc", pin={}, live=["n1", "n2"], held_by=held, balance=False).release == {}
