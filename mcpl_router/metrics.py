@@ -4,7 +4,8 @@ Two kinds of series, in one per-daemon :class:`prometheus_client.CollectorRegist
 
 - **counted as it happens** (:class:`DaemonMetrics`' counters and histograms): inbound messages
   and registrations answered, wakes sent and acked, ``beforeInference`` latency and outcomes,
-  journal commits, backpressure events, reloads;
+  journal commits, backpressure events, reloads; the two counted per message (inbound messages,
+  wakes sent) as plain integers, turned into series at each scrape;
 - **read when scraped** (:class:`_StateCollector`): each link's state, epochs and channels,
   publishes by outcome, peer queue depths, pending wakes, resolution refusals by kind, typing
   indicators, open turns. Reading the parts' own ``status()``/``statistics()`` at scrape time
@@ -76,11 +77,12 @@ class DaemonMetrics:
         Info("mcpl_router_build", "The daemon's version and the Python that runs it.", registry=registry).info(
             {"version": __version__, "python": platform.python_version()}
         )
-        self.inbound = Counter(
+        # Counted once or twice per message: plain tallies, read into their series at each scrape
+        # (a prometheus_client child's ``inc`` takes a lock and checks its amount every time).
+        self.inbound = _Tally(
             "mcpl_router_inbound_messages",
             "Messages and pushes servers sent, by how they were answered (code: the refusal's JSON-RPC code).",
-            ["server", "outcome", "code"],
-            registry=registry,
+            ("server", "outcome", "code"),
         )
         self.registrations = Counter(
             "mcpl_router_channel_registrations",
@@ -88,7 +90,8 @@ class DaemonMetrics:
             ["server", "outcome", "reason"],
             registry=registry,
         )
-        self.wakes_sent = Counter("mcpl_router_wakes_sent", "Wake notifications sent to hosts (re-sends included).", ["agent"], registry=registry)
+        self.wakes_sent = _Tally("mcpl_router_wakes_sent", "Wake notifications sent to hosts (re-sends included).", ("agent",))
+        registry.register(_Tallies((self.inbound, self.wakes_sent)))
         self.wakes_acked = Counter("mcpl_router_wakes_acked", "Wakes hosts acknowledged (wake/ack).", ["agent"], registry=registry)
         self.wake_gate = Counter(
             "mcpl_router_wake_gate",
@@ -158,20 +161,26 @@ class DaemonMetrics:
         self._series_of(self.inference_chunks, outcome.value if isinstance(outcome, ChunkDrop) else outcome).inc()
 
     def inbound_answered(self, server_id: str, method: str, result: object) -> None:
-        """Count what a server's ``channels/incoming``/``register``/``changed``/push got back."""
-        if not isinstance(result, Mapping):
+        """Count what a server's ``channels/incoming`` or push got back (the handlers' answers
+        are dicts; anything else, an error, is not counted here)."""
+        if not isinstance(result, dict):
             return
+        counts = self.inbound.counts
         if method == "push/event":
-            self._series_of(self.inbound, server_id, "accepted", "").inc()
+            counts[(server_id, "accepted", "")] += 1
             return
-        rows = result.get("results")
+        rows = result.get("results") if method == "channels/incoming" else None
         if not isinstance(rows, list):
             return
-        if method == "channels/incoming":
-            for row in rows:
-                if isinstance(row, Mapping):
-                    accepted = bool(row.get("accepted"))
-                    self._series_of(self.inbound, server_id, "accepted" if accepted else "refused", "" if accepted else str(row.get("code", ""))).inc()
+        accepted = 0
+        for row in rows:
+            if isinstance(row, dict):
+                if row.get("accepted"):
+                    accepted += 1
+                else:
+                    counts[(server_id, "refused", str(row.get("code", "")))] += 1
+        if accepted:
+            counts[(server_id, "accepted", "")] += accepted
 
     def registrations_answered(self, answered: RegistrationsAnswered) -> None:
         """Each descriptor of a ``channels/register``/``changed``, accepted or refused (labelled
@@ -213,7 +222,7 @@ class DaemonMetrics:
         self._series_of(self.wake_gate, self.agent_label(agent), outcome).inc()
 
     def wake_sent(self, agent: str) -> None:
-        self._series_of(self.wakes_sent, self.agent_label(agent)).inc()
+        self.wakes_sent.counts[(self.agent_label(agent),)] += 1
 
     def _series_of(self, metric: _Metric, *labels: str) -> _Metric:
         """``metric.labels(*labels)``, looked up once per label set: ``labels()`` takes a lock
@@ -230,6 +239,37 @@ class DaemonMetrics:
         # An ack names seqs, not agents: with several agents the count goes to "*".
         if count and agents:
             self.wakes_acked.labels(self.agent_label(agents[0]) if len(agents) == 1 else "*").inc(count)
+
+
+class _Tally:
+    """A counter family counted as plain integers by label values (no lock: the trio thread
+    is the only writer) and read into a :class:`CounterMetricFamily` at each scrape."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = labels
+        self.counts: collections.Counter[tuple[str, ...]] = collections.Counter()
+
+    def family(self) -> CounterMetricFamily:
+        family = CounterMetricFamily(self.name, self.documentation, labels=list(self.labels))
+        for values, count in list(self.counts.items()):
+            family.add_metric(list(values), count)
+        return family
+
+
+class _Tallies(Collector):
+    """The :class:`_Tally` families as a collector of the metrics' registry."""
+
+    def __init__(self, tallies: Sequence[_Tally]) -> None:
+        self._tallies = tuple(tallies)
+
+    def describe(self) -> list[Metric]:
+        return [CounterMetricFamily(tally.name, tally.documentation, labels=list(tally.labels)) for tally in self._tallies]
+
+    def collect(self) -> Iterator[Metric]:
+        for tally in self._tallies:
+            yield tally.family()
 
 
 @attrs.frozen

@@ -49,6 +49,10 @@ class WakeHolds:
         self._log = get_logger()
 
     def divert(self, wake: Wake) -> bool:
+        if self._gates.ungated(wake.agent) and (wake.channel is None or self._tune_outs.get(wake.agent, wake.channel) is None):
+            # Nothing can hold it (no tune-out of its channel, no gate): sent, with nothing to
+            # decide, log or carry out, and no clock read. Most wakes, once per wake.
+            return False
         fate = held(wake, tune_outs=self._tune_outs, gate_for=self._gates.ask, now=trio.current_time())
         if fate.fate is Fate.TUNED_OUT and wake.channel is not None:
             self._log.info("tuneout.held", agent=wake.agent, server=wake.channel.server_id, channel=wake.channel.channel_id, seq=wake.seq)

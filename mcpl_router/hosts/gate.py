@@ -153,13 +153,26 @@ class WakeGates:
         """The agent's gate as it stands (None until a wake of it met an active gate)."""
         return self._gates.get(agent)
 
-    def ask(self, wake: Wake) -> GateAsked | None:
-        """The agent's gate and the decision of its rules for ``wake``; None when ungated (a
+    def ungated(self, agent: str) -> bool:
+        """Whether ``agent``'s wakes go out as they come (:meth:`ask` would answer None)."""
+        return self._gating(agent) is None
+
+    def _gating(self, agent: str) -> AgentSpec | None:
+        """The agent's spec while its gate may hold a wake. None when its wakes go out as they
+        come: an unknown agent, or one whose rules hold nothing and whose gate holds nothing (a
         gate turned off by a reload still lets what it holds go through its buckets)."""
-        spec = self._agent_of(wake.agent)
-        gate = self._gates.get(wake.agent)
-        if spec is None or (not spec.wake_gate.active and (gate is None or not gate.held_count)):
+        spec = self._agent_of(agent)
+        if spec is None or spec.wake_gate.active:
+            return spec
+        gate = self._gates.get(agent)
+        return spec if gate is not None and gate.held_count else None
+
+    def ask(self, wake: Wake) -> GateAsked | None:
+        """The agent's gate and the decision of its rules for ``wake``; None when ungated."""
+        spec = self._gating(wake.agent)
+        if spec is None:
             return None
+        gate = self._gates.get(wake.agent)
         if gate is None:
             gate = self._gates[wake.agent] = AgentGate(wake.agent, spec.wake_gate.max_held)
         gate.max_held = max(1, spec.wake_gate.max_held)

@@ -8,6 +8,7 @@ journals the accepted ones (one transaction per batch) and only then answers ``a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -80,7 +81,8 @@ def substance_digest(payload: object) -> bytes:
     A server retrying a message sends the same content; one that restarted its counter sends
     other content under an id it used before.
     """
-    if isinstance(payload, dict):
+    if isinstance(payload, dict) and not _VOLATILE_FIELDS.isdisjoint(payload):
+        # Copied only when there is something to leave out: most messages carry none of them.
         payload = {key: value for key, value in payload.items() if key not in _VOLATILE_FIELDS}
     return content_digest(payload)
 
@@ -277,8 +279,11 @@ class ServerInbound:
 
         def committed(recorded: list[Recorded]) -> None:
             # On the trio thread right after the commit, in commit order: wakes go out in seq order.
+            debug = log.is_enabled_for(logging.DEBUG)
             for (_slot, message_id, event), (_, deliveries), outcome in zip(pending, batch, recorded, strict=True):
-                self._log_outcome(log, "channels.incoming", outcome, channel=event.channel_id, message_id=message_id)
+                if debug or outcome.duplicate or outcome.reused_id:
+                    # The common case, a new message with the debug line off, builds no line.
+                    self._log_outcome(log, "channels.incoming", outcome, channel=event.channel_id, message_id=message_id)
                 if not outcome.duplicate:
                     self._events.publish(InboundAccepted(outcome.seq, event, tuple(deliveries)))
 

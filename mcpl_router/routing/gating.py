@@ -122,10 +122,12 @@ class WakeGateSpec:
     rules: tuple[GateRule, ...] = ()
     default: Behaviour = Behaviour()
     max_held: int = DEFAULT_MAX_HELD
+    #: Whether anything may be held (else every wake goes out as it comes, as ungated): asked
+    #: of every wake, so worked out once from the rules.
+    active: bool = attrs.field(init=False, eq=False, repr=False)
 
-    @property
-    def active(self) -> bool:
-        """Whether anything may be held (else every wake goes out as it comes, as ungated)."""
+    @active.default
+    def _active(self) -> bool:
         return self.default.holds or any(rule.behaviour.holds for rule in self.rules)
 
     def to_wire(self) -> dict[str, object]:

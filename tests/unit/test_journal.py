@@ -159,6 +159,16 @@ async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_
         assert journal.unacked_count("kai") == 3
 
 
+def test_a_message_digest_is_the_one_earlier_versions_journaled() -> None:
+    """A retry after an upgrade must still meet its digest in the journal: the digest of what a
+    message says is a fixed function of it, whatever the fields a copy's send or receipt adds."""
+    said = {"channelId": "general", "messageId": "in-1", "content": [{"type": "text", "text": "hello"}], "timestamp": "t1"}
+    assert substance_digest(said).hex() == "8c7d761f95f0dc226c210387efa3a761"
+    assert substance_digest({**said, "sentAt": 2.0, "receivedAt": "r"}).hex() == "8c7d761f95f0dc226c210387efa3a761"
+    assert substance_digest({"receivedAt": "r", **said}) == substance_digest(said)  # key order is not content
+    assert substance_digest({**said, "timestamp": "t9"}) != substance_digest(said)
+
+
 async def test_acked_events_and_settled_drafts_are_pruned_and_live_ones_kept(journal_place: JournalPlace) -> None:
     async with open_journal(journal_place, retention=0.05) as journal:
         [done, owed] = await journal.record_inbound([(message("m-1"), [KAI]), (message("m-2"), [KAI])])

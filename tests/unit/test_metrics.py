@@ -56,6 +56,24 @@ def test_inbound_answers_are_counted_by_outcome_and_code(daemon: Daemon) -> None
     assert found[("mcpl_router_channel_registrations_total", (("outcome", "refused"), ("reason", "not-granted"), ("server", "a")))] == 1
 
 
+def test_wakes_sent_are_counted_by_agent_and_read_at_each_scrape(daemon: Daemon) -> None:
+    # Counted as plain integers per message, turned into the series when scraped: each scrape
+    # reads the counts as they stand, in both exposition formats.
+    metrics = daemon.metrics
+    metrics.wake_sent("kai")
+    metrics.wake_sent("kai")
+    metrics.wake_sent("mo")
+    assert samples(daemon)[("mcpl_router_wakes_sent_total", (("agent", "kai"),))] == 2
+    metrics.wake_sent("kai")
+    found = samples(daemon)
+    assert found[("mcpl_router_wakes_sent_total", (("agent", "kai"),))] == 3
+    assert found[("mcpl_router_wakes_sent_total", (("agent", "mo"),))] == 1
+    page, content_type = metrics.exposition("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text")
+    assert b'mcpl_router_wakes_sent_total{agent="kai"} 3.0' in page
+    assert b"# TYPE mcpl_router_wakes_sent counter" in page
+
+
 def test_before_inference_outcomes_and_latency(daemon: Daemon) -> None:
     daemon.metrics.context_answered({"a": "ok", "b": "timeout", "c": "skipped"}, {"a": 0.02, "b": 5.0})
     found = samples(daemon)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -322,6 +323,28 @@ async def test_defer_waits_for_a_later_wake_on_the_virtual_clock(autojump_clock:
     (_, seqs, params) = parts.delivered[0]
     assert seqs == (1, 2, 3) and params["seq"] == 3 and params["routeServerId"] == "b"
     assert [row["serverId"] for row in params["conversations"]] == ["b", "a"]
+
+
+async def test_a_gate_turned_off_while_it_holds_wakes_still_batches_them_then_lets_wakes_pass(autojump_clock: trio.abc.Clock) -> None:
+    """An ungated agent's wakes skip the gate (no gate made, nothing counted); a reload that turns
+    a gate off while it holds wakes leaves them to go through its buckets (the next wake takes
+    them along as a batch), and once it holds nothing the agent's wakes pass as ungated."""
+    parts = StandIns(WakeGateSpec())
+    assert not parts.holds.divert(wake(1))
+    assert parts.gates.gate_of(AGENT) is None and parts.counts == []
+    parts.spec = attrs.evolve(parts.spec, wake_gate=WakeGateSpec(rules=(GateRule(Behaviour(DEFER), tags_any=("chat:ambient",)),)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(parts.gates.run)
+        assert parts.holds.divert(wake(2, tags=("chat:ambient",)))
+        parts.spec = attrs.evolve(parts.spec, wake_gate=WakeGateSpec())  # the reload: no rule holds now
+        assert not parts.gates.ungated(AGENT)  # it still holds seq 2
+        assert parts.holds.divert(wake(3))  # goes out as the batch that takes seq 2 along
+        await trio.sleep(0)
+        assert [d[1] for d in parts.delivered] == [(2, 3)]
+        assert parts.gates.ungated(AGENT)
+        assert not parts.holds.divert(wake(4))
+        nursery.cancel_scope.cancel()
+    assert [d[1] for d in parts.delivered] == [(2, 3)]
 
 
 async def test_a_held_message_whose_channel_was_withdrawn_wakes_no_one_and_is_settled(autojump_clock: trio.abc.Clock, order: str) -> None:
