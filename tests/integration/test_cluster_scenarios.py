@@ -314,7 +314,15 @@ async def set_up_state(nodes: Cluster, client: FailoverClient, *, host_socket: s
 
 async def check_state(nodes: Cluster, client: FailoverClient, node: str, tag: str) -> None:
     """The state :func:`set_up_state` made, as the node serving now has it."""
-    status = await raw_status(socket_of(nodes.workdir, node))
+    socket = socket_of(nodes.workdir, node)
+
+    async def zed_released() -> bool:
+        # The other host closed its connection just now: the daemon hears of it as it reads
+        # the socket's end, a moment later on a loaded machine (not at the close itself).
+        return agent_row(await raw_status(socket), "zed")["host"] is None
+
+    await wait_until(zed_released, timeout=10, interval=0.05)
+    status = await raw_status(socket)
     assert [row["shown"] for row in agent_row(status, "kai")["tunedOut"]] == ["random"]
     zed = agent_row(status, "zed")
     assert (zed["proseRouting"], zed["host"]) == ("explicit", None) and zed["unackedWakes"] >= 1, zed
