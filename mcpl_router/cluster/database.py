@@ -7,7 +7,7 @@ delays a renewal); each is used from one worker thread at a time and made again 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import trio
 
@@ -18,6 +18,9 @@ from mcpl_router.store.postgres_backend import PgConnection, connect
 __all__ = ["NodeDatabase"]
 
 _T = TypeVar("_T")
+
+#: What the server lets one of a node's own statements run (leases, heartbeats, lookups).
+NODE_STATEMENT_TIMEOUT_MS: Final = 5000
 
 
 class NodeDatabase:
@@ -40,6 +43,10 @@ class NodeDatabase:
                 # A lease statement behind a lock (a commit under way) fails after this and is
                 # tried again at the next poll, rather than waiting without bound.
                 conn.execute(f"SET lock_timeout = {LEASE_LOCK_TIMEOUT_MS}")
+                # Every statement of a node's own is a row or two (never a journal commit): one
+                # the server has not finished after this is cancelled by it, so a relay's hello
+                # or a poll waits a bounded while for a database that stalls.
+                conn.execute(f"SET statement_timeout = {NODE_STATEMENT_TIMEOUT_MS}")
                 self._conn = conn
             return fn(self._conn)
 

@@ -71,7 +71,8 @@ class LinkHoldings:
         self.node = node
         self.config = config
         self.ttl = config.cluster.lease_ttl
-        # Lease statements on one connection, reads on another: a slow read never delays a renewal.
+        # Lease statements on one connection, lookups (and the placement's clean-up) on another:
+        # a slow lookup never delays a renewal.
         self._leases = leases
         self._lookups = lookups
         #: server id → the link this node holds (its lease, its relay).
@@ -142,6 +143,8 @@ class LinkHoldings:
             else:
                 said = None
                 now = trio.current_time()
+                for server in [server for server in self._free_since if server not in self.config.servers]:
+                    del self._free_since[server]  # removed by a reload
                 for server in self.config.servers:
                     if server in held_by:
                         self._free_since.pop(server, None)
@@ -382,7 +385,8 @@ class LinkHoldings:
                               "router": None if held.router is None else {"node": held.router[0], "epoch": held.router[1]}}
                      for server, held in sorted(self.held.items())},
             "relayCounts": {"served": self.relay.counts.served, "refused": self.relay.counts.refused,
-                            "oversized": self.relay.counts.oversized, "fromServer": self.relay.counts.fromServer,
+                            "oversized": self.relay.counts.oversized, "backpressured": self.relay.counts.backpressured,
+                            "fromServer": self.relay.counts.fromServer,
                             "toServer": self.relay.counts.toServer},
             **self.counts,
         }

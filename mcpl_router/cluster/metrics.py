@@ -96,12 +96,12 @@ class NodeMetrics:
                 counter.add_metric([node], float(str(holdings.get(key, 0))))
                 yield counter
             relayed = CounterMetricFamily("mcpl_router_cluster_relay_messages", "Messages this node's relay carried, by direction.", labels=["node", "direction"])
-            relays = CounterMetricFamily("mcpl_router_cluster_relays", "Relays this node served or refused.", labels=["node", "outcome"])
+            relays = CounterMetricFamily("mcpl_router_cluster_relays", "Relays this node served or refused; messages too large; batches that waited for the router's stream (backpressure).", labels=["node", "outcome"])
             counts = holdings.get("relayCounts")
             counts = counts if isinstance(counts, dict) else {}
             for direction in ("fromServer", "toServer"):
                 relayed.add_metric([node, direction], float(counts.get(direction, 0)))
-            for outcome in ("served", "refused", "oversized"):
+            for outcome in ("served", "refused", "oversized", "backpressured"):
                 relays.add_metric([node, outcome], float(counts.get(outcome, 0)))
             yield relayed
             yield relays

@@ -10,16 +10,20 @@ one node, and the server never sees a second connection.
 
 The relay protocol is newline-delimited JSON over TCP (loopback, or the nodes' network):
 
-1. the router sends a hello: ``{"relay": 1, "server": id, "router": node, "routerEpoch": n}``;
+1. the router sends a hello: ``{"relay": 1, "server": id, "router": node, "routerEpoch": n,
+   "token": …, "tokenIn": …}`` (the cluster's relay token, read by every node from the
+   journal's database; where the router's link has learned to put a WebSocket token);
 2. the holder answers ``{"ok": true, "endpoint": …, "lineOriented": …, "linkEpoch": n}`` once it
    has connected to the server, or ``{"ok": false, "error": why}`` and closes;
 3. then every line is one of the server's messages, each way.
 
-A holder relays a server only while it holds that server's link (each write to the server is
+A holder relays a server only while it holds that server's link (each batch, both ways, is
 checked against the link lease's local deadline) and only for the node that holds the router's
 lease with the epoch it names (checked in the database at the hello, and again whenever the
 router's lease changes hands: an older router's relay is closed). A newer hello for the same
-server replaces the relay under way: one connection to the server at a time.
+server replaces the relay under way once its server connection is closed: one connection to the
+server at a time. While the link is handed over, the router's new requests are answered
+``-32001`` (not sent) and the answers to those under way are let through.
 """
 
 from __future__ import annotations
@@ -56,8 +60,6 @@ LINK_MOVING: Final = -32001
 _TO_ROUTER_QUEUE: Final = 4
 #: Connections a relay serves at once beyond two a server (a router's, and its successor's).
 MAX_SPARE_CONNECTIONS: Final = 8
-#: How long a hello waits for the database to say whether its router holds the router's lease.
-ROUTER_CHECK_TIMEOUT: Final = 5.0
 #: How long a newer relay waits for the one it replaces to close its server connection (a stdio
 #: child's graces, transports.py: 2 s + 3 s, and a margin).
 CLOSE_WAIT: Final = 8.0
@@ -174,6 +176,9 @@ class RelayCounts:
     served: int = 0
     refused: int = 0
     oversized: int = 0
+    #: Times the server's messages waited for the router's stream (its queue full: the server's
+    #: pump waits, the server's own connection takes the backpressure; nothing is dropped).
+    backpressured: int = 0
     fromServer: int = 0  # noqa: N815 - status's spelling
     toServer: int = 0  # noqa: N815
 
@@ -309,11 +314,9 @@ class Relay:
         refusal = self._refusal(hello, held, held)
         if refusal is not None:
             return refusal
-        try:
-            with trio.fail_after(ROUTER_CHECK_TIMEOUT):
-                holds = await self._router_holds(hello.router, hello.routerEpoch)
-        except trio.TooSlowError:
-            return f"the journal's database did not say within {ROUTER_CHECK_TIMEOUT:g}s whether node {hello.router} holds the router's lease"
+        # Bounded by the node's statement timeout (cluster/database.py): a database that stalls
+        # fails the hello, answered as the relay's failure.
+        holds = await self._router_holds(hello.router, hello.routerEpoch)
         if not holds:
             return f"node {hello.router} does not hold the router's lease with epoch {hello.routerEpoch}"
         return self._refusal(hello, self._held.get(hello.server), held)  # what changed during the check
@@ -378,6 +381,8 @@ class Relay:
 
                     async def from_server(batch: list[bytes]) -> None:
                         held.answered(batch)
+                        if to_router_send.statistics().current_buffer_used >= _TO_ROUTER_QUEUE:
+                            self.counts.backpressured += 1  # the router reads slower than the server sends
                         await to_router_send.send(batch)
 
                     async def to_server_or_refused(batch: list[bytes]) -> None:
@@ -406,7 +411,8 @@ class Relay:
             status = failure.status if isinstance(failure, TransportError) else getattr(failure, "status_code", None)
             self._log.warning("cluster.relay.server_failed" if answered else "cluster.relay.server_unreachable", error=error, status=status)
             if not answered:
-                held.dialled(error)
+                if status is None:  # a refusal (401, 403) is the server's answer, not unreachability
+                    held.dialled(error)
                 await _answer(router, {"ok": False, "error": error, "status": status})
 
     async def _write_router(self, batches: trio.MemoryReceiveChannel[list[bytes]], router: MessageStream, both: trio.CancelScope) -> None:

@@ -148,7 +148,6 @@ async def test_the_node_holding_a_link_killed_during_a_flood_loses_nothing_and_t
     # Taken once from n1's lease run out (the router took it first, alone, and handed it to n1).
     [n1_epoch] = [line["epoch"] for line in nodes.events("n1", "cluster.link.taken") if line["server"] == "a"]
     assert [line["epoch"] for line in nodes.events(through, "cluster.link.taken") if line["server"] == "a"][-1] == n1_epoch + 1
-    assert took <= LEASE + 5  # the lease, then a handshake: the documented goal is 10 s
 
 
 async def test_a_link_node_paused_past_its_lease_writes_nothing_more_to_the_server_when_it_resumes(
@@ -242,8 +241,10 @@ async def test_a_drained_link_node_hands_its_link_over_at_once(short_tmp: Path, 
     [handed] = nodes.events("n1", "cluster.link.handed_over")
     assert (handed["server"], handed["released"]) == ("a", True), handed
     assert "draining" in handed["reason"], handed
-    # Released, not waited out: taken within a poll, the router's link ready within its own.
-    assert took < LEASE
+    # Released, not waited out: the next holder took it under the next epoch, after the release
+    # (the time it took is printed above, for docs/performance.md; tests assert no wall clock).
+    [taken] = [line for line in nodes.events(through, "cluster.link.taken") if line["server"] == "a"][-1:]
+    assert taken["epoch"] == handed["epoch"] + 1 and wall(taken["timestamp"]) >= wall(handed["timestamp"]), (taken, handed)
 
 
 async def test_the_router_killed_in_a_split_cluster_is_taken_over_through_the_same_relays(

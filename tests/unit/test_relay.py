@@ -341,7 +341,8 @@ async def test_a_server_refusing_the_relays_dial_is_said_to_the_router_with_its_
                 {"mcplServers": {"s": {"url": f"ws://127.0.0.1:{server.port}/mcpl", "token": "t", "tokenIn": "auto"}},
                  "journal": {"backend": "postgres", "dsn": "host=127.0.0.1 dbname=x"}, "cluster": {"node": "n1", "links": "balanced"}},
                 source="<test>", base_dir=tmp_path)
-            relay = Relay("n1", refusing, {"s": held()}, router_holds)
+            link = held()
+            relay = Relay("n1", refusing, {"s": link}, router_holds)
             relay.token = TOKEN
             address = await nursery.start(relay.serve)
             for _ in range(2):  # the relay goes on serving after each refusal
@@ -350,6 +351,8 @@ async def test_a_server_refusing_the_relays_dial_is_said_to_the_router_with_its_
                 # The router's link reads the status, as from its own dial (it may move the token).
                 assert refused.value.status == 401
             assert relay.counts.refused == 0
+            # A refusal is the server's answer, not a server this node can't reach.
+            assert (link.unreachable, link.unreachable_since) == (0, None)
             nursery.cancel_scope.cancel()
 
 
@@ -388,5 +391,30 @@ async def test_during_a_hand_over_the_server_gets_no_new_request_and_answers_the
         await server.send_message(b'{"jsonrpc":"2.0","id":1,"result":{"messageId":"m1"}}')
         assert await router.receive_message() == b'{"jsonrpc":"2.0","id":1,"result":{"messageId":"m1"}}'
         assert not link.pending
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+
+
+PAD = b"x" * 8192
+
+
+async def test_a_router_reading_slower_than_the_server_sends_holds_the_server_back_and_loses_nothing(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        relay, servers, address = await start(tmp_path, nursery, {"s": held()})
+        transport, _ = await dial_relay(holder(address), config(tmp_path).servers["s"], router="n3", router_epoch=7, token=TOKEN)
+        [server] = servers.far_ends
+        sent = 0
+
+        async def flood() -> None:
+            nonlocal sent
+            for n in range(2000):  # one message a batch (a framed stream), 8 KiB each: past any socket buffer
+                await server.send_message(b'{"jsonrpc":"2.0","method":"m","params":{"n":%d,"pad":"%s"}}' % (n, PAD))
+                sent += 1
+
+        nursery.start_soon(flood)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert 0 < sent < 2000 and relay.counts.backpressured > 0  # the server waits; the router has not read
+        got = [await transport.stream.receive_message() for _ in range(2000)]
+        assert got == [b'{"jsonrpc":"2.0","method":"m","params":{"n":%d,"pad":"%s"}}' % (n, PAD) for n in range(2000)]
         await transport.aclose()
         nursery.cancel_scope.cancel()
