@@ -41,6 +41,7 @@ from .test_cluster import health_page, log_events
 from .test_cluster_scenarios import (
     AGENTS,
     posts,
+    published,
     CHANNELS,
     ONE_DAEMON,
     SERVER_OPTIONS,
@@ -220,7 +221,7 @@ async def test_a_link_moved_while_a_publish_is_under_way_hands_over_once_the_ser
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(publish)
-                await wait_until(lambda: _recorded(a, "while it moves"), timeout=10, interval=0.02)
+                await wait_until(lambda: published(a, "while it moves"), timeout=10, interval=0.02)
                 # a's pin moves to n2 while the server has not answered yet: n1 hands the link over.
                 config = json.loads(nodes.config.read_text())
                 config["cluster"]["pin"]["a"] = "n2"
@@ -238,10 +239,6 @@ async def test_a_link_moved_while_a_publish_is_under_way_hands_over_once_the_ser
             assert after["delivered"] is True
             texts = [text for _, text in await posts(a)]
             assert texts.count("while it moves") == 1 and texts.count("after it moved") == 1
-
-
-async def _recorded(server: FixtureProcess, text: str) -> bool:
-    return any(text in posted for _, posted in await posts(server))
 
 
 async def _reached_through_is(workdir: Path, server: str, node: str) -> bool:
