@@ -39,6 +39,7 @@ import trio
 from bench_inbound import _drive, _servers
 from harness import daemon_running, fixtures_running, forwarder_running, median, percentile
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.logs import configure_logging
 from mcpl_router.testing import postgres
 
@@ -73,7 +74,7 @@ async def commits_alone(workdir: Path, servers: dict[str, postgres.Server], coun
 
     def event(n: int) -> InboundEvent:
         payload = {"channelId": "general", "messageId": f"m-{n}", "content": [{"type": "text", "text": "x" * 200}]}
-        return InboundEvent("s", "general", "message", f"m-{n}", payload)
+        return InboundEvent("s", "general", EventKind.MESSAGE, f"m-{n}", payload)
 
     figures: dict[str, Any] = {}
     for side in SIDES[1:]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import trio
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.hosts.directory import AgentDirectory
 from mcpl_router.hosts.diversion import WakeHolds
 from mcpl_router.hosts.forks import Forks
@@ -71,7 +72,7 @@ async def measure(agents: int, messages: int) -> dict[str, float]:
             forks = Forks(registry=router.registry, journal=journal, policy_deliveries=directory.deliveries_for,
                           agent_of=directory.agent, owner_of=lambda name: None, notify_agent=notify)
             events = [
-                InboundEvent(f"s{i % 4}", "general", "message", f'["general","m-{i}"]',
+                InboundEvent(f"s{i % 4}", "general", EventKind.MESSAGE, f'["general","m-{i}"]',
                              {"channelId": "general", "messageId": f"m-{i}", "author": {"id": "user-1", "name": "Demo User"},
                               "content": [{"type": "text", "text": "x"}], "tags": ["chat:mention"],
                               "timestamp": "2026-01-01T00:00:00Z", "metadata": {"sentAt": 1.0}})

@@ -17,6 +17,7 @@ from statistics import median
 
 import trio
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.store.journal import Delivery, InboundEvent
 from mcpl_router.store.leases import LINKS, LeaseFence, acquire, ensure_cluster_tables
 from mcpl_router.store.postgres_backend import connect
@@ -27,7 +28,7 @@ KAI = Delivery("kai", "message", (), False)
 
 
 def _event(n: int) -> InboundEvent:
-    return InboundEvent("s", "general", "message", f"m-{n}", {"messageId": f"m-{n}", "text": "x" * 100})
+    return InboundEvent("s", "general", EventKind.MESSAGE, f"m-{n}", {"messageId": f"m-{n}", "text": "x" * 100})
 
 
 async def _side(dsn: str, fence: LeaseFence | None, commits: int) -> tuple[float, float, float]:

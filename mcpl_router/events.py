@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Final, TypeVar
 
 import attrs
+import msgspec
 
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.refs import ChannelRef
@@ -72,17 +73,18 @@ class RegistrationsAnswered:
     results: tuple[DescriptorResult, ...]
 
 
-@attrs.frozen
-class InboundAccepted:
-    """An inbound event committed to the journal as ``seq``, with the deliveries decided for it."""
+class InboundAccepted(msgspec.Struct, frozen=True):
+    """An inbound event committed to the journal as ``seq``, with the deliveries decided for it.
+
+    This and :class:`WakeDelivered`, published per message, are msgspec Structs for the reason
+    :class:`~mcpl_router.store.records.InboundEvent` is."""
 
     seq: int
     event: InboundEvent
     deliveries: tuple[Delivery, ...]
 
 
-@attrs.frozen
-class WakeDelivered:
+class WakeDelivered(msgspec.Struct, frozen=True):
     """A wake went to its agent's host (alone, or as the route of a gate's batch)."""
 
     wake: Wake

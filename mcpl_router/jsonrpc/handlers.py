@@ -25,9 +25,11 @@ __all__ = ["Deferred", "Deliver", "Handler", "Inbound", "LaneOf", "Later", "Meth
 T = TypeVar("T")
 
 
-@attrs.frozen
-class Inbound:
-    """A request or notification the other side sent us."""
+class Inbound(msgspec.Struct, frozen=True):
+    """A request or notification the other side sent us.
+
+    A value, one per message read: a msgspec Struct, not attrs, for what a frozen attrs class's
+    ``__init__`` costs on the hot path (docs/performance.md)."""
 
     method: str
     params: msgspec.Raw | None
@@ -91,8 +93,7 @@ class Later:
             self._deliver = deliver
 
 
-@attrs.frozen
-class Deferred:
+class Deferred(msgspec.Struct, frozen=True):
     """A handler's answer that comes later: the lane moves on, the reply follows ``wait()``.
 
     Or, made with :meth:`pushed`, the answer is pushed to the peer when it is settled (no task

@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Final
 
 import attrs
+import msgspec
 
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tags import ADDRESSED, any_tag_matches, tag_matches
@@ -34,13 +35,15 @@ REASON_PUSH: Final = "push"
 DEFAULT_WAKE_TAGS: Final = (ADDRESSED,)
 
 
-@attrs.frozen
-class Wake:
+class Wake(msgspec.Struct, frozen=True):
     """One agent woken by one journaled inbound event.
 
     ``seq`` is the event's journal sequence (shared by every agent it woke); ``payload`` is the
     message or the push's params as received; ``tags`` are closure-expanded; ``addressed``
     says whether the event was addressed (``chat:addressed`` or a DM).
+
+    A value: frozen, a msgspec Struct for the reason :class:`InboundEvent` is (one per woken
+    agent of every message).
     """
 
     seq: int

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.client import RouterClient, WakeNotice
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure
 from mcpl_router.testing.journal import JournalPlace, open_journal
@@ -105,7 +106,7 @@ async def test_host_disconnecting_mid_stream_gets_every_unacked_wake_in_order(sh
 
 
 def _event(message_id: str) -> InboundEvent:
-    return InboundEvent("s", "general", "message", message_id, {"messageId": message_id, "tags": ["chat:mention"]})
+    return InboundEvent("s", "general", EventKind.MESSAGE, message_id, {"messageId": message_id, "tags": ["chat:mention"]})
 
 
 async def test_deliveries_commit_with_their_event_or_not_at_all(journal_place: JournalPlace) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.store.journal import Delivery, InboundEvent, SavedTuneOut
 from mcpl_router.testing import postgres
 from mcpl_router.testing.journal import JournalPlace, open_journal
@@ -27,7 +28,7 @@ KAI = Delivery("kai", "message", ("chat:mention",), True)
 
 
 def event(server: str, message_id: str) -> InboundEvent:
-    return InboundEvent(server, "general", "message", message_id, {"channelId": "general", "messageId": message_id})
+    return InboundEvent(server, "general", EventKind.MESSAGE, message_id, {"channelId": "general", "messageId": message_id})
 
 
 def journal_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import pytest
 import trio
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.client import RouterClient, WakeNotice
 from mcpl_router.testing import postgres
 from mcpl_router.testing.control import FixtureProcess, wait_until
@@ -219,7 +220,7 @@ async def test_a_commit_whose_wait_for_the_standby_was_cancelled_fails_and_its_r
     kai = Delivery("kai", "message", ("chat:mention",), True)
 
     def event(message_id: str) -> InboundEvent:
-        return InboundEvent("s", "general", "message", message_id, message(int(message_id[2:])))
+        return InboundEvent("s", "general", EventKind.MESSAGE, message_id, message(int(message_id[2:])))
 
     with postgres.postgres_pair() as pair:
         async with open_journal(JournalPlace(dsn=pair.primary.dsn)) as journal:

@@ -25,6 +25,7 @@ import trio
 from mcpl_router.client import RouterClient
 from mcpl_router.query import http_get
 from mcpl_router.store.journal import Delivery, InboundEvent
+from mcpl_router.store.records import EventKind
 from mcpl_router.testing.control import FixtureProcess, wait_until
 from mcpl_router.testing.journal import open_journal
 
@@ -40,7 +41,7 @@ async def _journal_with_messages(path: Path, count: int = MESSAGES) -> None:
     """A journal holding ``count`` messages that woke ``ann``, none acked (as a daemon leaves it)."""
     async with open_journal(path) as journal:
         for index in range(count):
-            event = InboundEvent(server_id="s", channel_id="general", kind="message", dedup_key=f"m-{index}",
+            event = InboundEvent(server_id="s", channel_id="general", kind=EventKind.MESSAGE, dedup_key=f"m-{index}",
                                  payload={"messageId": f"m-{index}", "content": [{"type": "text", "text": "x" * 200}]})
             await journal.record_inbound([(event, [Delivery(agent="ann", reason="message", tags=(), addressed=True)])])
 

@@ -10,6 +10,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.mcpl.inbound import substance_digest
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, JournalLocked, SavedTuneOut
 from mcpl_router.store.schema import HOT_STATEMENTS, SCHEMA_VERSION
@@ -21,7 +22,7 @@ KAI = Delivery("kai", "message", ("chat:mention",), True)
 
 def message(message_id: str, text: str = "hi", **extra: object) -> InboundEvent:
     payload = {"channelId": "general", "messageId": message_id, "content": [{"type": "text", "text": text}], **extra}
-    return InboundEvent("s", "general", "message", message_id, payload, digest=substance_digest(payload))
+    return InboundEvent("s", "general", EventKind.MESSAGE, message_id, payload, digest=substance_digest(payload))
 
 
 @pytest.mark.parametrize("name", sorted(HOT_STATEMENTS))
@@ -259,7 +260,7 @@ ANN = Delivery("ann", "message", (), False)
 
 def on(server: str, message_id: str) -> InboundEvent:
     payload = {"channelId": "general", "messageId": message_id, "content": [{"type": "text", "text": "x"}]}
-    return InboundEvent(server, "general", "message", message_id, payload, digest=substance_digest(payload))
+    return InboundEvent(server, "general", EventKind.MESSAGE, message_id, payload, digest=substance_digest(payload))
 
 
 def tune_out(**fields: object) -> SavedTuneOut:
@@ -455,13 +456,13 @@ async def test_each_agents_latest_acked_wake_on_a_channel_is_read_for_its_defaul
     kai, bo = Delivery("kai", "message", (), False), Delivery("bo", "message", (), False)
 
     def message(server: str, channel: str, message_id: str) -> InboundEvent:
-        return InboundEvent(server, channel, "message", message_id, {"messageId": message_id, "threadId": "t-1"})
+        return InboundEvent(server, channel, EventKind.MESSAGE, message_id, {"messageId": message_id, "threadId": "t-1"})
 
     async with open_journal(journal_place) as journal:
         first, second, third = await journal.record_inbound(
             [(message("a", "general", "m-1"), [kai, bo]), (message("b", "general", "m-2"), [kai]), (message("a", "lounge", "m-3"), [kai])]
         )
-        [push] = await journal.record_inbound([(InboundEvent("a", None, "push", "e-1", {"eventId": "e-1"}), [kai])])
+        [push] = await journal.record_inbound([(InboundEvent("a", None, EventKind.PUSH, "e-1", {"eventId": "e-1"}), [kai])])
         await journal.ack_deliveries(["kai"], [first.seq, second.seq, push.seq])  # m-3 stays unacked
         await journal.ack_deliveries(["bo"], [first.seq])
         found = await journal.latest_acked_channels(["kai", "bo", "nobody"])

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.jsonrpc.fenced import FencedStream
 from mcpl_router.store.journal import Delivery, InboundEvent, JournalFailure
 from mcpl_router.store.leases import (
@@ -73,7 +74,7 @@ def test_a_lost_holder_commits_nothing(dsn: str, db: PgConnection) -> None:
     term, valid_until = acquire(db, LINKS, "a", 1.0)
     assert term is not None
     fence = LeaseFence(term, valid_until)
-    event = InboundEvent("s", "general", "message", "m-1", {"messageId": "m-1"})
+    event = InboundEvent("s", "general", EventKind.MESSAGE, "m-1", {"messageId": "m-1"})
     kai = Delivery("kai", "message", (), False)
 
     async def main() -> None:
@@ -83,7 +84,7 @@ def test_a_lost_holder_commits_nothing(dsn: str, db: PgConnection) -> None:
             await trio.sleep(1.1)
             taken, _ = acquire(db, LINKS, "b", 5)
             assert taken is not None
-            second = InboundEvent("s", "general", "message", "m-2", {"messageId": "m-2"})
+            second = InboundEvent("s", "general", EventKind.MESSAGE, "m-2", {"messageId": "m-2"})
             with pytest.raises(JournalFailure, match="lease"):
                 await journal.record_inbound([(second, [kai])])
             assert fence.refusal() is not None

@@ -41,6 +41,7 @@ import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.config import ServerConfig, parse_config
 from mcpl_router.daemon import Daemon
 from mcpl_router.hosts.connection import HostConnection
@@ -238,7 +239,7 @@ async def do_message(world: World, server_id: str, channel_id: str) -> None:
         return
     message_id = f"m{next(world.message_ids)}"
     payload = {"channelId": channel_id, "messageId": message_id, "content": [{"type": "text", "text": "hi"}], "tags": ["chat:mention"]}
-    event = InboundEvent(server_id, channel_id, "message", message_id, payload)
+    event = InboundEvent(server_id, channel_id, EventKind.MESSAGE, message_id, payload)
     deliveries = [Delivery(f"ag-{mode}", "message", ("chat:mention", "chat:addressed"), True) for mode in MODES]
     [recorded] = await world.daemon.journal.record_inbound([(event, deliveries)])
     world.daemon.events.publish(InboundAccepted(recorded.seq, event, tuple(deliveries)))

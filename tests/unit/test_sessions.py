@@ -14,6 +14,7 @@ import pytest
 import trio
 import trio.testing
 
+from mcpl_router.store.records import EventKind
 from mcpl_router.host_notices import InferenceStartedNotice, ServerStateNotice
 from mcpl_router.hosts.agents import AckParams, AgentSpecParams, HelloParams
 from mcpl_router.hosts.connection import HostConnection
@@ -61,7 +62,7 @@ async def test_a_trace_is_still_a_cancellation_point(tmp_path: Path) -> None:
 async def test_a_wake_read_from_memory_lets_no_other_task_run_first(tmp_path: Path) -> None:
     """``turn/open`` reads its wakes: a recent one comes from memory without a scheduler pass."""
     sessions, journal = _sessions(tmp_path)
-    event = InboundEvent("a", "general", "message", "m-1", {"channelId": "general", "messageId": "m-1"})
+    event = InboundEvent("a", "general", EventKind.MESSAGE, "m-1", {"channelId": "general", "messageId": "m-1"})
     sessions.accepted(7, event, [Delivery("ann", "message", (), True)])  # no owner: remembered, pending
     try:
         async with scheduler_passes() as passes:
@@ -138,7 +139,7 @@ async def test_a_resume_point_past_the_journals_last_seq_holds_back_no_later_wak
                     await trio.sleep(0.01)
             if route == "behind a notice":
                 assert outbox.notify(ServerStateNotice("a", "connecting", "ready"))
-            event = InboundEvent("a", "general", "message", "m-3", {"channelId": "general", "messageId": "m-3"})
+            event = InboundEvent("a", "general", EventKind.MESSAGE, "m-3", {"channelId": "general", "messageId": "m-3"})
             sessions.accepted(3, event, [Delivery("kai", "message", (), True)])
             with trio.fail_after(10):
                 while not peer.wakes:

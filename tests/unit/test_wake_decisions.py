@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import mcpl_router.hosts.directory as directory_module
+from mcpl_router.store.records import EventKind
 from mcpl_router.config import AgentConfig
 from mcpl_router.hosts.agents import spec_from_config
 from mcpl_router.hosts.directory import DECISION_CACHE, AgentDirectory
@@ -45,7 +46,7 @@ def _directory(journal: Journal, **agents: AgentConfig) -> tuple[AgentDirectory,
 
 def _message(channel: str, *tags: str, server: str = "a", n: int = 0) -> InboundEvent:
     payload: dict[str, object] = {"channelId": channel, "messageId": f"m-{n}", "text": "hi", "tags": list(tags)}
-    return InboundEvent(server, channel, "message", f"m-{n}", payload)
+    return InboundEvent(server, channel, EventKind.MESSAGE, f"m-{n}", payload)
 
 
 def _woken(directory: AgentDirectory, event: InboundEvent) -> list[str]:
@@ -116,9 +117,9 @@ def test_an_agent_declared_or_reconfigured_later_is_decided_for_at_once(journal:
 def test_pushes_are_kept_apart_from_messages_of_the_same_channel(journal: Journal) -> None:
     directory, _ = _directory(journal, bo=AgentConfig("bo"))
     assert _woken(directory, _message("general", n=1)) == []
-    push = InboundEvent("a", "general", "push", "e-1", {"eventId": "e-1"})
+    push = InboundEvent("a", "general", EventKind.PUSH, "e-1", {"eventId": "e-1"})
     assert _woken(directory, push) == ["bo"]  # a push wakes an unscoped agent; a plain message doesn't
-    assert _woken(directory, InboundEvent("a", None, "push", "e-2", None)) == ["bo"]
+    assert _woken(directory, InboundEvent("a", None, EventKind.PUSH, "e-2", None)) == ["bo"]
 
 
 def test_the_kept_decisions_are_bounded_whatever_tags_the_servers_send(journal: Journal) -> None:
