@@ -3,9 +3,9 @@
     python bench/compare_trees.py BEFORE [AFTER] [--rounds 4]
 
 BEFORE and AFTER are git revisions of this repository (AFTER defaults to the work tree's
-HEAD). Each is checked out into a temporary worktree; each round runs ``bench_inbound.py`` and
-``bench_speech.py`` (one round each, each tree's own copy, its own package on ``PYTHONPATH``)
-in both trees, the order alternating round by round, so load that comes and goes on the
+HEAD), or directories holding a tree, used as they are. A revision is checked out into a
+temporary worktree; each round runs ``bench_inbound.py`` and ``bench_speech.py`` (one round
+each, each tree's own copy, its own package on ``PYTHONPATH``) in both trees, the order alternating round by round, so load that comes and goes on the
 machine falls on both sides alike. A side's figures are its own ratios against the bare
 forwarder measured in the same run (and the trio thread's µs a message), so the comparison is
 of ratios, not of absolute rates. Prints each round and the medians of the after ÷ before
@@ -57,6 +57,10 @@ def measure(tree: Path) -> dict[str, float]:
 
 
 def checkout(revision: str, where: Path) -> Path:
+    """``revision`` checked out at ``where``; a directory named instead of a revision is used as
+    it is (a tree with something a revision can't hold: modules compiled in place, say)."""
+    if Path(revision).is_dir():
+        return Path(revision).resolve()
     subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(where), revision], check=True)
     return where
 
@@ -70,8 +74,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mr-compare-", dir="/tmp") as tmp:
         trees = {"before": Path(tmp) / "before", "after": Path(tmp) / "after"}
         try:
-            checkout(args.before, trees["before"])
-            checkout(args.after, trees["after"])
+            trees = {"before": checkout(args.before, trees["before"]), "after": checkout(args.after, trees["after"])}
             readings: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
             for round_ in range(args.rounds):
                 order = ("before", "after") if round_ % 2 == 0 else ("after", "before")
@@ -82,7 +85,8 @@ def main() -> None:
                 print(f"round {round_ + 1} ({' then '.join(order)}): {line}", flush=True)
         finally:
             for tree in trees.values():
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+                if tree.is_relative_to(tmp):  # a directory given as a side is not ours to remove
+                    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
     print(f"\n{args.before} → {args.after}, {args.rounds} rounds in alternation; medians:")
     for name in readings["before"][0]:
         before = statistics.median(r[name] for r in readings["before"])
