@@ -23,11 +23,13 @@ WakeOf = Callable[[int, str], Awaitable[Wake | None]]
 def message_ids_of(payload: object) -> tuple[str | None, str | None]:
     """The (messageId, threadId) of a wake's newest message, wherever the payload holds it."""
     message: object = payload
-    if isinstance(payload, Mapping) and isinstance(payload.get("messages"), list) and payload["messages"]:
+    # A decoded payload is a dict: ``dict`` first is answered in C, where the Mapping ABC's
+    # check alone is a Python call (twice a message, on the commit's callback).
+    if isinstance(payload, (dict, Mapping)) and isinstance(payload.get("messages"), list) and payload["messages"]:
         message = payload["messages"][-1]
     elif isinstance(payload, list) and payload:
         message = payload[-1]
-    if not isinstance(message, Mapping):
+    if not isinstance(message, (dict, Mapping)):
         return None, None
     origin = message.get("origin")
     if "messageId" not in message and isinstance(origin, Mapping):
