@@ -2,14 +2,14 @@
 
     python bench/compare_trees.py BEFORE [AFTER] [--rounds 4]
 
-BEFORE and AFTER are git revisions of this repository (AFTER defaults to the work tree's
-HEAD), or directories holding a tree, used as they are. A revision is checked out into a
-temporary worktree; each round runs ``bench_inbound.py`` and ``bench_speech.py`` (one round
-each, each tree's own copy, its own package on ``PYTHONPATH``) in both trees, the order alternating round by round, so load that comes and goes on the
-machine falls on both sides alike. A side's figures are its own ratios against the bare
-forwarder measured in the same run (and the trio thread's µs a message), so the comparison is
-of ratios, not of absolute rates. Prints each round and the medians of the after ÷ before
-ratios. Nothing is asserted.
+BEFORE and AFTER are git revisions of this repository (AFTER defaults to the work tree's HEAD),
+or directories holding a tree, used as they are. A revision is checked out into a temporary
+worktree; each round runs ``bench_inbound.py`` and ``bench_speech.py`` (one round each, each
+tree's own copy, its own package on ``PYTHONPATH``) in both trees, the order alternating round
+by round, so load that comes and goes on the machine falls on both sides alike. A side's
+figures are its own ratios against the bare forwarder measured in the same run (and the trio
+thread's µs a message), so the comparison is of ratios, not of absolute rates. Prints each
+round and the medians of the after ÷ before ratios. Nothing is asserted.
 """
 
 from __future__ import annotations

@@ -47,8 +47,9 @@ class InboundEvent(msgspec.Struct, frozen=True):
     """One accepted inbound message or push, ready to be journaled.
 
     A value, frozen; a msgspec Struct rather than attrs because one is made for every message
-    on the hot path, and a frozen attrs class's ``__init__`` sets each field through
-    ``object.__setattr__`` (2.3 µs with the kind's converter, against 0.1: docs/performance.md).
+    on the hot path, where a frozen attrs class's generated ``__init__`` sets each field through
+    a bound ``object.__setattr__`` and ran the kind's converter (about 1 µs, against 0.15:
+    docs/performance.md). ``kind`` is not converted: give an :class:`EventKind`.
     """
 
     server_id: str
