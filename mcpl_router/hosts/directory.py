@@ -144,7 +144,7 @@ class AgentDirectory:
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
         entry = None if channel is None else self._router.registry.get(channel)
         return InboundFacts(
-            kind=REASON_MESSAGE if event.kind is EventKind.MESSAGE else REASON_PUSH,
+            kind=REASON_MESSAGE if event.kind == EventKind.MESSAGE else REASON_PUSH,
             server_id=event.server_id,
             channel=channel,
             tags=tags,

@@ -131,7 +131,7 @@ class Forks:
             # No fork and no forking agent among them (most messages): each is woken as itself,
             # as route_wakes would say, without building its routes or reading the clock.
             return decided
-        ref = None if event.channel_id is None or event.kind is not EventKind.MESSAGE else ChannelRef(event.server_id, event.channel_id)
+        ref = None if event.channel_id is None or event.kind != EventKind.MESSAGE else ChannelRef(event.server_id, event.channel_id)
         kind = ""
         if ref is not None and any(self._conversations_of(d.agent) is not None for d in decided):
             entry = self._registry.get(ref)

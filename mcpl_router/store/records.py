@@ -49,7 +49,8 @@ class InboundEvent(msgspec.Struct, frozen=True):
     A value, frozen; a msgspec Struct rather than attrs because one is made for every message
     on the hot path, where a frozen attrs class's generated ``__init__`` sets each field through
     a bound ``object.__setattr__`` and ran the kind's converter (about 1 µs, against 0.15:
-    docs/performance.md). ``kind`` is not converted: give an :class:`EventKind`.
+    docs/performance.md). ``kind`` is not converted: give an :class:`EventKind` (what reads it
+    compares by value, so its string is read alike).
     """
 
     server_id: str
@@ -66,7 +67,8 @@ class InboundEvent(msgspec.Struct, frozen=True):
     @property
     def key(self) -> tuple[str, str, str]:
         """What a re-send shares with it: its server, kind and id."""
-        return (self.server_id, self.kind.value, self.dedup_key)
+        # The kind as it is: an EventKind is a str, equal to and hashed as its value.
+        return (self.server_id, self.kind, self.dedup_key)
 
 
 @attrs.frozen

@@ -229,7 +229,7 @@ class Speech:
             payload = event.payload if isinstance(event.payload, Mapping) else {}
             thread = payload.get("threadId")
             arrivals.append(rounds.Arrival(ref, thread if isinstance(thread, str) else None, item.delivery.addressed,
-                                          conversational=event.kind is EventKind.MESSAGE))
+                                          conversational=event.kind == EventKind.MESSAGE))
         if any(arrival.conversational for arrival in arrivals):
             run.explicit_send_rounds.clear()
         routing = turn.routing
