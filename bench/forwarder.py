@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import signal
 import sqlite3
 import sys
 import time
@@ -354,6 +355,10 @@ if __name__ == "__main__":
     parser.add_argument("ports", nargs="+", type=int)
     args = parser.parse_args()
     tune_gc()
+    # Stopped by SIGINT (the floor's tests), which must raise KeyboardInterrupt whatever this
+    # process inherited: started from a shell's background job, SIGINT comes in ignored, and
+    # Python (and trio) then leave it ignored, so the floor would outlive its test's stop.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         trio.run(main, args.socket, args.ports, msgspec.json.decode(args.answers.read_bytes()) if args.answers else {}, args.journal)
     except KeyboardInterrupt:
