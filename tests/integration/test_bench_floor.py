@@ -73,8 +73,11 @@ async def held_then_done(journal: Path, *calls: Callable[[], Awaitable[Any]]) ->
 async def floor_running(directory: Path, server: FixtureProcess) -> AsyncIterator[tuple[Path, Path]]:
     socket, journal = directory / "floor.sock", directory / "floor.sqlite3"
     with (directory / "floor.log").open("ab") as log:
+        # Started as a shell's background job starts it (a CI job's, say): SIGINT ignored, which
+        # a process inherits; the floor must still stop on the SIGINT below.
         floor = await trio.lowlevel.open_process(
-            [sys.executable, str(FORWARDER), "--socket", str(socket), "--journal", str(journal), str(server.listen_port)],
+            ["sh", "-c", 'trap "" INT; exec "$@"', "sh",
+             sys.executable, str(FORWARDER), "--socket", str(socket), "--journal", str(journal), str(server.listen_port)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
         )
     async def listening() -> bool:
