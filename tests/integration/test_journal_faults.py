@@ -10,14 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio

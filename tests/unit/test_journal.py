@@ -160,6 +160,20 @@ async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_
         assert journal.unacked_count("kai") == 3
 
 
+async def test_an_event_whose_kind_is_given_as_its_string_is_the_same_event(journal_place: JournalPlace) -> None:
+    """``InboundEvent`` does not convert its kind (a msgspec Struct, built per message): what
+    reads it compares by value, so ``"message"`` is read as ``EventKind.MESSAGE``, its re-send
+    a duplicate."""
+    payload = {"channelId": "general", "messageId": "in-1"}
+    typed = InboundEvent("s", "general", EventKind.MESSAGE, "in-1", payload)
+    plain = InboundEvent("s", "general", "message", "in-1", payload)  # type: ignore[arg-type]
+    assert plain.key == typed.key and hash(plain.key) == hash(typed.key)
+    async with open_journal(journal_place) as journal:
+        [first] = await journal.record_inbound([(typed, [KAI])])
+        [again] = await journal.record_inbound([(plain, [KAI])])
+        assert again.duplicate and again.seq == first.seq
+
+
 def test_a_message_digest_is_the_one_earlier_versions_journaled() -> None:
     """A retry after an upgrade must still meet its digest in the journal: the digest of what a
     message says is a fixed function of it, whatever the fields a copy's send or receipt adds."""
