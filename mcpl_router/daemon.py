@@ -225,6 +225,7 @@ class Daemon:
             deliveries_for=self.forks.deliveries_for,
             on_tools_changed=self.connector_tools.list_changed,
             inference=self.inference,
+            counted=metrics.inbound_answered,
         )
         self.read_model = ReadModel(
             router=router, links=links, servers=self.servers, sessions=self.sessions, tune_outs=self.tune_outs, turns=self.turns,
@@ -285,20 +286,11 @@ class Daemon:
         # registers again. Until then no name may resolve to its channels.
         self.events.publish(ServerWithdrawn(link.server_id))
 
-    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> object:
-        result = await self.inbound.handle(link, inbound)
-        if isinstance(result, Deferred):
-            # Answered after the journal's group commit: counted when the answer is ready.
-            def answered(answer: object) -> object:
-                self._answered(link, inbound.method, answer)
-                return answer
-
-            return result.then(answered)
-        self._answered(link, inbound.method, result)
-        return result
-
-    def _answered(self, link: ServerLink, method: str, result: object) -> None:
-        self.metrics.inbound_answered(link.server_id, method, result)
+    @property
+    def handle_server_message(self) -> Callable[[ServerLink, Inbound], Awaitable[object]]:
+        """What a server says goes straight to the one that handles it (which counts its
+        answers): no layer of the daemon's own between the link and the handler."""
+        return self.inbound.handle
 
     # -- host connections (the listener calls these) -------------------------------------------
 

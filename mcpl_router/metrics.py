@@ -160,27 +160,15 @@ class DaemonMetrics:
         """One host chunk: ``forwarded``, or the value of the reason it was dropped."""
         self._series_of(self.inference_chunks, outcome.value if isinstance(outcome, ChunkDrop) else outcome).inc()
 
-    def inbound_answered(self, server_id: str, method: str, result: object) -> None:
-        """Count what a server's ``channels/incoming`` or push got back (the handlers' answers
-        are dicts; anything else, an error, is not counted here)."""
-        if not isinstance(result, dict):
-            return
+    def inbound_answered(self, server_id: str, accepted: int, refused: Sequence[object] = ()) -> None:
+        """What a server's ``channels/incoming`` or push got back: ``accepted`` messages, and
+        the code of each one refused. Told by the handler that made the answer, which knows
+        the counts, so no answer is read back to count it."""
         counts = self.inbound.counts
-        if method == "push/event":
-            counts[(server_id, "accepted", "")] += 1
-            return
-        rows = result.get("results") if method == "channels/incoming" else None
-        if not isinstance(rows, list):
-            return
-        accepted = 0
-        for row in rows:
-            if isinstance(row, dict):
-                if row.get("accepted"):
-                    accepted += 1
-                else:
-                    counts[(server_id, "refused", str(row.get("code", "")))] += 1
         if accepted:
             counts[(server_id, "accepted", "")] += accepted
+        for code in refused:
+            counts[(server_id, "refused", str(code))] += 1
 
     def registrations_answered(self, answered: RegistrationsAnswered) -> None:
         """Each descriptor of a ``channels/register``/``changed``, accepted or refused (labelled

@@ -11,7 +11,7 @@ sessions in turn are given the tune-outs and gates they ask of every wake).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import trio
@@ -37,6 +37,44 @@ if TYPE_CHECKING:
 DECISION_CACHE: Final = 4096
 
 
+class AgentSpecs(dict[str, AgentSpec]):
+    """Every known agent's spec by name, with a version that moves at every change.
+
+    What an event wakes is kept while the agents stand; the version says whether they do in
+    one comparison, where reading every spec would cost each message a pass over the agents.
+    """
+
+    version: int = 0
+
+    def __setitem__(self, name: str, spec: AgentSpec) -> None:
+        super().__setitem__(name, spec)
+        self.version += 1
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        self.version += 1
+
+    def pop(self, *args: Any) -> Any:
+        self.version += 1
+        return super().pop(*args)
+
+    def popitem(self) -> tuple[str, AgentSpec]:
+        self.version += 1
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.version += 1
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: AgentSpec) -> None:
+        self.version += 1
+        super().update(*args, **kwargs)
+
+    def setdefault(self, name: str, spec: AgentSpec) -> AgentSpec:
+        self.version += 1
+        return super().setdefault(name, spec)
+
+
 class AgentDirectory:
     """The agents' specs (configured, declared by hosts, saved in the journal), their owners,
     and each open connection's outbox. The sessions change owners and outboxes; the rest read.
@@ -51,7 +89,7 @@ class AgentDirectory:
         self._journal = journal
         self._router = router
         #: Every known agent by name (configured ones, those hosts declared).
-        self.specs: dict[str, AgentSpec] = {name: spec_from_config(a) for name, a in agents.items()}
+        self.specs = AgentSpecs({name: spec_from_config(a) for name, a in agents.items()})
         for name, saved in journal.saved_agents().items():
             if name not in self.specs:
                 try:
@@ -69,8 +107,8 @@ class AgentDirectory:
         # Whom an event wakes, by (kind, server, channel, closure-expanded tags): the same answer
         # for every message of a channel with those tags while the registry (its generation) and
         # the agents (the specs, by identity) stand, so it is decided once, not per message.
-        self._decisions: dict[tuple[EventKind, str, str | None, tuple[str, ...]], tuple[Delivery, ...]] = {}
-        self._decided_at: tuple[int, tuple[AgentSpec, ...]] = (-1, ())
+        self._decisions: dict[tuple[EventKind, str, str | None, tuple[object, ...]], tuple[Delivery, ...]] = {}
+        self._decided_at: tuple[int, int] = (-1, -1)
         self._log = get_logger()
 
     # -- who ---------------------------------------------------------------------------------
@@ -103,25 +141,33 @@ class AgentDirectory:
 
     # -- whom an event wakes -----------------------------------------------------------------
 
-    def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
+    def deliveries_for(self, event: InboundEvent) -> tuple[Delivery, ...]:
         """Which agents an event wakes by their policies (decided before its commit and written with it).
 
         A pure function of the event's kind, server, channel and tags, the registry and the
-        agents' specs: kept per (kind, server, channel, tags) until the registry's generation
-        or any spec changes (the specs are compared by identity: a hello, a reload or a saved
-        agent puts a new object in ``specs``).
+        agents' specs: kept per (kind, server, channel, tags as the message gave them) until the
+        registry's generation or the specs' version moves (a hello, a reload or a saved agent).
         """
-        payload = event.payload if isinstance(event.payload, dict) else {}
-        tags = expand_tags(payload.get("tags"))
-        stands = (self._router.registry.generation, tuple(self.specs.values()))
+        stands = (self._router.registry.generation, self.specs.version)
         if stands != self._decided_at or len(self._decisions) >= DECISION_CACHE:
             self._decisions.clear()
             self._decided_at = stands
-        key = (event.kind, event.server_id, event.channel_id, tags)
-        decided = self._decisions.get(key)
+        payload = event.payload
+        given = payload.get("tags") if type(payload) is dict else None
+        try:
+            # The tags as given are the key (expanding them is the decision's, on a miss): the
+            # same tags a channel's messages carry decide once.
+            key = (event.kind, event.server_id, event.channel_id, tuple(given) if given else ())
+            decided = self._decisions.get(key)
+        except TypeError:
+            # Tags that can't be a key (a dict among them, a number): keyed by their closure,
+            # which is only strings; the closure of a closure is itself, so the keys agree.
+            tags = expand_tags(given)
+            key = (event.kind, event.server_id, event.channel_id, tags)
+            decided = self._decisions.get(key)
         if decided is None:
-            decided = self._decisions[key] = self._decide(event, tags)
-        return list(decided)
+            decided = self._decisions[key] = self._decide(event, expand_tags(given))
+        return decided
 
     def _decide(self, event: InboundEvent, tags: tuple[str, ...]) -> tuple[Delivery, ...]:
         facts = self._facts(event, tags)

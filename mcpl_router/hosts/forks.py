@@ -78,7 +78,7 @@ class Forks:
         *,
         registry: ChannelRegistry,
         journal: ForkJournal,
-        policy_deliveries: Callable[[InboundEvent], list[Delivery]],
+        policy_deliveries: Callable[[InboundEvent], Sequence[Delivery]],
         agent_of: Callable[[str], AgentSpec | None],
         owner_of: Callable[[str], HostConnection | None],
         notify_agent: Callable[[str, HostNotice], Awaitable[bool]],
@@ -123,7 +123,7 @@ class Forks:
 
     # -- before the commit -----------------------------------------------------------------------
 
-    def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
+    def deliveries_for(self, event: InboundEvent) -> Sequence[Delivery]:
         """Whom an event wakes: the policy's agents, each forking agent's message given to its
         fork (decided by ``route_wakes``; the reservations, counters and clock are this shell's)."""
         decided = self._policy(event)

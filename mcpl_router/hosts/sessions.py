@@ -367,7 +367,7 @@ class SessionManager:
             if self._events is not None:
                 self._events.publish(WakeDelivered(wake))  # a held wake sets no default until its batch goes
 
-    def deliveries_for(self, event: InboundEvent) -> list[Delivery]:
+    def deliveries_for(self, event: InboundEvent) -> Sequence[Delivery]:
         """Which agents an event wakes (decided before its commit and written with it)."""
         return self.directory.deliveries_for(event)
 

@@ -20,6 +20,7 @@ state it uses is the Peer's.
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
@@ -287,30 +288,31 @@ class PeerLanes:
             self._concurrent_slots.release()
 
     async def _handle(self, inbound: Inbound) -> None:
+        # One frame from the lane to the handler and back (this runs once a message).
         self._counts["inbound_handled"] += 1
         self._handling += 1
         try:
-            await self._handle_one(inbound)
+            try:
+                result = await self._handler(inbound)
+            except Exception as exc:
+                await self._answer_failure(inbound, exc)
+                return
+            if isinstance(result, Deferred):
+                try:
+                    self._deferred_slots.acquire_nowait()
+                except trio.WouldBlock:
+                    await self._acquire(self._deferred_slots)
+                if result.subscribe is not None:
+                    # Pushed when settled: no task per answer; the slot is held until then.
+                    result.subscribe(functools.partial(self._deferred_settled, inbound))
+                    return
+                assert self._nursery is not None
+                self._nursery.start_soon(self._finish_deferred, inbound, result)
+                return
+            if not inbound.is_notification:
+                await self._reply(ResultOut(id=inbound.id, result=result))
         finally:
             self._handling -= 1
-
-    async def _handle_one(self, inbound: Inbound) -> None:
-        try:
-            result = await self._handler(inbound)
-        except Exception as exc:
-            await self._answer_failure(inbound, exc)
-            return
-        if isinstance(result, Deferred):
-            await self._acquire(self._deferred_slots)
-            if result.subscribe is not None:
-                # Pushed when settled: no task per answer; the slot is held until then.
-                result.subscribe(lambda answer, error: self._deferred_settled(inbound, answer, error))
-                return
-            assert self._nursery is not None
-            self._nursery.start_soon(self._finish_deferred, inbound, result)
-            return
-        if not inbound.is_notification:
-            await self._reply(ResultOut(id=inbound.id, result=result))
 
     async def _finish_deferred(self, inbound: Inbound, deferred: Deferred) -> None:
         try:

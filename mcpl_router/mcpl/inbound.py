@@ -9,7 +9,7 @@ journals the accepted ones (one transaction per batch) and only then answers ``a
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import msgspec
@@ -28,7 +28,6 @@ from mcpl_router.mcpl.wire import (
     PushOrigin,
     PushParams,
     RegisterParams,
-    decode_item,
     raw_to_plain,
 )
 from mcpl_router.routing.refs import ChannelRef
@@ -109,6 +108,10 @@ class ServerInbound:
         on_tools_changed: told of a server's ``notifications/tools/list_changed`` (the
             connector tools fetch its list again).
         inference: answers ``inference/request`` and ``model/info`` (-32601 without it).
+        counted: told of each ``channels/incoming`` and ``push/event`` answer as it is made:
+            the server, how many messages it accepted and the code of each it refused (the
+            daemon's count of them). Told here, where the answer is made and the counts are
+            known, so no wrapper is built around each answer to read them back out of it.
     """
 
     def __init__(
@@ -117,15 +120,17 @@ class ServerInbound:
         journal: Journal,
         *,
         events: EventBus,
-        deliveries_for: Callable[[InboundEvent], list[Delivery]] | None = None,
+        deliveries_for: Callable[[InboundEvent], Sequence[Delivery]] | None = None,
         on_tools_changed: Callable[[ServerLink], None] | None = None,
         inference: InferenceHandler | None = None,
+        counted: Callable[[str, int, Sequence[object]], None] | None = None,
     ) -> None:
         self.registry = registry
         self.journal = journal
         self._events = events
         self._deliveries_for = deliveries_for or (lambda event: [])
         self._on_tools_changed = on_tools_changed or (lambda link: None)
+        self._counted = counted or (lambda server_id, accepted, refused: None)
         self._logs: dict[str, Logger] = {}
         # Per server: the grant and id patterns its registry policy was last built from, and that
         # policy; the same objects give the same policy (a regrant or a reload makes new ones).
@@ -244,14 +249,18 @@ class ServerInbound:
         log = self._log_of(link.server_id)
         results: list[dict[str, object] | None] = []
         pending: list[tuple[int, str, InboundEvent]] = []
+        refused: list[object] = []
         for index, raw in enumerate(params.messages):
             try:
-                message = decode_item(raw, IncomingMessage)
-                payload = raw_to_plain(raw)
+                # Read once: the message as plain values (stored and forwarded as they are),
+                # then held to its type from those values, not decoded a second time.
+                payload = msgspec.json.decode(raw)
+                message = msgspec.convert(payload, IncomingMessage)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 detail = str(exc) if isinstance(exc, msgspec.ValidationError) else describe_decode_failure(bytes(raw), exc)
                 message_id = _message_id_of(raw)
                 log.warning("channels.incoming.malformed", index=index, message_id=message_id, detail=detail)
+                refused.append(INVALID_ITEM)
                 results.append(
                     {"messageId": message_id, "accepted": False, "code": INVALID_ITEM,
                      "reason": f"Malformed message at messages[{index}]: {detail}"}
@@ -259,6 +268,7 @@ class ServerInbound:
                 continue
             admission = self.registry.admit_incoming(link.server_id, message.channel_id, policy, form=form)
             if not admission.accepted:
+                refused.append(admission.code)
                 results.append(
                     {"messageId": message.message_id, "accepted": False, "code": admission.code, "reason": admission.reason}
                 )
@@ -274,6 +284,7 @@ class ServerInbound:
             pending.append((len(results), message.message_id, event))
             results.append(None)
         if not pending:
+            self._counted(link.server_id, 0, refused)
             return {"results": results}
         batch = [(event, self._deliveries_for(event)) for _, _, event in pending]
 
@@ -297,6 +308,7 @@ class ServerInbound:
                 return
             for slot, message_id, event in pending:
                 results[slot] = {"messageId": message_id, "accepted": True, "conversationId": self._conversation_id(event)}
+            self._counted(link.server_id, len(pending), refused)
             later.settle({"results": results})
 
         # Queued for the next group commit; this link's next message is dispatched meanwhile,
@@ -343,6 +355,7 @@ class ServerInbound:
 
         async def answer() -> dict[str, object]:
             await _durable(wait)
+            self._counted(link.server_id, 1, ())
             return {"accepted": True}
 
         return Deferred(answer)

@@ -112,8 +112,10 @@ class LinkDelegate(Protocol):
         """The transport is gone: everything this server registered in that epoch is gone too."""
         ...
 
-    async def handle_server_message(self, link: ServerLink, inbound: Inbound) -> object:
-        """An admitted inbound method (already checked against the grant). Raise RpcError."""
+    def handle_server_message(self, link: ServerLink, inbound: Inbound, /) -> Awaitable[object]:
+        """An admitted inbound method (already checked against the grant). Raise RpcError.
+
+        A method or a property giving the handler itself (the daemon's: no layer of its own)."""
         ...
 
 

@@ -6,16 +6,19 @@ the pair (server, channel id) and never a string built from the two.
 
 from __future__ import annotations
 
-import attrs
+import msgspec
 
 
-@attrs.frozen(slots=True, order=True)
-class ChannelRef:
+class ChannelRef(msgspec.Struct, frozen=True, order=True, cache_hash=True):
     """A channel, named with the server that registered it.
 
     Frozen and hashable: use it as a dict key, a set member, a stored route. Never join its two
     ids into one string (``"a:b" + ":" + "room"`` and ``"a" + ":" + "b:room"`` are the same
     string); :attr:`qualified_name` exists only to *show* or to *match against registered pairs*.
+
+    A value, as the style makes it, but a msgspec Struct rather than an attrs class: a message
+    looks a ref up in half a dozen dicts on its way, and a Struct hashes (once, cached),
+    compares and is made in C (docs/decisions/0003-channel-ref-as-a-struct.md).
     """
 
     server_id: str

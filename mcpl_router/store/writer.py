@@ -89,7 +89,6 @@ class _Unisolated(Exception):
 
 @attrs.define(eq=False)
 class _Op:
-    done: trio.Event = attrs.field(factory=trio.Event)
     error: BaseException | None = None
     #: Told once the op is settled (None: durable; else the failure), on the trio thread right
     #: after ``committed``: an answer pushed from here needs no task waiting on ``done``.
@@ -99,6 +98,11 @@ class _Op:
     #: work: they run bare, and should one fail after all the batch is tried again with every
     #: op in its savepoint (``apply`` starts from scratch each time).
     isolated: ClassVar[bool] = True
+    #: Committed, or failed for good.
+    settled: bool = attrs.field(default=False, init=False)
+    # Made only when someone waits: most inbound ops are answered through ``on_done``, and an
+    # event per message that nobody waits on was a tenth of the commit's callbacks.
+    _waiter: trio.Event | None = attrs.field(default=None, init=False)
 
     def apply(self, db: Connection, journal: JournalWriter) -> None:
         raise NotImplementedError
@@ -106,8 +110,18 @@ class _Op:
     def committed(self, journal: JournalWriter) -> None:
         """On the trio thread, in commit order, once the transaction holding this is durable."""
 
+    def settle(self) -> None:
+        self.settled = True
+        if self._waiter is not None:
+            self._waiter.set()
+
     async def wait(self) -> None:
-        await self.done.wait()
+        if self.settled:
+            await trio.lowlevel.checkpoint()
+        else:
+            if self._waiter is None:
+                self._waiter = trio.Event()
+            await self._waiter.wait()
         if self.error is not None:
             raise JournalFailure(str(self.error)) from self.error
 
@@ -495,7 +509,7 @@ class JournalWriter:
                     op.committed(self)
                 except Exception:
                     self._log.exception("journal.committed_callback.crashed", op=type(op).__name__)
-            op.done.set()
+            op.settle()
             if op.on_done is not None:
                 failure = None if op.error is None else JournalFailure(str(op.error))
                 try:

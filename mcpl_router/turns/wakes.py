@@ -23,24 +23,27 @@ WakeOf = Callable[[int, str], Awaitable[Wake | None]]
 def message_ids_of(payload: object) -> tuple[str | None, str | None]:
     """The (messageId, threadId) of a wake's newest message, wherever the payload holds it."""
     message: object = payload
-    # A decoded payload is a dict: ``dict`` first is answered in C, where the Mapping ABC's
-    # check alone is a Python call (twice a message, on the commit's callback).
-    if isinstance(payload, (dict, Mapping)) and isinstance(payload.get("messages"), list) and payload["messages"]:
-        message = payload["messages"][-1]
-    elif isinstance(payload, list) and payload:
+    # A decoded payload is a plain dict: ``type(...) is dict`` is answered at once, where the
+    # Mapping ABC's check is a Python call (once a wake, on the commit's callback).
+    if type(payload) is dict or isinstance(payload, Mapping):
+        messages = payload.get("messages")
+        if type(messages) is list and messages:
+            message = messages[-1]
+    elif type(payload) is list and payload:
         message = payload[-1]
-    if not isinstance(message, (dict, Mapping)):
+    if not (type(message) is dict or isinstance(message, Mapping)):
         return None, None
-    origin = message.get("origin")
-    if "messageId" not in message and isinstance(origin, Mapping):
-        # A push names its message in `origin` (discord-mcpl's push for a closed channel,
-        # src/server.ts:3176): that is the message a decline or refusal reaction marks.
-        message = origin
+    if "messageId" not in message:
+        origin = message.get("origin")
+        if type(origin) is dict or isinstance(origin, Mapping):
+            # A push names its message in `origin` (discord-mcpl's push for a closed channel,
+            # src/server.ts:3176): that is the message a decline or refusal reaction marks.
+            message = origin
     message_id = message.get("messageId")
     thread_id = message.get("threadId")
     return (
-        message_id if isinstance(message_id, str) else None,
-        thread_id if isinstance(thread_id, str) else None,
+        message_id if type(message_id) is str else None,
+        thread_id if type(thread_id) is str else None,
     )
 
 

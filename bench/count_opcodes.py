@@ -1,0 +1,161 @@
+"""The Python bytecodes the trio thread executes a message: the daemon's and the journal floor's.
+
+    python bench/count_opcodes.py [--side both|daemon|floor] [--servers 4] [--messages 400] [--top 40]
+
+The same flood as ``bench_inbound.py``'s throughput (``--servers`` fixture servers, each
+``--messages`` one-message ``channels/incoming`` requests, 128 outstanding; one host acking each
+wake as the shipped client does), through the daemon or through the journal floor
+(``bench/forwarder.py --journal``). Each runs under a launcher that traces its main thread (the
+trio thread; the journal's worker thread is not traced) with ``sys.settrace`` opcode events from
+just before the flood to just after the last wake, toggled by ``SIGUSR1``, and counts the
+bytecodes each function executed.
+
+Why count bytecodes: the timings of one flood move by a third from run to run on this machine,
+so an item of a few microseconds can't be seen end to end, and cProfile's per-call overhead
+ranks a cheap call like a dear one. The count of bytecodes moves by a percent or two between
+runs (with how the commits batch) and goes down by exactly what a change took off the path. It
+leaves out the work done in C (JSON, sockets, the journal's SQL), which the daemon and the floor
+share: ``docs/performance.md`` relates the two counts to the trio thread's CPU a message.
+Tracing makes the process some fifty times slower, hence the small default flood. Nothing is
+asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+from harness import ROOT, daemon_running, fixtures_running, process, wait_until
+
+import bench_inbound
+from mcpl_router.client import RouterClient
+
+#: Counts every bytecode of the main thread between two SIGUSR1s; writes them out at the second.
+TRACER = r"""
+import collections, json, os, signal, sys
+counts = collections.Counter()
+def tracer(frame, event, arg):
+    frame.f_trace_opcodes = True
+    if event == "opcode":
+        code = frame.f_code
+        counts[(code.co_filename, code.co_firstlineno, code.co_name)] += 1
+    return tracer
+def toggle(signum, frame):
+    if sys.gettrace() is None:
+        sys.settrace(tracer)
+        while frame is not None:  # the frames already running are traced from here too
+            frame.f_trace, frame.f_trace_opcodes, frame = tracer, True, frame.f_back
+    else:
+        sys.settrace(None)
+        with open(os.environ["MCPL_ROUTER_BENCH_OPCODES"], "w") as out:
+            json.dump([[list(key), n] for key, n in counts.items()], out)
+signal.signal(signal.SIGUSR1, toggle)
+"""
+
+DAEMON_MAIN = """
+from mcpl_router.cli import main
+sys.argv = ["mcpl-router", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+FLOOR_MAIN = """
+import runpy
+runpy.run_path({path!r}, run_name="__main__")
+"""
+
+
+@asynccontextmanager
+async def floor_traced(workdir: Path, ports: list[int]) -> AsyncIterator[tuple[trio.Process, str]]:
+    """The journal floor as ``harness.forwarder_running`` starts it, under the tracer."""
+    socket = str(workdir / "floor-opcodes.sock")
+    launcher = TRACER + FLOOR_MAIN.format(path=str(ROOT / "bench" / "forwarder.py"))
+    argv = [sys.executable, "-c", launcher, "--socket", socket, "--mode", "inbound",
+            "--journal", str(workdir / "floor-opcodes.sqlite3"), *map(str, ports)]
+    async with process(argv, workdir / "floor-opcodes.log") as proc:
+
+        async def ready() -> bool:
+            try:
+                async with RouterClient.connect_unix(socket, timeout=5) as probe:
+                    await probe.call("session/hello", {"host": "probe", "agents": []})
+            except OSError:
+                return False
+            return True
+
+        await wait_until(ready, timeout=60, interval=0.05)
+        yield proc, socket
+
+
+async def counted(workdir: Path, side: str, servers: int, messages: int) -> collections.Counter[tuple[str, int, str]]:
+    out = workdir / f"{side}.opcodes.json"
+    os.environ["MCPL_ROUTER_BENCH_OPCODES"] = str(out)
+    async with fixtures_running(workdir, servers) as fixtures:
+        if side == "daemon":
+            config = {f"s{n}": {"url": f.listen_url} for n, f in enumerate(fixtures)}
+            running = daemon_running(workdir, config, tag="opcodes", launcher=TRACER + DAEMON_MAIN)
+        else:
+            running = floor_traced(workdir, [f.listen_port for f in fixtures])
+        async with running as (proc, socket):
+            proc.send_signal(signal.SIGUSR1)
+            await bench_inbound._drive(socket, proc.pid, fixtures, messages, f"opcodes-{side}")
+            proc.send_signal(signal.SIGUSR1)
+            await wait_until(lambda: _written(out), timeout=60, interval=0.1)
+    return collections.Counter({(path, line, name): n for (path, line, name), n in json.loads(out.read_text())})
+
+
+async def _written(path: Path) -> bool:
+    await trio.sleep(0)
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def where(path: str) -> str:
+    """A function's module, short: ``hosts/sessions.py``, ``trio``, ``attrs-made ChannelRef``."""
+    if path.startswith("<attrs generated"):
+        return "attrs-made " + path.rstrip(">").split(".")[-1]
+    parts = Path(path).parts
+    if "mcpl_router" in parts:
+        return "/".join(parts[parts.index("mcpl_router") + 1 :])
+    if "site-packages" in parts:
+        return parts[parts.index("site-packages") + 1]
+    return Path(path).name
+
+
+def report(side: str, counts: collections.Counter[tuple[str, int, str]], total: int, top: int) -> None:
+    print(f"\n{side}: {sum(counts.values()) / total:,.0f} bytecodes a message")
+    modules: collections.Counter[str] = collections.Counter()
+    for (path, _, _), n in counts.items():
+        modules[where(path).split("/")[0] if "/" in where(path) else where(path)] += n
+    print("  by part: " + ", ".join(f"{name} {n / total:.0f}" for name, n in modules.most_common(12)))
+    for (path, line, name), n in counts.most_common(top):
+        print(f"  {n / total:7.1f}  {name} {where(path)}:{line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--side", choices=("both", "daemon", "floor"), default="both")
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--messages", type=int, default=400)
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args()
+    total = args.servers * args.messages
+    sides = ("daemon", "floor") if args.side == "both" else (args.side,)
+    with tempfile.TemporaryDirectory(prefix="mr-opcodes-", dir="/tmp") as tmp:
+        for side in sides:
+            report(side, trio.run(counted, Path(tmp), side, args.servers, args.messages), total, args.top)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
