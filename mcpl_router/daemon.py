@@ -168,7 +168,8 @@ class Daemon:
         # (a server that keeps no subscriptions registers a channel closed again after a restart).
         # A tuned-out channel is held open as an agent's open one is (the tune-outs are made
         # below; the decisions ask them at each registration).
-        self.channel_decisions = ChannelLifecycle(router, servers, journal, fork_home=self.forks.home_of,
+        # The forks' book answers each fork's home itself (asked of every wake: no layer between).
+        self.channel_decisions = ChannelLifecycle(router, servers, journal, fork_home=self.forks.book.home_of,
                                                   kept_open=lambda: self.tune_outs.kept_open(), events=events)
         # Tune-outs (each agent's tuned-out channels; sessions ask them before sending a wake).
         # Saved in the journal and resumed by its run() before hosts or servers connect.
@@ -197,7 +198,7 @@ class Daemon:
         # The daemon's channel tools, and each agent's default channel (channel_publish).
         self.channel_tools = ChannelTools(
             router, servers, self.channel_decisions, turn_parts.stop_typing_in, timings, self.tune_outs,
-            fork_home=self.forks.home_of, may_take=self.forks.may_take_route, events=events)
+            fork_home=self.forks.book.home_of, may_take=self.forks.may_take_route, events=events)
         # The servers' own tools, offered under each server's prefix and forwarded to it.
         self.connector_tools = ConnectorTools(links, router, events, self.channel_decisions)
         # The one name table: what each offered tool name means, for listing and dispatch.

@@ -104,7 +104,7 @@ class Forks:
         self._nursery: trio.Nursery | None = None
         self._log = get_logger()
         if events is not None:
-            events.subscribe(InboundAccepted, lambda accepted: self.accepted(accepted.seq, accepted.event, accepted.deliveries))
+            events.subscribe(InboundAccepted, self._inbound_accepted)
 
     # -- what the channel tools and gates ask ----------------------------------------------------
 
@@ -164,7 +164,7 @@ class Forks:
 
     # -- after the commit --------------------------------------------------------------------------
 
-    def accepted(self, seq: int, event: InboundEvent, deliveries: Sequence[Delivery]) -> None:
+    def _inbound_accepted(self, accepted: InboundAccepted) -> None:
         """An event committed: the spawns it decided ask their hosts now."""
         if self._to_ask:
             self._changed.set()

@@ -247,12 +247,6 @@ class SessionManager:
         stored = await self._journal.delivery(seq, agent)
         return None if stored is None else _wake_of(stored)
 
-    def _remember(self, wake: Wake) -> None:
-        # The wakes turn/open asks for are almost always the newest: keep a bounded few.
-        self._recent[(wake.seq, wake.agent)] = wake
-        if len(self._recent) > RECENT_WAKES:
-            self._recent.popitem(last=False)
-
     def outbox_statistics(self) -> list[dict[str, int]]:
         """Each connection's wake window and queues (for ``status``)."""
         return [{"connection": connection.id, **outbox.statistics().to_wire()} for connection, outbox in self._outboxes.items()]
@@ -362,41 +356,38 @@ class SessionManager:
     def _channels_changed(self, event: ChannelsChanged) -> None:
         self._broadcast_nowait(ChannelsChangedNotice.of(event.server_id, event.added, event.removed))
 
-    def _inbound_accepted(self, event: InboundAccepted) -> None:
-        for wake in self.accepted(event.seq, event.event, event.deliveries):
-            if self._events is not None:
-                self._events.publish(WakeDelivered(wake))  # a held wake sets no default until its batch goes
+    def _inbound_accepted(self, accepted: InboundAccepted) -> None:
+        self.accepted(accepted.seq, accepted.event, accepted.deliveries)
 
     def deliveries_for(self, event: InboundEvent) -> Sequence[Delivery]:
         """Which agents an event wakes (decided before its commit and written with it)."""
         return self.directory.deliveries_for(event)
 
     def accepted(self, seq: int, event: InboundEvent, deliveries: Sequence[Delivery]) -> list[Wake]:
-        """The event ``seq`` committed: hand its wakes to the agents' owners; the wakes that
-        went (or wait for an owner), not those held back (a tune-out's, a gate's)."""
+        """The event ``seq`` committed: hand its wakes to the agents' owners, each told as
+        :class:`WakeDelivered` as it goes; returns the wakes that went (or wait for an owner),
+        not those held back (a tune-out's, a gate's: those set no default until they go)."""
         channel = None if event.channel_id is None else ChannelRef(event.server_id, event.channel_id)
         woken: list[Wake] = []
+        recent = self._recent
         for delivery in deliveries:
-            wake = Wake(
-                seq=seq,
-                agent=delivery.agent,
-                reason=delivery.reason,
-                channel=channel,
-                payload=event.payload,
-                tags=delivery.tags,
-                addressed=delivery.addressed,
-                server_id=event.server_id,
-            )
-            self._remember(wake)
+            agent = delivery.agent
+            wake = Wake(seq, agent, delivery.reason, channel, event.payload, delivery.tags, delivery.addressed, event.server_id)
+            # The wakes turn/open asks for are almost always the newest: a bounded few kept.
+            recent[(seq, agent)] = wake
+            if len(recent) > RECENT_WAKES:
+                recent.popitem(last=False)
             if self._diversion.divert(wake):
                 continue  # held: a tuned-out channel's (tools/tune_out.py) or a wake gate's (hosts/gate.py)
             woken.append(wake)
-            owner = self._owners.get(wake.agent)
+            owner = self._owners.get(agent)
             outbox = None if owner is None else self._outboxes.get(owner)
             if outbox is None or not outbox.offer(wake):
                 # Once per wake on the hot path: no bound logger is built unless it is written.
                 reason = "agent not owned" if owner is None else "owner's connection is closing"
-                self._log.info("wake.pending", agent=wake.agent, server=event.server_id, channel=event.channel_id, seq=seq, reason=reason)
+                self._log.info("wake.pending", agent=agent, server=event.server_id, channel=event.channel_id, seq=seq, reason=reason)
+            if self._events is not None:
+                self._events.publish(WakeDelivered(wake))
         return woken
 
     def wake_params(self, wake: Wake) -> dict[str, object]:

@@ -166,7 +166,9 @@ class PeerLanes:
         await trio.lowlevel.checkpoint()
 
     async def _on_message(self, data: bytes) -> None:
-        if self._stream.line_oriented and data.lstrip()[:1] not in (b"{", b"["):
+        # A message starts with "{" (a peer writes no space before it): looked at first, so
+        # a message pays nothing for the log lines this check is for.
+        if data[:1] != b"{" and self._stream.line_oriented and data.lstrip()[:1] not in (b"{", b"["):
             # Real servers print log lines on stdout: skip them, never drop the link for them.
             self._skip_line(data)
             return
@@ -197,14 +199,13 @@ class PeerLanes:
             self._answered_since_yield = True
             return
         request_id = envelope.id
-        is_notification = isinstance(request_id, msgspec.UnsetType)
-        inbound = Inbound(
-            method=envelope.method,
-            params=None if envelope.params is msgspec.UNSET else envelope.params,
-            id=None if isinstance(request_id, msgspec.UnsetType) else request_id,
-            is_notification=is_notification,
-            stamp=self._stamp() if self._stamp is not None else None,
-        )
+        params = envelope.params
+        if isinstance(request_id, msgspec.UnsetType):
+            inbound = Inbound(envelope.method, None if params is msgspec.UNSET else params, None, True,
+                              None if self._stamp is None else self._stamp())
+        else:
+            inbound = Inbound(envelope.method, None if params is msgspec.UNSET else params, request_id, False,
+                              None if self._stamp is None else self._stamp())
         assert self._nursery is not None
         if self._answered_since_yield:
             # Nor does what the peer sent after an answer overtake it: whoever awaited the

@@ -92,10 +92,17 @@ class PeerOutbox:
     def _queue(self, data: bytes) -> None:
         self._outbox.append(data)
         self._outbox_bytes += len(data)
+        self._outbox_ready.set()
+
+    def _note_high_water(self) -> None:
+        """The most the outbox held with the write under way (``outbox_high_water_bytes``).
+
+        Read where that total is about to fall (a write ends, the outbox is dropped) and when
+        asked: it only grows as messages are queued, so its peaks are there, and a message
+        queued costs no comparison of its own."""
         total = self._outbox_bytes + self._writing_bytes
         if total > self._counts["outbox_high_water_bytes"]:
             self._counts["outbox_high_water_bytes"] = total
-        self._outbox_ready.set()
 
     def _enqueue_nowait(self, data: bytes) -> bool:
         """Queue one encoded message if there is room now (False: there isn't; nothing queued).
@@ -133,12 +140,17 @@ class PeerOutbox:
                     await self._outbox_ready.wait()
                 if self._closed:
                     return
-                batch: list[bytes] = []
-                size = 0
-                while self._outbox and (not batch or size + len(self._outbox[0]) <= _WRITE_BATCH_BYTES):
-                    data = self._outbox.popleft()
-                    batch.append(data)
-                    size += len(data)
+                batch: list[bytes]
+                if self._outbox_bytes <= _WRITE_BATCH_BYTES:
+                    # All of it in one write (the usual case): taken whole, not message by message.
+                    batch, size = list(self._outbox), self._outbox_bytes
+                    self._outbox.clear()
+                else:
+                    batch, size = [], 0
+                    while self._outbox and (not batch or size + len(self._outbox[0]) <= _WRITE_BATCH_BYTES):
+                        data = self._outbox.popleft()
+                        batch.append(data)
+                        size += len(data)
                 self._outbox_bytes -= size
                 self._writing_bytes = size
                 self._outbox_room.set()
@@ -147,17 +159,20 @@ class PeerOutbox:
                 try:
                     await self._stream.send_messages(batch, progress=progress)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._note_high_water()
                     self._writing_bytes = 0
                     self._writer_done = True
                     self._mark_closed(f"connection closed while sending: {exc}")
                     return
                 watchdog.deadline = math.inf
+                self._note_high_water()
                 self._writing_bytes = 0
                 self._outbox_room.set()
                 self._outbox_room = trio.Event()
         if watchdog.cancelled_caught:
             with trio.CancelScope(shield=True):
                 await self._stall(f"not reading: a write made no progress for {stall:g}s")
+            self._note_high_water()
             self._writing_bytes = 0
 
     async def _stall(self, reason: str) -> None:

@@ -220,12 +220,14 @@ class Peer(PeerLanes, PeerOutbox):
         self._closed = True
         self._fail_pending(PeerClosed(self._close_reason))
         # Wake every sender waiting for room: they see the connection is gone.
+        self._note_high_water()
         self._outbox.clear()
         self._outbox_bytes = 0
         self._outbox_room.set()
         self._outbox_ready.set()
 
     def statistics(self) -> PeerStatistics:
+        self._note_high_water()
         return PeerStatistics(
             pending_requests=len(self._pending),
             lanes=len(self._lanes),

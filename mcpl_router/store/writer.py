@@ -224,12 +224,16 @@ class _InboundOp(_Op):
             db.execute(dialect.set_last_seq_given, (seq,))
 
     def committed(self, journal: JournalWriter) -> None:
+        unconfirmed, unacked = journal._unconfirmed, journal._unacked
         for (event, deliveries), recorded in zip(self.events, self.results, strict=True):
-            journal._unconfirmed.pop(event.key, None)
+            if unconfirmed:  # only after a failed commit: a key per event is built only then
+                unconfirmed.pop(event.key, None)
             if not recorded.duplicate:
-                journal._last_seq = max(journal._last_seq, recorded.seq)
-                for delivery in _one_per_agent(deliveries):
-                    journal._unacked[delivery.agent] += 1
+                if recorded.seq > journal._last_seq:
+                    journal._last_seq = recorded.seq
+                # One agent (most events) is once already: no pass to find its repeats.
+                for delivery in deliveries if len(deliveries) == 1 else _one_per_agent(deliveries):
+                    unacked[delivery.agent] += 1
         if self.recorded_again:
             journal._stats["recorded_again"] += len(self.recorded_again)
             journal._log.info("journal.recorded_again", seqs=self.recorded_again,

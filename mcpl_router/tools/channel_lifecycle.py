@@ -133,15 +133,16 @@ class ChannelLifecycle:
         the home it was decided with and holds while the agent's home is still that one."""
         registry = self._router.registry
         home = self._fork_home(agent)
-        stamp = (registry.generation, self.desired.version)
-        if stamp != self._kept_at or len(self._kept) >= HAS_OPEN_KEPT:
+        if registry.generation != self._kept_at[0] or self.desired.version != self._kept_at[1]:
             self._kept.clear()
-            self._kept_at = stamp
+            self._kept_at = (registry.generation, self.desired.version)
         key = (agent, ref)
         kept = self._kept.get(key)
         if kept is not None and (kept[0] is home or kept[0] == home):
             return kept[1]
         answer = self.desired.has_open(agent, ref, registry.get(ref), home=home)
+        if len(self._kept) >= HAS_OPEN_KEPT:
+            self._kept.clear()
         self._kept[key] = (home, answer)
         return answer
 

@@ -143,12 +143,12 @@ class ChannelTools:
         self._specs: dict[bool, list[ToolSpec]] = {}
         self._log = get_logger()
         if events is not None:
-            events.subscribe(WakeDelivered, lambda delivered: self.woke(delivered.wake))
+            events.subscribe(WakeDelivered, self._wake_delivered)
             events.subscribe(ServerWithdrawn, lambda ended: self.server_removed(ended.server_id))
 
     # ------------------------------------------------------------------ daemon events
 
-    def woke(self, wake: Wake) -> None:
+    def _wake_delivered(self, delivered: WakeDelivered) -> None:
         """A wake went to its agent (alone, or as a batch's route): it sets the agent's default
         channel, to the wake's channel on its server.
 
@@ -157,6 +157,7 @@ class ChannelTools:
         never passed here, so they set none; nor does a channel the agent may not take (a
         trunk's wake from a channel one of its forks holds).
         """
+        wake = delivered.wake
         ref = wake.channel
         if ref is None:
             return

@@ -88,12 +88,22 @@ class Invitations:
         return entry is not None and entry.open
 
     def _stand(self) -> None:
-        """Let every kept value go when the registry moved (or a cache is full)."""
+        """Let every kept value go when the registry moved (the caches' bounds are held where
+        they grow)."""
         generation = self._router.registry.generation
-        if generation != self._generation or len(self._cache) >= INVITATION_CACHE or len(self._kept) >= INVITATION_CACHE:
+        if generation != self._generation:
             self._cache.clear()
             self._kept.clear()
             self._generation = generation
+
+    def _text(self, key: tuple[ProseMode, ChannelRef, str | None, bool]) -> str:
+        text = self._cache.get(key)
+        if text is None:
+            if len(self._cache) >= INVITATION_CACHE:
+                self._cache.clear()
+            mode, ref, author, may_publish = key
+            text = self._cache[key] = rounds.invitation_text(mode, self._router.names, ref, author, may_publish=may_publish)
+        return text
 
     def invitation_for(self, wake: Wake, mode: ProseMode, *, may_publish: bool) -> str | None:
         """The invitation ``wake`` carries for an agent in ``mode``, or None."""
@@ -107,11 +117,7 @@ class Invitations:
             return None
         author = _author(wake.payload)
         self._stand()
-        key = (mode, ref, author, may_publish)
-        text = self._cache.get(key)
-        if text is None:
-            text = self._cache[key] = rounds.invitation_text(mode, self._router.names, ref, author, may_publish=may_publish)
-        return text
+        return self._text((mode, ref, author, may_publish))
 
     def for_agent(self, wake: Wake, spec: AgentSpec) -> str | None:
         """The invitation ``wake`` carries for its agent, whose spec is ``spec``, or None: as
@@ -119,10 +125,13 @@ class Invitations:
         ref = wake.channel
         if ref is None or not wake.addressed:
             return None
-        self._stand()
+        if self._router.registry.generation != self._generation:
+            self._stand()
         key = (wake.agent, ref)
         kept = self._kept.get(key)
         if kept is None or kept.spec is not spec:
+            if len(self._kept) >= INVITATION_CACHE:
+                self._kept.clear()
             kept = self._kept[key] = _Kept(spec, self._router.registry.is_registered(ref), spec.mode,
                                            agent_may_call(spec, "channel_publish"))
         # Asked every time: the lifecycle keeps its own answer, and knows when it changes (a
