@@ -1,14 +1,18 @@
-"""The Python bytecodes the trio thread executes a message: the daemon's and the journal floor's.
+"""The Python bytecodes the trio thread executes a message (or a turn): the daemon's and its floor's.
 
     python bench/count_opcodes.py [--side both|daemon|floor] [--servers 4] [--messages 400] [--top 40]
+    python bench/count_opcodes.py --speech [--agents 10] [--turns 20] [--side ...] [--top 40]
 
-The same flood as ``bench_inbound.py``'s throughput (``--servers`` fixture servers, each
-``--messages`` one-message ``channels/incoming`` requests, 128 outstanding; one host acking each
-wake as the shipped client does), through the daemon or through the journal floor
-(``bench/forwarder.py --journal``). Each runs under a launcher that traces its main thread (the
-trio thread; the journal's worker thread is not traced) with ``sys.settrace`` opcode events from
-just before the flood to just after the last wake, toggled by ``SIGUSR1``, and counts the
-bytecodes each function executed.
+Inbound (the default): the same flood as ``bench_inbound.py``'s throughput (``--servers``
+fixture servers, each ``--messages`` one-message ``channels/incoming`` requests, 128
+outstanding; one host acking each wake as the shipped client does), through the daemon or
+through the journal floor (``bench/forwarder.py --journal``). Speech: ``bench_speech.py``'s
+turns (``--agents`` at once, ``--turns`` each: open, context, text, close), through the daemon
+or through the same-wire-work forwarder (``bench/forwarder.py --mode speech``, given the
+daemon's answers from its first turn). Each side runs under a launcher that traces its main
+thread (the trio thread; the journal's worker thread is not traced) with ``sys.settrace``
+opcode events from just before the flood or the turns to just after, toggled by ``SIGUSR1``,
+and counts the bytecodes each function executed.
 
 Why count bytecodes: the timings of one flood move by a third from run to run on this machine,
 so an item of a few microseconds can't be seen end to end, and cProfile's per-call overhead
@@ -37,6 +41,7 @@ import trio
 from harness import ROOT, daemon_running, fixtures_running, process, wait_until
 
 import bench_inbound
+import bench_speech
 from mcpl_router.client import RouterClient
 
 #: Counts every bytecode of the main thread between two SIGUSR1s; writes them out at the second.
@@ -74,12 +79,14 @@ runpy.run_path({path!r}, run_name="__main__")
 
 
 @asynccontextmanager
-async def floor_traced(workdir: Path, ports: list[int]) -> AsyncIterator[tuple[trio.Process, str]]:
-    """The journal floor as ``harness.forwarder_running`` starts it, under the tracer."""
+async def floor_traced(workdir: Path, ports: list[int], *, answers: Path | None = None) -> AsyncIterator[tuple[trio.Process, str]]:
+    """The journal floor (or, given the daemon's ``answers``, the speech forwarder) as
+    ``harness.forwarder_running`` starts it, under the tracer."""
     socket = str(workdir / "floor-opcodes.sock")
     launcher = TRACER + FLOOR_MAIN.format(path=str(ROOT / "bench" / "forwarder.py"))
-    argv = [sys.executable, "-c", launcher, "--socket", socket, "--mode", "inbound",
-            "--journal", str(workdir / "floor-opcodes.sqlite3"), *map(str, ports)]
+    mode = ["--mode", "inbound", "--journal", str(workdir / "floor-opcodes.sqlite3")] if answers is None else [
+        "--mode", "speech", "--answers", str(answers)]
+    argv = [sys.executable, "-c", launcher, "--socket", socket, *mode, *map(str, ports)]
     async with process(argv, workdir / "floor-opcodes.log") as proc:
 
         async def ready() -> bool:
@@ -111,6 +118,37 @@ async def counted(workdir: Path, side: str, servers: int, messages: int) -> coll
     return collections.Counter({(path, line, name): n for (path, line, name), n in json.loads(out.read_text())})
 
 
+async def counted_speech(workdir: Path, side: str, agents: int, turns: int) -> collections.Counter[tuple[str, int, str]]:
+    out = workdir / f"{side}.speech.opcodes.json"
+    answers = workdir / "turn-answers.json"
+    os.environ["MCPL_ROUTER_BENCH_OPCODES"] = str(out)
+    names = [f"agent{n}" for n in range(agents)]
+    async with fixtures_running(workdir, 1) as [fixture]:
+        if side == "daemon":
+            running = daemon_running(workdir, {"s0": {"url": fixture.listen_url}}, tag="opcodes-speech",
+                                     launcher=TRACER + DAEMON_MAIN)
+        else:
+            running = floor_traced(workdir, [fixture.listen_port], answers=answers)
+        async with running as (proc, socket), RouterClient.connect_unix(socket) as host:
+            wakes = {} if side == "daemon" else dict.fromkeys(names, 1)  # the forwarder's turns need no wake
+            if side == "daemon":
+                await host.hello("bench", names)
+                await fixture.incoming([{"channelId": "general", "text": "speak, all of you", "tags": ["chat:mention"]}])
+                while len(wakes) < agents:
+                    wake = await host.next_wake()
+                    wakes[wake.agent] = wake.seq
+            capture: dict[str, object] = {}
+            proc.send_signal(signal.SIGUSR1)
+            async with trio.open_nursery() as nursery:
+                for n, name in enumerate(names):
+                    nursery.start_soon(bench_speech.speak_turns, host, name, wakes[name], turns, capture if n == 0 else None)
+            proc.send_signal(signal.SIGUSR1)
+            if side == "daemon":
+                answers.write_text(json.dumps(capture))
+            await wait_until(lambda: _written(out), timeout=60, interval=0.1)
+    return collections.Counter({(path, line, name): n for (path, line, name), n in json.loads(out.read_text())})
+
+
 async def _written(path: Path) -> bool:
     await trio.sleep(0)
     try:
@@ -132,8 +170,8 @@ def where(path: str) -> str:
     return Path(path).name
 
 
-def report(side: str, counts: collections.Counter[tuple[str, int, str]], total: int, top: int) -> None:
-    print(f"\n{side}: {sum(counts.values()) / total:,.0f} bytecodes a message")
+def report(side: str, counts: collections.Counter[tuple[str, int, str]], total: int, top: int, unit: str) -> None:
+    print(f"\n{side}: {sum(counts.values()) / total:,.0f} bytecodes a {unit}")
     modules: collections.Counter[str] = collections.Counter()
     for (path, _, _), n in counts.items():
         modules[where(path).split("/")[0] if "/" in where(path) else where(path)] += n
@@ -148,12 +186,21 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--messages", type=int, default=400)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--speech", action="store_true", help="count turns (bench_speech.py's) instead of inbound messages")
+    parser.add_argument("--agents", type=int, default=10)
+    parser.add_argument("--turns", type=int, default=20)
     args = parser.parse_args()
-    total = args.servers * args.messages
     sides = ("daemon", "floor") if args.side == "both" else (args.side,)
+    if args.speech and sides == ("floor",):
+        parser.error("--speech --side floor needs the daemon's answers: run --side both")
     with tempfile.TemporaryDirectory(prefix="mr-opcodes-", dir="/tmp") as tmp:
         for side in sides:
-            report(side, trio.run(counted, Path(tmp), side, args.servers, args.messages), total, args.top)
+            if args.speech:
+                counts = trio.run(counted_speech, Path(tmp), side, args.agents, args.turns)
+                report(side if side == "daemon" else "forwarder", counts, args.agents * args.turns, args.top, "turn")
+            else:
+                counts = trio.run(counted, Path(tmp), side, args.servers, args.messages)
+                report(side, counts, args.servers * args.messages, args.top, "message")
     sys.stdout.flush()
 
 

@@ -395,12 +395,13 @@ class SessionManager:
         ref = wake.channel
         channel: dict[str, object] | None = None
         if ref is not None:
-            generation = self._router.registry.generation
-            if generation != self._wire_at or len(self._channel_wire) >= CHANNEL_WIRE_KEPT:
+            if self._router.registry.generation != self._wire_at:
                 self._channel_wire.clear()
-                self._wire_at = generation
+                self._wire_at = self._router.registry.generation
             wire = self._channel_wire.get(ref)
             if wire is None:
+                if len(self._channel_wire) >= CHANNEL_WIRE_KEPT:
+                    self._channel_wire.clear()
                 wire = self._channel_wire[ref] = {**ref.to_wire(), "shown": self._router.names.name_shown(ref)}
             channel = dict(wire)  # each wake's own: its params are the caller's to keep
         params: dict[str, object] = {
@@ -415,11 +416,10 @@ class SessionManager:
             params["messages"] = [wake.payload]
             # A message addressing the agent in a channel it hasn't joined: the options (prose routing).
             spec = self._agents.get(wake.agent)
-            invitation = None
             if spec is not None:
                 invitation = self._invitations.for_agent(wake, spec)
-            if invitation is not None:
-                params["invitation"] = invitation
+                if invitation is not None:
+                    params["invitation"] = invitation
         else:
             params["event"] = wake.payload
         return params

@@ -226,7 +226,7 @@ class PeerLanes:
             ):
                 self._inbound_room = trio.Event()
                 await self._inbound_room.wait()
-        key = self._lane_key(inbound)
+        key = None if self._lane_of is None else self._lane_key(inbound)  # a server link's: all in one lane
         lane = self._lanes.get(key)
         if lane is None:
             await self._acquire(self._lane_slots)

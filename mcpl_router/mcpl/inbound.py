@@ -188,16 +188,16 @@ class ServerInbound:
 
     async def handle(self, link: ServerLink, inbound: Inbound) -> object:
         handler = self._handlers.get(inbound.method)
+        if handler is not None:
+            return await handler(link, inbound)
         if inbound.method == TOOLS_LIST_CHANGED:
             self._on_tools_changed(link)
             return None if inbound.is_notification else {}
-        if handler is None:
-            if inbound.method.startswith("notifications/"):
-                # MCP notifications we don't act on (logging, progress): noted, not refused.
-                get_logger(server=link.server_id).debug("server.notification", method=inbound.method)
-                return None
-            raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")
-        return await handler(link, inbound)
+        if inbound.method.startswith("notifications/"):
+            # MCP notifications we don't act on (logging, progress): noted, not refused.
+            get_logger(server=link.server_id).debug("server.notification", method=inbound.method)
+            return None
+        raise RpcError(METHOD_NOT_FOUND, f"Method not found: {inbound.method}")
 
     # -- channels ----------------------------------------------------------------------------
 
@@ -312,8 +312,14 @@ class ServerInbound:
             later.settle({"results": results})
 
         # Queued for the next group commit; this link's next message is dispatched meanwhile,
-        # and "accepted" goes out only once the commit holding these messages is durable.
-        await _submitted(self.journal.submit_inbound(batch, committed, on_done=done))
+        # and "accepted" goes out only once the commit holding these messages is durable. At
+        # once while the write queue has room; when it is full, this link waits for room.
+        try:
+            queued = self.journal.submit_inbound_nowait(batch, committed, done)
+        except JournalFailure as exc:  # the daemon is stopping
+            raise _not_accepted(exc) from exc
+        if not queued:
+            await _submitted(self.journal.submit_inbound(batch, committed, on_done=done))
         return Deferred.pushed(later)
 
     async def _push(self, link: ServerLink, inbound: Inbound) -> object:

@@ -636,6 +636,30 @@ class JournalWriter:
 
         return wait
 
+    def submit_inbound_nowait(
+        self,
+        events: Sequence[tuple[InboundEvent, Sequence[Delivery]]],
+        on_committed: Callable[[list[Recorded]], None],
+        on_done: Callable[[JournalFailure | None], None],
+    ) -> bool:
+        """:meth:`submit_inbound` for a caller told of the outcome only through its callbacks,
+        queued at once if the write queue has room: True, queued; False, nothing queued (the
+        queue is full: the caller waits with :meth:`submit_inbound`). No waiter and no task:
+        the hot path's ``channels/incoming``, once a request.
+
+        Raises:
+            JournalFailure: the journal is closed (the daemon is stopping).
+        """
+        if self._closed or self._stopped:
+            raise JournalFailure("the journal is closed (the daemon is stopping)")
+        try:
+            # A full queue wakes its waiting senders first as room comes, so nothing queued here
+            # overtakes a submit that waits.
+            self._queue_send.send_nowait(_InboundOp(events=events, on_committed=on_committed, on_done=on_done))
+        except trio.WouldBlock:
+            return False
+        return True
+
     async def record_inbound(self, events: Sequence[tuple[InboundEvent, Sequence[Delivery]]]) -> list[Recorded]:
         """Record a batch and wait until it is durable (see :meth:`submit_inbound`)."""
         wait = await self.submit_inbound(events)

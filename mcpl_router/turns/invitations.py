@@ -59,11 +59,9 @@ def _author(payload: object) -> str | None:
     """The name (else the id) of the message's author, as the invitation names them."""
     # ``type(...) is dict`` first: what the wire decodes to, without the ABC's instance check.
     author = payload.get("author") if type(payload) is dict or isinstance(payload, Mapping) else None
-    if type(author) is str:
-        return author
-    if type(author) is dict or isinstance(author, Mapping):
+    if type(author) is dict or (type(author) is not str and isinstance(author, Mapping)):
         author = author.get("name") or author.get("id")
-    return author if isinstance(author, str) else None
+    return author if type(author) is str or isinstance(author, str) else None
 
 
 class Invitations:

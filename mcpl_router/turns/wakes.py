@@ -22,9 +22,15 @@ WakeOf = Callable[[int, str], Awaitable[Wake | None]]
 
 def message_ids_of(payload: object) -> tuple[str | None, str | None]:
     """The (messageId, threadId) of a wake's newest message, wherever the payload holds it."""
+    if type(payload) is dict and "messageId" in payload and "messages" not in payload:
+        # A message as a server sends it (most wakes, once a wake on the commit's callback):
+        # its own ids, read straight off it.
+        message_id = payload["messageId"]
+        thread_id = payload.get("threadId")
+        return (message_id if type(message_id) is str else None, thread_id if type(thread_id) is str else None)
     message: object = payload
     # A decoded payload is a plain dict: ``type(...) is dict`` is answered at once, where the
-    # Mapping ABC's check is a Python call (once a wake, on the commit's callback).
+    # Mapping ABC's check is a Python call.
     if type(payload) is dict or isinstance(payload, Mapping):
         messages = payload.get("messages")
         if type(messages) is list and messages:
