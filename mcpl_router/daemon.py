@@ -161,8 +161,10 @@ class Daemon:
         # Who the agents are and who owns each: read by the parts below the sessions.
         self.agents = AgentDirectory(agents=self.config.agents, journal=journal, router=router)
         # Conversation forks: a forking agent's message goes to its conversation's fork (docs/forks.md).
+        # ``agent_of`` is the specs' own lookup (asked of every wake): the directory's ``agent``
+        # without a layer of its own.
         self.forks = Forks(registry=router.registry, journal=journal, policy_deliveries=self.agents.deliveries_for,
-                           agent_of=self.agents.agent, owner_of=self.agents.owner_of, notify_agent=self.agents.notify_agent,
+                           agent_of=self.agents.specs.get, owner_of=self.agents.owner_of, notify_agent=self.agents.notify_agent,
                            hand_over=self.agents.hand_over_wakes, events=events)
         # Each agent's channel decisions, journaled; every registration is checked against them
         # (a server that keeps no subscriptions registers a channel closed again after a restart).
@@ -175,7 +177,7 @@ class Daemon:
         # Saved in the journal and resumed by its run() before hosts or servers connect.
         self.tune_outs = TuneOuts(router, servers, timings, notify_agent=self.agents.notify_agent, journal=journal)
         # Wake gates: each agent's rules delay or batch its admitted wakes (never admit one).
-        self.gates = WakeGates(router=router, agent_of=self.agents.agent, admitted=StillAdmitted(router.registry, servers),
+        self.gates = WakeGates(router=router, agent_of=self.agents.specs.get, admitted=StillAdmitted(router.registry, servers),
                                deliver=self.agents.offer_batch, settle=JournalSettle(journal), count=metrics.wake_gated,
                                route_fence=self.forks, events=events)
         self.servers = ServersView(router=router, links=links, liveness=self.liveness, events=events)

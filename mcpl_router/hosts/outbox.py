@@ -116,7 +116,7 @@ class HostOutbox:
         connection: the host connection (``notify`` returns False once it is gone).
         journal: where unsent wakes are read back from.
         render: a wake's notification params (shown names and invitations as of sending).
-        on_sent: told of each wake once it is queued on the connection (for ``/metrics``).
+        on_sent: told of each wake's agent once the wake is queued on the connection (for ``/metrics``).
         wake_of: a stored delivery as a wake.
         held: whether a wake read back from the journal is held back (a tuned-out channel's, or
             one a wake gate holds or batches; it stays unacked).
@@ -130,14 +130,14 @@ class HostOutbox:
         render: Callable[[Wake], dict[str, object]],
         wake_of: Callable[[StoredDelivery], Wake],
         held: Callable[[Wake], bool],
-        on_sent: Callable[[Wake], None] | None = None,
+        on_sent: Callable[[str], None] | None = None,
         window: int = WAKE_WINDOW,
         fresh_limit: int = FRESH_LIMIT,
     ) -> None:
         self.connection = connection
         self._journal = journal
         self._render = render
-        self._on_sent = on_sent or (lambda wake: None)
+        self._on_sent = on_sent or (lambda agent: None)
         self._wake_of = wake_of
         self._held = held
         self.window = window
@@ -472,7 +472,7 @@ class HostOutbox:
         self._mark_sent(wake, cursor)
         if not await self._send("wake", self._render(wake)):
             return False
-        self._on_sent(wake)
+        self._on_sent(wake.agent)
         return True
 
     def _send_now(self, wake: Wake, cursor: _Cursor) -> bool | None:
@@ -481,11 +481,12 @@ class HostOutbox:
         sent = self.connection.notify_nowait("wake", self._render(wake))
         if sent:
             self._mark_sent(wake, cursor)
-            self._on_sent(wake)
+            self._on_sent(wake.agent)
         return sent
 
     def _mark_sent(self, wake: Wake, cursor: _Cursor) -> None:
-        cursor.sent_through = max(cursor.sent_through, wake.seq)
+        if wake.seq > cursor.sent_through:
+            cursor.sent_through = wake.seq
         self._in_flight.add((wake.seq, wake.agent))
         cursor.sent += 1
         self._counts["wakes_sent"] += 1

@@ -265,7 +265,7 @@ class SessionManager:
             render=self.wake_params,
             wake_of=_wake_of,
             held=lambda wake: self._diversion.holds(wake),
-            on_sent=lambda wake: self._metrics.wake_sent(wake.agent),
+            on_sent=self._metrics.wake_sent,
         )
         self._outboxes[connection] = outbox
         if not self._spawn(outbox.run):

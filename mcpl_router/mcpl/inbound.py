@@ -249,6 +249,8 @@ class ServerInbound:
         log = self._log_of(link.server_id)
         results: list[dict[str, object] | None] = []
         pending: list[tuple[int, str, InboundEvent]] = []
+        # Each admitted event with whom it wakes, as the journal records them.
+        batch: list[tuple[InboundEvent, Sequence[Delivery]]] = []
         refused: list[object] = []
         for index, raw in enumerate(params.messages):
             try:
@@ -273,20 +275,14 @@ class ServerInbound:
                     {"messageId": message.message_id, "accepted": False, "code": admission.code, "reason": admission.reason}
                 )
                 continue
-            event = InboundEvent(
-                server_id=link.server_id,
-                channel_id=message.channel_id,
-                kind=EventKind.MESSAGE,
-                dedup_key=message_dedup_key(message.channel_id, message.message_id),
-                payload=payload,
-                digest=substance_digest(payload),
-            )
+            event = InboundEvent(link.server_id, message.channel_id, EventKind.MESSAGE,
+                                 message_dedup_key(message.channel_id, message.message_id), payload, substance_digest(payload))
             pending.append((len(results), message.message_id, event))
+            batch.append((event, self._deliveries_for(event)))
             results.append(None)
         if not pending:
             self._counted(link.server_id, 0, refused)
             return {"results": results}
-        batch = [(event, self._deliveries_for(event)) for _, _, event in pending]
 
         def committed(recorded: list[Recorded]) -> None:
             # On the trio thread right after the commit, in commit order: wakes go out in seq order.

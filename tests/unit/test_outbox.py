@@ -203,21 +203,21 @@ class _Recording(_Connection):
 async def test_a_wake_with_nothing_ahead_is_queued_at_once_and_one_behind_a_notice_waits_its_turn() -> None:
     journal = _Journal()
     connection = _Recording()
-    sent: list[int] = []
-    outbox = _outbox(journal, connection, on_sent=lambda wake: sent.append(wake.seq))
+    sent: list[str] = []  # each wake's agent, as /metrics is told of it
+    outbox = _outbox(journal, connection, on_sent=sent.append)
     outbox.add_agent("kai")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(outbox.run)
         await trio.testing.wait_all_tasks_blocked()  # the replay found nothing: caught up
         journal.commit(1)
         outbox.offer(_wake(1))
-        assert connection.order == ["wake"] and sent == [1]  # from the offer itself
+        assert connection.order == ["wake"] and sent == ["kai"]  # from the offer itself
         outbox.notify(ServerStateNotice("a", "connecting", "ready"))
         journal.commit(2)
         outbox.offer(_wake(2))
         assert connection.order == ["wake"]  # behind the notice, for the sender task
         await trio.testing.wait_all_tasks_blocked()
-        assert connection.order == ["wake", "server/state", "wake"] and sent == [1, 2]
+        assert connection.order == ["wake", "server/state", "wake"] and sent == ["kai", "kai"]
         nursery.cancel_scope.cancel()
 
 
