@@ -141,6 +141,7 @@ def _invalid_utf8_path(data: bytes) -> str | None:
     except RecursionError:
         return None
 _encoder = msgspec.json.Encoder()
+_UNSET = msgspec.UNSET
 
 
 def encode(message: RequestOut | NotificationOut | ResultOut | ErrorOut) -> bytes:
@@ -180,6 +181,13 @@ def decode_envelope(data: bytes) -> Envelope:
         raise EnvelopeProblem(
             RpcError(INVALID_REQUEST, f"Invalid request: {_TOO_DEEP}"), None, True
         ) from exc
+    method, result, error = envelope.method, envelope.result, envelope.error
+    if envelope.jsonrpc == "2.0" and (
+        (result is _UNSET and error is _UNSET) if method is not _UNSET else ((result is _UNSET) is not (error is _UNSET))
+    ):
+        # Well formed (every message but a broken peer's): a method alone, or exactly one of a
+        # result and an error. The checks below say what is wrong with the rest.
+        return envelope
     if envelope.jsonrpc != "2.0":
         raise EnvelopeProblem(
             RpcError(INVALID_REQUEST, 'Invalid request: "jsonrpc" must be "2.0".'),

@@ -328,6 +328,11 @@ class ProseState:
     all_private: bool = False
     held_reason: str = REASON_NO_DESTINATION
 
+    def with_pin(self, pin: ChannelRef | None) -> ProseState:
+        """A copy with ``pin``: ``attrs.evolve(self, pin=pin)`` without its generic pass over
+        the class's fields (twice a round, on every turn's path)."""
+        return ProseState(pin, self.quiet, self.hold, self.all_private, self.held_reason)
+
 
 @attrs.frozen
 class Segment:

@@ -127,14 +127,14 @@ def plan_round(mode: ProseMode, facts: RoundFacts, *, resolve: Resolve, shown: C
     """Decide a round: its segments, pins, quiet and hold, and what the agent is told. Pure:
     ``facts.prose`` is read, never edited (the shell installs ``plan.prose``)."""
     # The words go along the pin in force when they were written.
-    state = attrs.evolve(facts.prose, pin=facts.pin_then if mode.keeps_pins else None)
+    state = facts.prose.with_pin(facts.pin_then if mode.keeps_pins else None)
     targets_seen = facts.targets_seen
     if facts.targets_then != facts.targets_seen:
         # A channel_open that set the speech target before these words were written
         # supersedes a >>>skip_reply or a failed >>>.
         state.quiet = state.hold = False
         targets_seen = facts.targets_then
-    started = attrs.evolve(state)
+    started = state.with_pin(state.pin)
     segments = mode.segments(facts.text, state, locus=facts.locus, resolve=resolve, silenced=facts.silenced)
     sets_sticky, sticky = False, None
     notices: list[str] = []

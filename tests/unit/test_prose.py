@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import attrs
 import pytest
 
 from mcpl_router.routing import prose, rounds, texts
@@ -462,3 +463,15 @@ def test_a_token_the_line_reads_another_way_falls_back_to_the_qualified_name() -
     assert prose.resolve_target("@robin", names, None).ref is None  # "robin" names nothing
     assert prose.target_token(names, robin) == "a:@robin"
     assert prose.resolve_target("a:@robin", names, None).ref == robin
+
+
+def test_a_prose_state_copied_with_a_pin_keeps_every_other_field() -> None:
+    # with_pin stands in for attrs.evolve on every round: a field added to ProseState and not
+    # copied by it would be lost between rounds. Each field is set apart from its default.
+    state = prose.ProseState(ChannelRef("a", "one"), quiet=True, hold=True, all_private=True, held_reason="some-reason")
+    defaults = prose.ProseState()
+    assert all(getattr(state, field.name) != getattr(defaults, field.name) for field in attrs.fields(prose.ProseState))
+    pin = ChannelRef("b", "two")
+    assert state.with_pin(pin) == attrs.evolve(state, pin=pin)
+    assert state.with_pin(None) == attrs.evolve(state, pin=None)
+    assert state.with_pin(state.pin) is not state
