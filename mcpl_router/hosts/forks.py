@@ -46,6 +46,8 @@ FORK_SPAWN: Final = "fork/spawn"
 REASON_FORK_CLOSE: Final = "fork/close"
 #: How long a host has to make a fork agent and answer ``fork/spawn``.
 SPAWN_TIMEOUT: Final = 30.0
+#: Decisions remembered as naming no forking agent (one per channel and tags: cleared when full).
+PLAIN_DECISIONS_KEPT: Final = 4096
 
 
 class ForkJournal(Protocol):
@@ -94,6 +96,11 @@ class Forks:
         self._hand_over = hand_over
         counters = counters_of(journal.fork_generations())
         self.book = ForkBook(counters)
+        # The policy's decisions (its kept tuples, by identity) found to name no forking agent:
+        # while no fork has a home, such a decision is every event's routing as it stands. The
+        # tuple is held, so its id can't name another; a changed spec makes the policy decide
+        # anew, in new tuples.
+        self._plain: dict[int, Sequence[Delivery]] = {}
         for (agent, home), generation in counters.items():
             conversations = self._conversations_of(agent)
             if conversations is not None:
@@ -127,9 +134,15 @@ class Forks:
         """Whom an event wakes: the policy's agents, each forking agent's message given to its
         fork (decided by ``route_wakes``; the reservations, counters and clock are this shell's)."""
         decided = self._policy(event)
+        if self._plain.get(id(decided)) is decided and not self.book.any_forks():
+            return decided  # as it was found the last time (below), and still no fork anywhere
         if not any(self.book.home_of(d.agent) is not None or self._conversations_of(d.agent) is not None for d in decided):
             # No fork and no forking agent among them (most messages): each is woken as itself,
             # as route_wakes would say, without building its routes or reading the clock.
+            if type(decided) is tuple:
+                if len(self._plain) >= PLAIN_DECISIONS_KEPT:
+                    self._plain.clear()
+                self._plain[id(decided)] = decided
             return decided
         ref = None if event.channel_id is None or event.kind != EventKind.MESSAGE else ChannelRef(event.server_id, event.channel_id)
         kind = ""

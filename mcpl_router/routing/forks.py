@@ -236,6 +236,11 @@ class ForkBook:
         """The binding whose fork is ``name`` (a fork agent's home), or None."""
         return self._forks.get(name)
 
+    def any_forks(self) -> bool:
+        """Whether any fork has a home (bound, pending or released): none, in a deployment whose
+        agents never fork."""
+        return bool(self._homes)
+
     def home_of(self, name: str) -> ChannelRef | None:
         """The home of fork ``name`` (bound, pending or released), or None for no fork."""
         owner = self._homes.get(name)

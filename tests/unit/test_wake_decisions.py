@@ -150,3 +150,24 @@ async def test_a_message_involving_no_fork_keeps_the_policys_deliveries_and_a_fo
     directory.specs["fork-a-dm-1-1"] = spec_from_config(AgentConfig("fork-a-dm-1-1"))
     again = forks.deliveries_for(_message("dm-1", n=3))
     assert [d.agent for d in again] == ["ann", "fork-a-dm-1-1"]
+
+
+async def test_a_decision_remembered_as_naming_no_fork_is_routed_again_once_its_agent_forks(journal: Journal) -> None:
+    """The forks remember a kept decision that names no forking agent and hand it back as it is;
+    an agent reconfigured to fork makes the policy decide anew (new tuples), and its next DM
+    message goes to a fork, not to it."""
+    directory, router = _directory(journal, kai=AgentConfig("kai"))
+    assert router.registry.register("a", [{"id": "dm-1", "type": "dm"}], FULL)[0].accepted
+
+    async def notify(agent: str, notice: object) -> bool:
+        return True
+
+    forks = Forks(registry=router.registry, journal=journal, policy_deliveries=directory.deliveries_for,
+                  agent_of=directory.specs.get, owner_of=lambda name: None, notify_agent=notify)
+    first = forks.deliveries_for(_message("dm-1", n=1))
+    assert [d.agent for d in first] == ["kai"]
+    assert forks.deliveries_for(_message("dm-1", n=2)) is first  # remembered: handed back as it is
+    directory.specs["kai"] = spec_from_config(AgentConfig("kai", conversations=ConversationsSpec(template="t")))
+    forked = forks.deliveries_for(_message("dm-1", n=3))
+    assert [d.agent for d in forked] == ["fork-a-dm-1-1"]
+    assert forks.book.any_forks()
