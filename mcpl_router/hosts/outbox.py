@@ -274,12 +274,17 @@ class HostOutbox:
         sends them again.
         """
         cursor = self._cursors.get(agent)
+        in_flight = self._in_flight
         # Acked before it was sent (a host acking what it has from elsewhere): such a wake may
         # wait in memory (fresh, or offered during a replay) and must never go out after its
         # ack was answered. Rare, so only then are the queues filtered.
-        early = {seq for seq in seqs if (seq, agent) not in self._in_flight}
+        early: set[int] = set()
         for seq in seqs:
-            self._in_flight.discard((seq, agent))
+            sent = (seq, agent)
+            if sent in in_flight:
+                in_flight.remove(sent)
+            else:
+                early.add(seq)
             if cursor is not None:
                 cursor.batched.discard(seq)
                 cursor.acking[seq] = cursor.acking.get(seq, 0) + 1
