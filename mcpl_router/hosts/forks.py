@@ -123,6 +123,8 @@ class Forks:
         """Whether ``agent``'s turn, batch or default may take ``ref`` (seed 000's
         ``mayTakeGateRoute``, by ref): a fork only its home, never another server's channel with
         its home's id; a trunk no channel one of its forks holds (pending or bound)."""
+        if not self.book.any_forks():
+            return True  # no fork has a home, so none holds a channel (a binding has a home)
         home = self.book.home_of(agent)
         if home is not None:
             return ref == home

@@ -154,18 +154,21 @@ class WakeGates:
         return self._gates.get(agent)
 
     def ungated(self, agent: str) -> bool:
-        """Whether ``agent``'s wakes go out as they come (:meth:`ask` would answer None)."""
-        return self._gating(agent) is None
+        """Whether ``agent``'s wakes go out as they come (:meth:`ask` would answer None).
+        Asked of every wake, so it reads the spec and the gate itself; ``_gating`` asks it."""
+        spec = self._agent_of(agent)
+        if spec is None:
+            return True
+        if spec.wake_gate.active:
+            return False
+        gate = self._gates.get(agent)
+        return gate is None or not gate.held_count
 
     def _gating(self, agent: str) -> AgentSpec | None:
         """The agent's spec while its gate may hold a wake. None when its wakes go out as they
         come: an unknown agent, or one whose rules hold nothing and whose gate holds nothing (a
         gate turned off by a reload still lets what it holds go through its buckets)."""
-        spec = self._agent_of(agent)
-        if spec is None or spec.wake_gate.active:
-            return spec
-        gate = self._gates.get(agent)
-        return spec if gate is not None and gate.held_count else None
+        return None if self.ungated(agent) else self._agent_of(agent)
 
     def ask(self, wake: Wake) -> GateAsked | None:
         """The agent's gate and the decision of its rules for ``wake``; None when ungated."""

@@ -238,7 +238,8 @@ class ForkBook:
 
     def any_forks(self) -> bool:
         """Whether any fork has a home (bound, pending or released): none, in a deployment whose
-        agents never fork."""
+        agents never fork. Every binding's fork has one (``reserve`` remembers it), and a home,
+        once had, is only ever replaced: while this is False, no channel is bound either."""
         return bool(self._homes)
 
     def home_of(self, name: str) -> ChannelRef | None:
