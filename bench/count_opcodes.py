@@ -2,6 +2,7 @@
 
     python bench/count_opcodes.py [--side both|daemon|floor] [--servers 4] [--messages 400] [--top 40]
     python bench/count_opcodes.py --speech [--agents 10] [--turns 20] [--side ...] [--top 40]
+    (either with --out FILE: each side's counts by function as JSON)
 
 Inbound (the default): the same flood as ``bench_inbound.py``'s throughput (``--servers``
 fixture servers, each ``--messages`` one-message ``channels/incoming`` requests, 128
@@ -189,7 +190,10 @@ def main() -> None:
     parser.add_argument("--speech", action="store_true", help="count turns (bench_speech.py's) instead of inbound messages")
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write each side's counts by function, a message or a turn, as JSON (for comparing two trees)")
     args = parser.parse_args()
+    saved: dict[str, dict[str, float]] = {}
     sides = ("daemon", "floor") if args.side == "both" else (args.side,)
     if args.speech and sides == ("floor",):
         parser.error("--speech --side floor needs the daemon's answers: run --side both")
@@ -197,10 +201,15 @@ def main() -> None:
         for side in sides:
             if args.speech:
                 counts = trio.run(counted_speech, Path(tmp), side, args.agents, args.turns)
-                report(side if side == "daemon" else "forwarder", counts, args.agents * args.turns, args.top, "turn")
+                total = args.agents * args.turns
+                report(side if side == "daemon" else "forwarder", counts, total, args.top, "turn")
             else:
                 counts = trio.run(counted, Path(tmp), side, args.servers, args.messages)
-                report(side, counts, args.servers * args.messages, args.top, "message")
+                total = args.servers * args.messages
+                report(side, counts, total, args.top, "message")
+            saved[side] = {f"{name} {where(path)}:{line}": n / total for (path, line, name), n in counts.items()}
+    if args.out is not None:
+        args.out.write_text(json.dumps(saved, indent=1, sort_keys=True))
     sys.stdout.flush()
 
 
