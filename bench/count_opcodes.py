@@ -34,12 +34,10 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
-from harness import ROOT, daemon_running, fixtures_running, process, wait_until
+from harness import ROOT, daemon_running, fixtures_running, forwarder_running, wait_until
 
 import bench_inbound
 import bench_speech
@@ -73,33 +71,11 @@ sys.argv = ["mcpl-router", *sys.argv[1:]]
 sys.exit(main())
 """
 
-FLOOR_MAIN = """
+#: The forwarder (the journal floor, or the speech forwarder) under the tracer.
+FLOOR = TRACER + f"""
 import runpy
-runpy.run_path({path!r}, run_name="__main__")
+runpy.run_path({str(ROOT / "bench" / "forwarder.py")!r}, run_name="__main__")
 """
-
-
-@asynccontextmanager
-async def floor_traced(workdir: Path, ports: list[int], *, answers: Path | None = None) -> AsyncIterator[tuple[trio.Process, str]]:
-    """The journal floor (or, given the daemon's ``answers``, the speech forwarder) as
-    ``harness.forwarder_running`` starts it, under the tracer."""
-    socket = str(workdir / "floor-opcodes.sock")
-    launcher = TRACER + FLOOR_MAIN.format(path=str(ROOT / "bench" / "forwarder.py"))
-    mode = ["--mode", "inbound", "--journal", str(workdir / "floor-opcodes.sqlite3")] if answers is None else [
-        "--mode", "speech", "--answers", str(answers)]
-    argv = [sys.executable, "-c", launcher, "--socket", socket, *mode, *map(str, ports)]
-    async with process(argv, workdir / "floor-opcodes.log") as proc:
-
-        async def ready() -> bool:
-            try:
-                async with RouterClient.connect_unix(socket, timeout=5) as probe:
-                    await probe.call("session/hello", {"host": "probe", "agents": []})
-            except OSError:
-                return False
-            return True
-
-        await wait_until(ready, timeout=60, interval=0.05)
-        yield proc, socket
 
 
 async def counted(workdir: Path, side: str, servers: int, messages: int) -> collections.Counter[tuple[str, int, str]]:
@@ -110,7 +86,7 @@ async def counted(workdir: Path, side: str, servers: int, messages: int) -> coll
             config = {f"s{n}": {"url": f.listen_url} for n, f in enumerate(fixtures)}
             running = daemon_running(workdir, config, tag="opcodes", launcher=TRACER + DAEMON_MAIN)
         else:
-            running = floor_traced(workdir, [f.listen_port for f in fixtures])
+            running = forwarder_running(workdir, fixtures, tag="opcodes", journal=True, launcher=FLOOR)
         async with running as (proc, socket):
             proc.send_signal(signal.SIGUSR1)
             await bench_inbound._drive(socket, proc.pid, fixtures, messages, f"opcodes-{side}")
@@ -129,7 +105,7 @@ async def counted_speech(workdir: Path, side: str, agents: int, turns: int) -> c
             running = daemon_running(workdir, {"s0": {"url": fixture.listen_url}}, tag="opcodes-speech",
                                      launcher=TRACER + DAEMON_MAIN)
         else:
-            running = floor_traced(workdir, [fixture.listen_port], answers=answers)
+            running = forwarder_running(workdir, [fixture], tag="opcodes-speech", mode="speech", answers=answers, launcher=FLOOR)
         async with running as (proc, socket), RouterClient.connect_unix(socket) as host:
             wakes = {} if side == "daemon" else dict.fromkeys(names, 1)  # the forwarder's turns need no wake
             if side == "daemon":

@@ -176,17 +176,20 @@ sys.exit(main())
 
 @asynccontextmanager
 async def forwarder_running(
-    workdir: Path, fixtures: list[FixtureProcess], *, tag: str, mode: str = "inbound", answers: Path | None = None, journal: bool = False
+    workdir: Path, fixtures: list[FixtureProcess], *, tag: str, mode: str = "inbound", answers: Path | None = None, journal: bool = False,
+    launcher: str | None = None,
 ) -> AsyncIterator[tuple[trio.Process, str]]:
     """The bare forwarder (bench/forwarder.py) as a process, dialling every fixture; ``answers``
     is the daemon's answers to a turn's host calls, for the forwarder to give back. With
-    ``journal``, the journal floor: the forwarder journaling each message and ack first."""
+    ``journal``, the journal floor: the forwarder journaling each message and ack first.
+    ``launcher``: Python source run with ``-c`` that runs the forwarder (a tracer's, say)."""
     socket = str(workdir / f"fwd-{tag}.sock")
     ports = [str(f.listen_port) for f in fixtures]
     given = ["--answers", str(answers)] if answers is not None else []
     if journal:
         given += ["--journal", str(workdir / f"floor-{tag}.sqlite3")]
-    argv = [sys.executable, str(ROOT / "bench" / "forwarder.py"), "--socket", socket, "--mode", mode, *given, *ports]
+    program = [str(ROOT / "bench" / "forwarder.py")] if launcher is None else ["-c", launcher]
+    argv = [sys.executable, *program, "--socket", socket, "--mode", mode, *given, *ports]
     async with process(argv, workdir / f"forwarder-{tag}.log") as proc:
 
         async def ready() -> bool:

@@ -42,7 +42,6 @@ from mcpl_router.hosts.services import HostServices
 from mcpl_router.hosts.sessions import SessionManager
 from mcpl_router.inference import InferenceBroker
 from mcpl_router.jsonrpc import Inbound
-from mcpl_router.jsonrpc.peer import Deferred
 from mcpl_router.logs import get_logger
 from mcpl_router.mcpl.inbound import ServerInbound
 from mcpl_router.mcpl.link import LinkState, ServerLink, policy_for

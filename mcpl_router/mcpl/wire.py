@@ -6,11 +6,7 @@ so one malformed item is refused alone while the rest of its batch goes through.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import msgspec
-
-_Item = TypeVar("_Item")
 
 
 class RegisterParams(msgspec.Struct):
@@ -59,11 +55,6 @@ class PushParams(msgspec.Struct, rename="camel"):
     origin: PushOrigin | None = None
     payload: object = None
     tags: list[str] = []
-
-
-def decode_item(raw: msgspec.Raw, item_type: type[_Item]) -> _Item:
-    """Decode one list item; raises :class:`msgspec.ValidationError` with its path."""
-    return msgspec.json.decode(raw, type=item_type)
 
 
 def raw_to_plain(raw: msgspec.Raw) -> object:

@@ -49,7 +49,6 @@ from mcpl_router.turns.sends import LIFECYCLE_TIMEOUT
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
     from mcpl_router.routing.router import Router
-    from mcpl_router.routing.wakes import Wake
     from mcpl_router.tools.channel_lifecycle import ChannelLifecycle
     from mcpl_router.tools.tune_out import TuneOuts
     from mcpl_router.turns import TurnRun, TurnTimings
