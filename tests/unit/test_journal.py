@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from mcpl_router.store.records import EventKind
 from mcpl_router.mcpl.inbound import substance_digest
+import mcpl_router.store.writer as writer_module
 from mcpl_router.store.journal import Delivery, InboundEvent, Journal, JournalFailure, JournalLocked, SavedTuneOut
 from mcpl_router.store.schema import HOT_STATEMENTS, SCHEMA_VERSION
 from mcpl_router.testing.journal import JournalPlace, open_journal
@@ -143,6 +144,37 @@ async def test_a_submission_with_room_lets_no_other_task_run_and_a_cancelled_one
         await journal.flush()
         assert [r[0].seq for r in results] == list(range(1, 21))
         assert journal.unacked_count("kai") == 20  # the cancelled submission was never queued
+
+
+async def test_a_submission_without_a_waiter_is_queued_only_while_there_is_room(
+    journal_place: JournalPlace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``submit_inbound_nowait`` (the hot path's ``channels/incoming``) queues at once while the
+    write queue has room and queues nothing when it is full (its caller then waits with
+    ``submit_inbound``); what it queued is told through its callbacks, in order."""
+    monkeypatch.setattr(writer_module, "WRITE_QUEUE", 3)
+    journal = journal_place.open()
+    told: list[tuple[str, object]] = []
+    try:
+        for n in range(3):
+            assert journal.submit_inbound_nowait(
+                [(message(f"m-{n}"), [KAI])],
+                lambda recorded, n=n: told.append((f"committed m-{n}", recorded[0].seq)),
+                lambda failure, n=n: told.append((f"done m-{n}", failure)),
+            )
+        # Full (the writer is not running yet): nothing queued, nothing told.
+        assert not journal.submit_inbound_nowait([(message("m-full"), [KAI])], lambda recorded: told.append(("full", 0)),
+                                                 lambda failure: told.append(("full", failure)))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await journal.flush()
+            nursery.cancel_scope.cancel()
+        assert told == [(f"{what} m-{n}", n + 1 if what == "committed" else None) for n in range(3) for what in ("committed", "done")]
+        assert journal.unacked_count("kai") == 3  # the refused one was never written
+    finally:
+        journal.close()
+    with pytest.raises(JournalFailure):  # closed: the daemon is stopping
+        journal.submit_inbound_nowait([(message("m-late"), [KAI])], lambda recorded: None, lambda failure: None)
 
 
 async def test_the_same_message_again_is_a_duplicate_and_a_new_one_under_its_id_is_new(journal_place: JournalPlace) -> None:

@@ -29,6 +29,7 @@ from mcpl_router.jsonrpc import (
     RequestTimeout,
     RpcError,
 )
+from mcpl_router.jsonrpc.envelope import NotificationOut, encode
 
 
 class Remote:
@@ -563,3 +564,27 @@ async def test_what_came_after_an_answer_is_handled_after_its_requester_resumed(
         assert n not in seen, f"round {n}: the note was handled before the requester resumed"
         await wait_all_tasks_blocked()
         assert seen[-1] == n
+
+
+async def test_the_outbox_high_water_is_its_peak_while_a_write_was_under_way(nursery: trio.Nursery) -> None:
+    """The high water is read where the outbox's total falls (a write ends) and when asked, not
+    at each message queued: it is still the peak, the write under way counted with the queue."""
+    left, right = trio.testing.lockstep_stream_pair()  # a write blocks until the other side reads
+    peer = Peer(NdjsonStream(left, left, skip_log_lines=False), make_table(), limits=PeerLimits(stall_timeout=30))
+    nursery.start_soon(peer.run)
+    message = encode(NotificationOut(method="n", params={"pad": "x" * 100}))
+    with trio.fail_after(10):
+        for _ in range(5):
+            assert peer._enqueue_nowait(message)
+        await wait_all_tasks_blocked()  # the writer took them all into one write, blocked on it
+        queued_and_writing = 5 * len(message)
+        assert peer.statistics().outbox_high_water_bytes == queued_and_writing  # asked mid-write
+        for _ in range(3):
+            assert peer._enqueue_nowait(message)  # queued behind the write under way
+        read = b""
+        while read.count(b"\n") < 8:
+            read += await right.receive_some(65536)
+        await wait_all_tasks_blocked()
+    peak = 8 * len(message)
+    assert peer.statistics().outbox_high_water_bytes == peak
+    assert peer._outbox_bytes == 0 and peer._writing_bytes == 0  # all written: the peak stays
