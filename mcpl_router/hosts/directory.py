@@ -104,9 +104,9 @@ class AgentDirectory:
         self.outbox_full_disconnects = 0
         # Each agent's resolved wake policy, with the registry generation it was resolved at.
         self._policies: dict[str, tuple[int, AgentSpec, WakePolicy]] = {}
-        # Whom an event wakes, by (kind, server, channel, closure-expanded tags): the same answer
-        # for every message of a channel with those tags while the registry (its generation) and
-        # the agents (the specs, by identity) stand, so it is decided once, not per message.
+        # Whom an event wakes, by (kind, server, channel, tags as given): the same answer for
+        # every message of a channel with those tags while the registry (its generation) and
+        # the agents (the specs' version) stand, so it is decided once, not per message.
         self._decisions: dict[tuple[EventKind, str, str | None, tuple[object, ...]], tuple[Delivery, ...]] = {}
         self._decided_at: tuple[int, int] = (-1, -1)
         self._log = get_logger()

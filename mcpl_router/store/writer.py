@@ -91,7 +91,7 @@ class _Unisolated(Exception):
 class _Op:
     error: BaseException | None = None
     #: Told once the op is settled (None: durable; else the failure), on the trio thread right
-    #: after ``committed``: an answer pushed from here needs no task waiting on ``done``.
+    #: after ``committed``: an answer pushed from here needs no task waiting on the op.
     on_done: Callable[[JournalFailure | None], None] | None = None
     #: Whether the op runs in a savepoint of its own on the first try. The hot ops (inbound,
     #: acks) never meet a constraint, and two statements per op were a fifth of the thread's
