@@ -108,30 +108,6 @@ class Deferred(msgspec.Struct, frozen=True):
     def pushed(cls, later: Later) -> Deferred:
         return cls(subscribe=later.subscribe)
 
-    def then(self, fn: Callable[[object], object]) -> Deferred:
-        """The same answer passed through ``fn`` (which may raise), in the same form."""
-        subscribe, wait = self.subscribe, self.wait
-        if subscribe is not None:
-
-            def mapped(deliver: Deliver) -> None:
-                def through(result: object, error: Exception | None) -> None:
-                    if error is None:
-                        try:
-                            result = fn(result)
-                        except Exception as exc:
-                            result, error = None, exc
-                    deliver(result, error)
-
-                subscribe(through)
-
-            return Deferred(subscribe=mapped)
-        assert wait is not None
-
-        async def mapped_wait() -> object:
-            return fn(await wait())
-
-        return Deferred(mapped_wait)
-
     async def result(self) -> object:
         """Wait for the answer, in either form."""
         if self.wait is not None:

@@ -226,7 +226,8 @@ class PeerLanes:
             ):
                 self._inbound_room = trio.Event()
                 await self._inbound_room.wait()
-        key = None if self._lane_of is None else self._lane_key(inbound)  # a server link's: all in one lane
+        # Without a lane_of (a server link's peer) every message is in the connection's own lane.
+        key = None if self._lane_of is None else self._lane_key(inbound)
         lane = self._lanes.get(key)
         if lane is None:
             await self._acquire(self._lane_slots)
@@ -243,8 +244,8 @@ class PeerLanes:
         self._log.info("jsonrpc.line.skipped", line=data[:500].decode("utf-8", "replace"))
 
     def _lane_key(self, inbound: Inbound) -> Hashable:
-        if self._lane_of is None:
-            return None
+        # Asked only where the peer has a lane_of (a host's: a lane per turn).
+        assert self._lane_of is not None
         try:
             return self._lane_of(inbound)
         except Exception:
