@@ -214,6 +214,9 @@ class Grant:
         factory=dict, converter=_freeze_reasons, hash=False
     )
     legacy: bool = False
+    #: :meth:`allows_any_under`'s answers by prefix: a grant never changes, so neither do they
+    #: (the prefixes are the daemon's own capability names, a handful).
+    _below: dict[str, bool] = attrs.field(factory=dict, init=False, eq=False, hash=False, repr=False)
 
     @classmethod
     def nothing(cls, *, legacy: bool = False) -> Grant:
@@ -230,8 +233,11 @@ class Grant:
         For methods gated on "any ``contextHooks.beforeInference.*`` leaf": a server granted
         only inject leaves is still called.
         """
-        below = prefix + "."
-        return any(leaf.startswith(below) for leaf in self.effective)
+        answer = self._below.get(prefix)
+        if answer is None:
+            below = prefix + "."
+            answer = self._below[prefix] = any(leaf.startswith(below) for leaf in self.effective)
+        return answer
 
     def allows_feature_set(self, name: str) -> bool:
         """True when the feature set ``name`` is enabled."""

@@ -234,21 +234,21 @@ class ServerLink(LinkHandshake, LinkRegrant):
 
     # -- outbound ----------------------------------------------------------------------------
 
-    def _live_peer(self) -> Peer:
-        if self._peer is None or self._peer.closed or self.state is not LinkState.READY:
-            raise LinkUnavailable(f"server {self.server_id!r} is {self.state.value}")
-        return self._peer
+    def _peer_for(self, capability: str | None) -> Peer:
+        """The peer to send on, if the link is ready and the current grant allows ``capability``.
 
-    def _check_capability(self, capability: str | None) -> None:
-        if capability is None:
-            return
-        # "prefix.*" means any granted leaf beneath (context/beforeInference: any of its leaves).
-        if capability.endswith(".*"):
-            granted = self.grant.allows_any_under(capability[:-2])
-        else:
-            granted = self.grant.allows(capability)
-        if not granted:
-            raise CapabilityNotGranted(self.server_id, capability)
+        One call a send (every typing start, lifecycle, publish and hook of a turn asks it).
+        """
+        peer = self._peer
+        if peer is None or peer.closed or self.state is not LinkState.READY:
+            raise LinkUnavailable(f"server {self.server_id!r} is {self.state.value}")
+        # A granted leaf, the common case, is one set lookup. "prefix.*" means any granted leaf
+        # beneath (context/beforeInference: any of its leaves).
+        if capability is None or capability in self.grant.effective:
+            return peer
+        if capability.endswith(".*") and self.grant.allows_any_under(capability[:-2]):
+            return peer
+        raise CapabilityNotGranted(self.server_id, capability)
 
     async def call(
         self,
@@ -260,14 +260,12 @@ class ServerLink(LinkHandshake, LinkRegrant):
         result_type: type | None = None,
     ) -> Any:
         """Send a request needing ``capability`` (checked against the current grant first)."""
-        peer = self._live_peer()
-        self._check_capability(capability)
+        peer = self._peer_for(capability)
         return await peer.request(method, params, timeout=timeout, result_type=result_type)
 
     async def send_notification(self, method: str, params: Any = None, *, capability: str | None) -> None:
         """Send a notification needing ``capability`` (checked against the current grant first)."""
-        peer = self._live_peer()
-        self._check_capability(capability)
+        peer = self._peer_for(capability)
         await peer.notify(method, params)
 
     def send_notification_nowait(self, method: str, params: Any = None, *, capability: str | None) -> bool:
@@ -276,8 +274,7 @@ class ServerLink(LinkHandshake, LinkRegrant):
         deadline). Raises as :meth:`send_notification` does. A turn's typing start and
         lifecycle go this way: no task or deadline scope for a send that never waits.
         """
-        peer = self._live_peer()
-        self._check_capability(capability)
+        peer = self._peer_for(capability)
         return peer.notify_nowait(method, params)
 
     # -- the loop ----------------------------------------------------------------------------

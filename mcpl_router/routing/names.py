@@ -203,13 +203,18 @@ class ChannelNames:
         another channel now answers to the id, or the id-and-server form where something
         answers to both, so what is shown never names another channel.
         """
-        memo, generation = self._shown, self.registry.generation
-        if memo.generation != generation or len(memo.names) >= SHOWN_NAMES_KEPT:
+        memo = self._shown
+        if memo.generation == self.registry.generation:
+            shown = memo.names.get(ref)
+            if shown is not None:
+                return shown
+        else:
             memo.names.clear()
-            memo.generation = generation
-        shown = memo.names.get(ref)
-        if shown is None:
-            shown = memo.names[ref] = self._name_shown_now(ref)
+            memo.generation = self.registry.generation
+        # Bounded where it grows: a hit (a turn asks several times) checks nothing more.
+        if len(memo.names) >= SHOWN_NAMES_KEPT:
+            memo.names.clear()
+        shown = memo.names[ref] = self._name_shown_now(ref)
         return shown
 
     def _name_shown_now(self, ref: ChannelRef) -> str:

@@ -35,6 +35,7 @@ daemon holds, so the daemon lists them (``tools/list``, capability ``tools``) an
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
@@ -52,7 +53,7 @@ from mcpl_router.routing import texts
 from mcpl_router.routing.desired import OPEN
 from mcpl_router.routing.names import Refusal, Resolved
 from mcpl_router.routing.refs import ChannelRef
-from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
+from mcpl_router.tools.seam import ServerTool, ToolCall, ToolName, ToolSpec, record_explicit_send, same_objects, tool_result
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
@@ -193,7 +194,7 @@ class ConnectorTools:
         #: Bumped after every catalog change (tests wait on it).
         self.generation = 0
         #: The last offered list and what it was made of (see :meth:`tools_for`).
-        self._offered: tuple[Sequence[tuple[object, ...]], list[ToolSpec]] | None = None
+        self._offered: tuple[tuple[object, ...], list[ToolSpec]] | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the list fetches until cancelled."""
@@ -331,14 +332,15 @@ class ConnectorTools:
         while the lists it is given are the same ones.
         """
         basis = [(link, link.state, link.grant, link.config, self._catalogs.get(server_id)) for server_id, link in self._links.items()]
-        if self._offered is not None and _same_parts(self._offered[0], basis):
+        parts = tuple(itertools.chain.from_iterable(basis))
+        if self._offered is not None and same_objects(self._offered[0], parts):
             return self._offered[1]
         offered: list[ToolSpec] = []
         for _link, state, grant, config, catalog in basis:
             if catalog is None or state is not LinkState.READY or not grant.allows(TOOLS):
                 continue
             offered.extend(tool.offered_spec() for tool in catalog.tools.values() if config.tool_offered(tool.name))
-        self._offered = (basis, offered)
+        self._offered = (parts, offered)
         return offered
 
     def is_send(self, tool: ToolName, arguments: Mapping[str, object]) -> bool:
@@ -485,11 +487,3 @@ class ConnectorTools:
         if channel is not None:
             about["channel"] = {**channel.to_wire(), "shown": self._router.names.name_shown(channel)}
         return about
-
-
-
-def _same_parts(before: Sequence[tuple[object, ...]], now: Sequence[tuple[object, ...]]) -> bool:
-    """Whether two lists of parts hold the very same objects, row by row."""
-    return len(before) == len(now) and all(
-        len(old) == len(new) and all(a is b for a, b in zip(old, new, strict=True)) for old, new in zip(before, now, strict=True)
-    )

@@ -15,7 +15,8 @@ tools (:mod:`mcpl_router.tools.tune_out`), and the servers' own MCP tools
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import attrs
@@ -119,6 +120,12 @@ class ToolProvider(Protocol):
     async def call(self, call: ToolCall) -> dict[str, object]:
         """Execute; return :func:`tool_result`. Refusals are results, not exceptions."""
         ...
+
+
+def same_objects(before: Sequence[object], now: Sequence[object]) -> bool:
+    """Whether two sequences hold the very same objects, in order: compared by identity, in C
+    (no Python step an item: every ``turn/open`` asks it of what its tool list is made of)."""
+    return len(before) == len(now) and all(map(operator.is_, before, now))
 
 
 def record_explicit_send(call: ToolCall, ref: ChannelRef) -> None:

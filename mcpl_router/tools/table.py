@@ -30,7 +30,7 @@ import attrs
 from mcpl_router.events import EventBus, ServerToolsChanged
 from mcpl_router.logs import get_logger
 from mcpl_router.routing.agents import agent_may_call
-from mcpl_router.tools.seam import ToolName, ToolProvider, ToolSpec
+from mcpl_router.tools.seam import ToolName, ToolProvider, ToolSpec, same_objects
 
 if TYPE_CHECKING:
     from mcpl_router.routing.agents import AgentSpec
@@ -125,10 +125,6 @@ class _Offered:
     specs: list[ToolSpec]
 
 
-def _same_lists(before: list[list[ToolSpec]], now: list[list[ToolSpec]]) -> bool:
-    return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
-
-
 class ToolTable:
     """The table every listing and dispatch reads; ``daemon.tools`` (and ``turns.tools``).
 
@@ -194,7 +190,7 @@ class ToolTable:
         listed = [provider.tools_for(agent, run) for provider in self._providers]
         key = None if agent is None else agent.name
         kept = self._offered.get(key)
-        if kept is not None and kept.agent is agent and kept.entries is self._entries and _same_lists(kept.listed, listed):
+        if kept is not None and kept.agent is agent and kept.entries is self._entries and same_objects(kept.listed, listed):
             return list(kept.specs)
         specs: list[ToolSpec] = []
         for provider, provided in zip(self._providers, listed, strict=True):

@@ -17,7 +17,7 @@ import trio
 from mcpl_router.logs import Logger, get_logger
 
 if TYPE_CHECKING:
-    from mcpl_router.turns.run import TurnRun
+    from mcpl_router.turns.run import TurnRun, TurnTimings
     from mcpl_router.turns.typing import TypingIndicators
 
 __all__ = ["KeptTurns", "TurnKeepers"]
@@ -28,13 +28,7 @@ class KeptTurns(Protocol):
     timings as they are now (tests shorten them), the typing, and a turn's one way to end."""
 
     @property
-    def connection_poll(self) -> float: ...
-
-    @property
-    def typing_interval(self) -> float: ...
-
-    @property
-    def lease(self) -> float: ...
+    def timings(self) -> TurnTimings: ...
 
     @property
     def typing(self) -> TypingIndicators: ...
@@ -98,7 +92,8 @@ class TurnKeepers:
             return
         if run.turn.routing.typing_channel is not None and not self._first_typing_now(run):
             nursery.start_soon(self._first_typing, run, name=f"turn-typing:{run.turn.turn_id}")
-        first_look = min(manager.connection_poll, manager.typing_interval, manager.lease)
+        timings = manager.timings
+        first_look = min(timings.connection_poll, timings.typing_interval, timings.lease)
         self._waiting[run.turn.turn_id] = (run, trio.current_time() + first_look)
         self._arrived.set()
 
@@ -122,7 +117,7 @@ class TurnKeepers:
             self._log.exception("turn.typing.start_failed", agent=run.turn.agent, turn=run.turn.turn_id)
             return False
         if sent:
-            run.next_typing = trio.current_time() + manager.typing_interval
+            run.next_typing = trio.current_time() + manager.timings.typing_interval
         return sent
 
     async def _first_typing(self, run: TurnRun) -> None:
@@ -130,7 +125,7 @@ class TurnKeepers:
         if run.finished:
             return
         # Set before the send, so a keeper starting meanwhile doesn't start it twice.
-        run.next_typing = trio.current_time() + manager.typing_interval
+        run.next_typing = trio.current_time() + manager.timings.typing_interval
         run.first_typing = scope = trio.CancelScope()
         try:
             with scope:
@@ -156,14 +151,14 @@ class TurnKeepers:
                         await manager.finish(run, "aborted", why="host-gone")
                         return
                     if now >= run.lease_deadline:
-                        log.warning("turn.lease.expired", agent=turn.agent, turn=turn.turn_id, lease=manager.lease)
+                        log.warning("turn.lease.expired", agent=turn.agent, turn=turn.turn_id, lease=manager.timings.lease)
                         await manager.finish(run, "aborted", why="lease-expired")
                         return
                     moved = run.typing_sent is not None and run.typing_sent[0] != turn.routing.typing_channel
                     if moved or (turn.routing.typing_channel is not None and now >= run.next_typing):
                         await manager.typing.refresh(run)
-                        run.next_typing = trio.current_time() + manager.typing_interval
-                    wake_at = min(run.lease_deadline, now + manager.connection_poll)
+                        run.next_typing = trio.current_time() + manager.timings.typing_interval
+                    wake_at = min(run.lease_deadline, now + manager.timings.connection_poll)
                     if turn.routing.typing_channel is not None:
                         wake_at = min(wake_at, run.next_typing)
                     await trio.sleep_until(wake_at)

@@ -164,7 +164,7 @@ class TurnManager:
             raise _not_open(turn_id)
         self._sessions.require_owner(connection, run.turn.agent)
         # Anything the host says about a turn renews its lease.
-        run.lease_deadline = trio.current_time() + self.lease
+        run.lease_deadline = trio.current_time() + self.timings.lease
         return run
 
     def _new_ids(self) -> tuple[str, str]:
@@ -249,7 +249,7 @@ class TurnManager:
             turn=turn,
             connection=connection,
             mode=mode,
-            lease_deadline=trio.current_time() + self.lease,
+            lease_deadline=trio.current_time() + self.timings.lease,
             prose=state,
             subagent=bool(subagent),
             seen_seq=max([self._journal.last_seq(), *(fact.seq for fact in facts)]),
@@ -354,7 +354,7 @@ class TurnManager:
             list(self._servers.values()),
             facts,
             self._router.registry,
-            timeout=self.context_timeout,
+            timeout=self.timings.context_timeout,
             log_fields={"agent": turn.agent, "turn": turn.turn_id},
         )
         if self._metrics is not None:

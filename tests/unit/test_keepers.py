@@ -16,6 +16,7 @@ from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.turns import Turn, TurnRouting
 from mcpl_router.turns import TurnRun
 from mcpl_router.turns.keeper import TurnKeepers
+from mcpl_router.turns.run import TurnTimings
 
 GENERAL = ChannelRef("a", "general")
 
@@ -44,11 +45,8 @@ class _Typing:
 
 
 class _Manager:
-    connection_poll = 0.5
-    typing_interval = 2.0
-    lease = 60.0
-
     def __init__(self) -> None:
+        self.timings = TurnTimings(connection_poll=0.5, typing_interval=2.0, lease=60.0)
         self.typing = _Typing()
         self.ended: list[tuple[str, str]] = []
         self.keepers = _CountingKeepers(self)
@@ -144,7 +142,7 @@ async def test_with_room_the_opening_typing_start_is_queued_in_the_openers_call(
         manager.keepers.opened(run)
         # Before any scheduling point: sent from the opener's own call, no task for it.
         assert manager.typing.ways == ["queued"]
-        assert run.next_typing == trio.current_time() + manager.typing_interval
+        assert run.next_typing == trio.current_time() + manager.timings.typing_interval
         await trio.sleep(2.5)  # the keeper's refresh at 2 s comes from the keeper's task
         await manager.finish(run, "completed", why="closed")
     assert manager.typing.ways == ["queued", "task"]
