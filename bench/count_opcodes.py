@@ -147,12 +147,20 @@ def where(path: str) -> str:
     return Path(path).name
 
 
+def _in_package(path: str) -> bool:
+    return "mcpl_router" in Path(path).parts
+
+
 def report(side: str, counts: collections.Counter[tuple[str, int, str]], total: int, top: int, unit: str) -> None:
     print(f"\n{side}: {sum(counts.values()) / total:,.0f} bytecodes a {unit}")
     modules: collections.Counter[str] = collections.Counter()
     for (path, _, _), n in counts.items():
         modules[where(path).split("/")[0] if "/" in where(path) else where(path)] += n
     print("  by part: " + ", ".join(f"{name} {n / total:.0f}" for name, n in modules.most_common(12)))
+    # What the daemon runs of its own: its package outside the JSON-RPC layer the forwarder
+    # shares. Steady where the total is not: trio's share moves with how the tasks interleave.
+    own = sum(n for (path, _, _), n in counts.items() if _in_package(path) and not where(path).startswith("jsonrpc/"))
+    print(f"  mcpl_router outside jsonrpc/: {own / total:,.0f}")
     for (path, line, name), n in counts.most_common(top):
         print(f"  {n / total:7.1f}  {name} {where(path)}:{line}")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from mcpl_router.config.errors import Problems, dotted_key, show_value
 from mcpl_router.config.file_parsing import JsonObject

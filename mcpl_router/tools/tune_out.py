@@ -49,7 +49,6 @@ from mcpl_router.store.records import JournalFailure
 from mcpl_router.routing.refs import ChannelRef
 from mcpl_router.routing.tuneout import Summary, TuneOut, TuneOutSettings, TuneOutTable
 from mcpl_router.routing.turns import own_channel_named
-from mcpl_router.routing.wakes import Wake
 from mcpl_router.store.records import SavedTuneOut
 from mcpl_router.tools.arguments import SpeakArgs, SummaryArgs, TuneOutArgs
 from mcpl_router.tools.seam import ToolCall, ToolName, ToolSpec, record_explicit_send, tool_result
