@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -266,6 +267,19 @@ def test_allows_exact_leaves_only() -> None:
     assert grant.allows_any_under("contextHooks.beforeInference")
     assert not grant.allows_any_under("channels")
     assert not grant.allows_any_under("contextHooks.beforeInference.inject.system")
+
+
+def test_any_under_is_kept_per_grant_and_a_new_grant_asks_afresh() -> None:
+    """The answers are kept on the grant (it never changes); a grant made from it (a regrant
+    evolves the old one) keeps none of them."""
+    policy = GrantPolicy(("contextHooks.beforeInference.inject.*",))
+    grant = compute_grant(parse_manifest(EVERYTHING), policy)
+    assert grant.allows_any_under("contextHooks.beforeInference")
+    assert grant.allows_any_under("contextHooks.beforeInference")  # the kept answer
+    narrowed = attrs.evolve(grant, effective=frozenset({"channels.publish"}))
+    assert not narrowed.allows_any_under("contextHooks.beforeInference")
+    assert grant.allows_any_under("contextHooks.beforeInference")
+    assert narrowed == attrs.evolve(narrowed)  # what is kept is no part of the value
 
 
 def test_nothing_grants_nothing_and_still_sends_the_allowlist() -> None:
