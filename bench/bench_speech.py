@@ -12,6 +12,12 @@ answered with the daemon's own answers (captured from the daemon's first turn in
 same wire work on both wires. A second reading, **one call**, does that server wire work in one
 ``speak`` host call per turn (the forwarder this figure was measured against before). Sides
 interleaved and repeated; medians of the per-round ratios.
+
+Each side also prints the CPU a turn of the three processes that do its work (the side itself,
+the fixture server, this process as the host client) and how many cores they kept busy between
+them. A side's turns a second are those cores over that CPU, so the ratio splits into the two,
+and the last line solves it for the daemon's own CPU a turn at the speech row's target: what a
+turn of the daemon may cost for the row to be met on this machine, beside what it costs.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from harness import cpu_seconds, daemon_running, fixtures_running, forwarder_run
 from mcpl_router.client import RouterClient
 from mcpl_router.logs import configure_logging
 
+#: The speech row's target (issue 30): daemon ÷ same-wire-work forwarder.
+SPEECH_TARGET = 0.9
+
 
 async def speak_turns(host: RouterClient, agent: str, wake: int, turns: int, capture: dict[str, Any] | None = None) -> None:
     """``turns`` whole turns of ``agent``, one after another, each opened from ``wake``; the
@@ -42,15 +51,28 @@ async def speak_turns(host: RouterClient, agent: str, wake: int, turns: int, cap
             capture.update(open=opened, context=context, close=closed)
 
 
-async def _timed(proc: trio.Process, agents: int, turns: int, speak: Any) -> dict[str, float]:
-    cpu = cpu_seconds(proc.pid)
+async def _timed(proc: trio.Process, server: trio.Process, agents: int, turns: int, speak: Any) -> dict[str, float]:
+    """The turns' rate, and the CPU a turn of each of the three processes that do its work:
+    the side under test (``proc``), the fixture server, and this process (the host client)."""
+    cpu, server_cpu, host_cpu = cpu_seconds(proc.pid), cpu_seconds(server.pid), time.process_time()
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for agent in range(agents):
             nursery.start_soon(speak, agent)
     elapsed = time.perf_counter() - start
     cpu = cpu_seconds(proc.pid) - cpu
-    return {"turns_per_s": agents * turns / elapsed, "turns_per_cpu_s": agents * turns / cpu if cpu else float("nan")}
+    server_cpu = cpu_seconds(server.pid) - server_cpu
+    host_cpu = time.process_time() - host_cpu
+    done = agents * turns
+    return {
+        "turns_per_s": done / elapsed,
+        "turns_per_cpu_s": done / cpu if cpu else float("nan"),
+        "ms_own": 1000 * cpu / done,
+        "ms_server": 1000 * server_cpu / done,
+        "ms_host": 1000 * host_cpu / done,
+        # CPU-seconds a second of the three together: how many of the machine's cores they kept busy.
+        "cores_busy": (cpu + server_cpu + host_cpu) / elapsed,
+    }
 
 
 async def through_daemon(workdir: Path, agents: int, turns: int, tag: str, capture: dict[str, Any] | None = None) -> dict[str, float]:
@@ -64,7 +86,7 @@ async def through_daemon(workdir: Path, agents: int, turns: int, tag: str, captu
         while len(wakes) < agents:
             wake = await host.next_wake()
             wakes[wake.agent] = wake.seq
-        return await _timed(proc, agents, turns, lambda n: speak_turns(host, names[n], wakes[names[n]], turns, capture if n == 0 else None))
+        return await _timed(proc, fixture.process, agents, turns, lambda n: speak_turns(host, names[n], wakes[names[n]], turns, capture if n == 0 else None))
 
 
 async def through_forwarder(workdir: Path, agents: int, turns: int, tag: str, answers: Path) -> dict[str, float]:
@@ -72,7 +94,7 @@ async def through_forwarder(workdir: Path, agents: int, turns: int, tag: str, an
     async with fixtures_running(workdir, 1) as fixtures, forwarder_running(
         workdir, fixtures, tag=tag, mode="speech", answers=answers
     ) as (proc, socket), RouterClient.connect_unix(socket) as host:
-        return await _timed(proc, agents, turns, lambda n: speak_turns(host, f"agent{n}", 1, turns))
+        return await _timed(proc, fixtures[0].process, agents, turns, lambda n: speak_turns(host, f"agent{n}", 1, turns))
 
 
 async def through_one_call(workdir: Path, agents: int, turns: int, tag: str) -> dict[str, float]:
@@ -83,7 +105,7 @@ async def through_one_call(workdir: Path, agents: int, turns: int, tag: str) -> 
             for n in range(turns):
                 await host.call("speak", {"server": 0, "channel": "general", "text": f"agent{agent} says {n}"})
 
-        return await _timed(proc, agents, turns, speak)
+        return await _timed(proc, fixtures[0].process, agents, turns, speak)
 
 
 async def speech(workdir: Path, agents: int, turns: int, rounds: int) -> dict[str, Any]:
@@ -117,13 +139,44 @@ async def speech(workdir: Path, agents: int, turns: int, rounds: int) -> dict[st
     }
 
 
-def print_speech(figures: dict[str, Any]) -> None:
+def all_three(side: dict[str, float]) -> float:
+    """The CPU a turn (ms) of the three processes that do a turn's work on one side."""
+    return side["ms_own"] + side["ms_server"] + side["ms_host"]
+
+
+def own_budget(figures: dict[str, Any], ratio: float) -> float:
+    """The daemon's own CPU a turn (ms) at which daemon ÷ forwarder would read ``ratio``, the
+    fixture server's and the host client's CPU a turn and the cores kept busy as measured.
+
+    A side's turns a second are the cores its three processes keep busy over their CPU a turn
+    together (an identity), so daemon ÷ forwarder is (cores busy, daemon ÷ forwarder) ×
+    (CPU a turn of all three, forwarder ÷ daemon); solved here for the daemon's own part.
+    """
+    daemon, forwarder = figures["daemon"], figures["forwarder"]
+    busy = daemon["cores_busy"] / forwarder["cores_busy"]
+    return busy * all_three(forwarder) / ratio - daemon["ms_server"] - daemon["ms_host"]
+
+
+def print_speech(figures: dict[str, Any], target: float = SPEECH_TARGET) -> None:
     print(f"\nSpeech: {figures['agents']} agents at once, whole turns (open, context, text, close)")
-    print(f"{'':<12}{'turns/s':>10}{'turns/CPU-s':>13}")
+    print(f"{'':<12}{'turns/s':>10}{'turns/CPU-s':>13}   CPU ms a turn: {'own':>6}{'server':>8}{'host':>7}{'all 3':>7}   cores busy")
     for side in ("daemon", "forwarder", "one_call"):
-        print(f"{side:<12}{figures[side]['turns_per_s']:>10,.0f}{figures[side]['turns_per_cpu_s']:>13,.0f}")
+        f = figures[side]
+        print(
+            f"{side:<12}{f['turns_per_s']:>10,.0f}{f['turns_per_cpu_s']:>13,.0f}   {'':<15}{f['ms_own']:>6.3f}{f['ms_server']:>8.3f}"
+            f"{f['ms_host']:>7.3f}{all_three(f):>7.3f}   {f['cores_busy']:.2f}"
+        )
     print(f"daemon ÷ forwarder (same host calls and server messages): {figures['vs_forwarder']:.3f}")
     print(f"daemon ÷ one call (the server's messages from one host call a turn): {figures['vs_one_call']:.3f}")
+    daemon, forwarder = figures["daemon"], figures["forwarder"]
+    print(
+        f"  = cores busy, daemon ÷ forwarder {daemon['cores_busy'] / forwarder['cores_busy']:.3f}"
+        f" × CPU a turn of all three, forwarder ÷ daemon {all_three(forwarder) / all_three(daemon):.3f} (medians)"
+    )
+    print(
+        f"  {target} would need the daemon's own CPU a turn at {own_budget(figures, target):.3f} ms"
+        f" (it is {daemon['ms_own']:.3f}; the forwarder's {forwarder['ms_own']:.3f})"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -14,7 +14,9 @@ and serves hosts on a Unix socket with the same framing as the daemon (ndjson, t
   ``general``, with no routing decision, sends the host the ``inference:started`` trace the
   daemon sends it, and answers each call with the daemon's own answer for it, read from
   ``--answers`` (captured by the bench from a daemon turn in the same run): the same wire work
-  on both wires;
+  on both wires. Its host connections keep the daemon's order of a turn's calls (each turn's
+  ``turn/*`` in a lane of its own, :func:`~mcpl_router.hosts.listener.host_lane`; only
+  ``turn/context`` runs beside them), so a turn's words arrive before its close publishes them;
 - ``speak {server, channel, text}`` does that server wire work in one host call (the figure
   before the turn calls above were mirrored: kept as a second reading).
 
@@ -52,6 +54,7 @@ import msgspec  # noqa: E402
 import trio  # noqa: E402
 
 from mcpl_router.cli import tune_gc  # noqa: E402
+from mcpl_router.hosts.listener import host_lane  # noqa: E402
 from mcpl_router.jsonrpc import Inbound, MethodTable, NdjsonStream, Peer, PeerClosed  # noqa: E402
 from mcpl_router.jsonrpc.handlers import Later  # noqa: E402
 from mcpl_router.jsonrpc.peer import Deferred  # noqa: E402
@@ -318,21 +321,22 @@ async def main(socket_path: str, ports: list[int], answers: dict[str, Any], jour
             inference = f"i{params.turnId}"
             await server.request("channels/publish", {"conversationId": "c", "channelId": "general", "content": [{"type": "text", "text": text}]})
             await server.notify("channels/outgoing/chunk", {"inferenceId": inference, "conversationId": "c", "channelId": "general", "index": 0, "delta": text})
-            await server.notify("channels/outgoing/complete", {"inferenceId": inference, "conversationId": "c", "channelId": "general", "content": text})
+            # The daemon's order at a turn's end: the typing stop, the stream's complete, the terminal.
             await server.notify("channels/typing", {"channelId": "general", "op": "stop"})
+            await server.notify("channels/outgoing/complete", {"inferenceId": inference, "conversationId": "c", "channelId": "general", "content": text})
             await server.notify("inference/lifecycle", {"inferenceId": inference, "conversationId": "c", "turnIndex": 0, "phase": "completed"})
             return answers.get("close", {})
 
         table.add("session/hello", hello)
-        table.add("turn/open", turn_open, TurnOpen, concurrent=True)
+        table.add("turn/open", turn_open, TurnOpen)
         table.add("turn/context", turn_context, TurnRef, concurrent=True)
         table.add("turn/text", turn_text, TurnText)
-        table.add("turn/close", turn_close, TurnRef, concurrent=True)
+        table.add("turn/close", turn_close, TurnRef)
         table.add("wake/ack", ack, Ack)
         table.add("speak", speak, Speak, concurrent=True)
 
         async def serve(stream: trio.SocketStream) -> None:
-            peer = Peer(NdjsonStream(stream, stream, skip_log_lines=False), table, concurrent_methods=table.concurrent_methods)
+            peer = Peer(NdjsonStream(stream, stream, skip_log_lines=False), table, concurrent_methods=table.concurrent_methods, lane_of=host_lane)
             hosts.append(peer)
             floor_wakes.host_came()
             try:
