@@ -17,7 +17,9 @@ Each side also prints the CPU a turn of the three processes that do its work (th
 the fixture server, this process as the host client) and how many cores they kept busy between
 them. A side's turns a second are those cores over that CPU, so the ratio splits into the two,
 and the last line solves it for the daemon's own CPU a turn at the speech row's target: what a
-turn of the daemon may cost for the row to be met on this machine, beside what it costs.
+turn of the daemon may cost for the row to be met on this machine, beside what it costs. Two
+bounds: with the fixture server's and the host's CPU a turn as they are beside the daemon, and
+as they are beside the forwarder (they spend less a turn beside a side that keeps up with more).
 """
 
 from __future__ import annotations
@@ -144,9 +146,11 @@ def all_three(side: dict[str, float]) -> float:
     return side["ms_own"] + side["ms_server"] + side["ms_host"]
 
 
-def own_budget(figures: dict[str, Any], ratio: float) -> float:
-    """The daemon's own CPU a turn (ms) at which daemon ÷ forwarder would read ``ratio``, the
-    fixture server's and the host client's CPU a turn and the cores kept busy as measured.
+def own_budget(figures: dict[str, Any], ratio: float, *, others_of: str = "daemon") -> float:
+    """The daemon's own CPU a turn (ms) at which daemon ÷ forwarder would read ``ratio``, with the
+    cores kept busy as measured and the fixture server's and host client's CPU a turn as measured
+    beside ``others_of`` (``daemon``: as they are now; ``forwarder``: as they are beside a side
+    that keeps up with more turns, which they spend less on: the bound the other way).
 
     A side's turns a second are the cores its three processes keep busy over their CPU a turn
     together (an identity), so daemon ÷ forwarder is (cores busy, daemon ÷ forwarder) ×
@@ -154,7 +158,8 @@ def own_budget(figures: dict[str, Any], ratio: float) -> float:
     """
     daemon, forwarder = figures["daemon"], figures["forwarder"]
     busy = daemon["cores_busy"] / forwarder["cores_busy"]
-    return busy * all_three(forwarder) / ratio - daemon["ms_server"] - daemon["ms_host"]
+    others = figures[others_of]
+    return busy * all_three(forwarder) / ratio - others["ms_server"] - others["ms_host"]
 
 
 def print_speech(figures: dict[str, Any], target: float = SPEECH_TARGET) -> None:
@@ -174,7 +179,8 @@ def print_speech(figures: dict[str, Any], target: float = SPEECH_TARGET) -> None
         f" × CPU a turn of all three, forwarder ÷ daemon {all_three(forwarder) / all_three(daemon):.3f} (medians)"
     )
     print(
-        f"  {target} would need the daemon's own CPU a turn at {own_budget(figures, target):.3f} ms"
+        f"  {target} would need the daemon's own CPU a turn at {own_budget(figures, target):.3f} ms with the server's and host's"
+        f" as beside it, {own_budget(figures, target, others_of='forwarder'):.3f} with theirs as beside the forwarder"
         f" (it is {daemon['ms_own']:.3f}; the forwarder's {forwarder['ms_own']:.3f})"
     )
 
