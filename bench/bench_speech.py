@@ -15,7 +15,8 @@ interleaved and repeated; medians of the per-round ratios.
 
 Each side also prints the CPU a turn of the three processes that do its work (the side itself,
 the fixture server, this process as the host client) and how many cores they kept busy between
-them. A side's turns a second are those cores over that CPU, so the ratio splits into the two,
+them (CPU read from ``/proc`` in clock ticks of 10 ms: over a round's 2,000 turns, 0.005 ms a
+turn). A side's turns a second are those cores over that CPU, so the ratio splits into the two,
 and the last line solves it for the daemon's own CPU a turn at the speech row's target: what a
 turn of the daemon may cost for the row to be met on this machine, beside what it costs. Two
 bounds: with the fixture server's and the host's CPU a turn as they are beside the daemon, and
@@ -138,6 +139,9 @@ async def speech(workdir: Path, agents: int, turns: int, rounds: int) -> dict[st
         "one_call": medians(one_call),
         "vs_forwarder": median([d["turns_per_s"] / f["turns_per_s"] for d, f in zip(daemon, forwarder, strict=True)]),
         "vs_one_call": median([d["turns_per_s"] / f["turns_per_s"] for d, f in zip(daemon, one_call, strict=True)]),
+        # The two factors of each round's daemon ÷ forwarder (own_budget): medians of the rounds.
+        "busy_factor": median([d["cores_busy"] / f["cores_busy"] for d, f in zip(daemon, forwarder, strict=True)]),
+        "cpu_factor": median([all_three(f) / all_three(d) for d, f in zip(daemon, forwarder, strict=True)]),
     }
 
 
@@ -147,19 +151,19 @@ def all_three(side: dict[str, float]) -> float:
 
 
 def own_budget(figures: dict[str, Any], ratio: float, *, others_of: str = "daemon") -> float:
-    """The daemon's own CPU a turn (ms) at which daemon ÷ forwarder would read ``ratio``, with the
-    cores kept busy as measured and the fixture server's and host client's CPU a turn as measured
-    beside ``others_of`` (``daemon``: as they are now; ``forwarder``: as they are beside a side
-    that keeps up with more turns, which they spend less on: the bound the other way).
+    """The daemon's own CPU a turn (ms) at which daemon ÷ forwarder would read ``ratio``.
 
     A side's turns a second are the cores its three processes keep busy over their CPU a turn
-    together (an identity), so daemon ÷ forwarder is (cores busy, daemon ÷ forwarder) ×
-    (CPU a turn of all three, forwarder ÷ daemon); solved here for the daemon's own part.
+    together, so each round's daemon ÷ forwarder is (cores busy, daemon ÷ forwarder) × (CPU a
+    turn of all three, forwarder ÷ daemon): an identity. With the forwarder's side and the cores
+    as they were, the row would read ``ratio`` with the daemon's three processes at the row's
+    value × their CPU a turn ÷ ``ratio`` (the medians of the rounds: the row is the median of
+    the rounds' ratios). Less the fixture server's and the host client's CPU a turn, as they
+    were beside ``others_of``: ``daemon`` holds them as they are; ``forwarder`` as they are
+    beside a side that keeps up with more turns, which they spend less on (the other bound).
     """
-    daemon, forwarder = figures["daemon"], figures["forwarder"]
-    busy = daemon["cores_busy"] / forwarder["cores_busy"]
     others = figures[others_of]
-    return busy * all_three(forwarder) / ratio - others["ms_server"] - others["ms_host"]
+    return figures["vs_forwarder"] * all_three(figures["daemon"]) / ratio - others["ms_server"] - others["ms_host"]
 
 
 def print_speech(figures: dict[str, Any], target: float = SPEECH_TARGET) -> None:
@@ -175,8 +179,8 @@ def print_speech(figures: dict[str, Any], target: float = SPEECH_TARGET) -> None
     print(f"daemon ÷ one call (the server's messages from one host call a turn): {figures['vs_one_call']:.3f}")
     daemon, forwarder = figures["daemon"], figures["forwarder"]
     print(
-        f"  = cores busy, daemon ÷ forwarder {daemon['cores_busy'] / forwarder['cores_busy']:.3f}"
-        f" × CPU a turn of all three, forwarder ÷ daemon {all_three(forwarder) / all_three(daemon):.3f} (medians)"
+        f"  each round = (cores busy, daemon ÷ forwarder) × (CPU a turn of all three, forwarder ÷ daemon);"
+        f" medians of the rounds: {figures['busy_factor']:.3f} and {figures['cpu_factor']:.3f}"
     )
     print(
         f"  {target} would need the daemon's own CPU a turn at {own_budget(figures, target):.3f} ms with the server's and host's"

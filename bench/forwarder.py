@@ -14,9 +14,10 @@ and serves hosts on a Unix socket with the same framing as the daemon (ndjson, t
   ``general``, with no routing decision, sends the host the ``inference:started`` trace the
   daemon sends it, and answers each call with the daemon's own answer for it, read from
   ``--answers`` (captured by the bench from a daemon turn in the same run): the same wire work
-  on both wires. Its host connections keep the daemon's order of a turn's calls (each turn's
-  ``turn/*`` in a lane of its own, :func:`~mcpl_router.hosts.listener.host_lane`; only
-  ``turn/context`` runs beside them), so a turn's words arrive before its close publishes them;
+  on both wires. Its host connections keep the daemon's order of a turn's calls (the lanes of
+  :func:`~mcpl_router.hosts.listener.host_lane`: a turn's calls after ``turn/open`` in a lane
+  of their own; only ``turn/context`` runs beside them), so a turn's words arrive before its
+  close publishes them;
 - ``speak {server, channel, text}`` does that server wire work in one host call (the figure
   before the turn calls above were mirrored: kept as a second reading).
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -51,6 +52,28 @@ async def one_turn_recorded(fixture: FixtureProcess, speak: Any) -> list[dict[st
 
 
 async def test_the_speech_forwarder_sends_the_server_a_daemon_turns_messages_with_its_words(short_tmp: Path) -> None:
+    # Bounded as a whole: a side that never answers fails the test instead of holding the suite.
+    with trio.fail_after(120):
+        daemon_sent, forwarder_sent = await both_sides_one_turn(short_tmp)
+
+    def shape(sent: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
+        return [(m["kind"], m["method"], sorted(m["params"])) for m in sent]
+
+    assert [m["method"] for m in daemon_sent] == [
+        "channels/typing", "inference/lifecycle", "context/beforeInference", "channels/publish",
+        "channels/outgoing/chunk", "channels/typing", "channels/outgoing/complete", "inference/lifecycle",
+    ]
+    # The same messages, in the same order, with the same parameter names (the ids in them differ).
+    assert shape(forwarder_sent) == shape(daemon_sent)
+    for daemon_message, forwarder_message in zip(daemon_sent, forwarder_sent, strict=True):
+        words = WORDS.get(daemon_message["method"])
+        if words is not None:
+            assert words(forwarder_message["params"]) == words(daemon_message["params"]) == "agent0 says 0"
+
+
+async def both_sides_one_turn(short_tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What a server was sent for one bench turn through the daemon, then through the forwarder
+    answering with the daemon's answers."""
     capture: dict[str, Any] = {}
     async with fixtures_running(short_tmp, 1) as [fixture], daemon_running(
         short_tmp, {"s0": {"url": fixture.listen_url}}, tag="daemon"
@@ -65,17 +88,4 @@ async def test_the_speech_forwarder_sends_the_server_a_daemon_turns_messages_wit
         short_tmp, fixtures, tag="forwarder", mode="speech", answers=answers
     ) as (_proc, socket), RouterClient.connect_unix(socket) as host:
         forwarder_sent = await one_turn_recorded(fixtures[0], lambda: bench_speech.speak_turns(host, "agent0", 1, 1))
-
-    def shape(sent: list[dict[str, Any]]) -> list[tuple[str, str, list[str]]]:
-        return [(m["kind"], m["method"], sorted(m["params"])) for m in sent]
-
-    assert [m["method"] for m in daemon_sent] == [
-        "channels/typing", "inference/lifecycle", "context/beforeInference", "channels/publish",
-        "channels/outgoing/chunk", "channels/typing", "channels/outgoing/complete", "inference/lifecycle",
-    ]
-    # The same messages, in the same order, with the same fields (the ids in them differ).
-    assert shape(forwarder_sent) == shape(daemon_sent)
-    for daemon_message, forwarder_message in zip(daemon_sent, forwarder_sent, strict=True):
-        words = WORDS.get(daemon_message["method"])
-        if words is not None:
-            assert words(forwarder_message["params"]) == words(daemon_message["params"]) == "agent0 says 0"
+    return daemon_sent, forwarder_sent
