@@ -46,3 +46,23 @@ def journal_place(request: pytest.FixtureRequest, tmp_path: Path) -> JournalPlac
         return JournalPlace(path=tmp_path / "journal.sqlite3")
     server: postgres.Server = request.getfixturevalue("postgres_server")
     return JournalPlace(dsn=postgres.fresh_database(server, f"journal_{next(_databases)}"))
+
+
+# -- a Ctrl-C stops the run -----------------------------------------------------------------------
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A Ctrl-C during a trio test stops the whole run, as it does during any other test.
+
+    Trio raises the KeyboardInterrupt inside the test's task, and each nursery it passes on its
+    way out wraps it in an exception group, which pytest takes for one more failure: it would
+    report the test failed and run the rest of the suite on (twelve minutes, servers and all).
+    A KeyboardInterrupt of its own stops the run, and pytest tears the fixtures down.
+    """
+    try:
+        return (yield)
+    except BaseExceptionGroup as group:
+        if group.subgroup(KeyboardInterrupt) is not None:
+            raise KeyboardInterrupt from group
+        raise
