@@ -41,13 +41,19 @@ async def test_second() -> None:
 '''
 
 
+#: pytest, with Python's own SIGINT handler whatever the disposition it was started with.
+STARTER = "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); sys.exit(pytest.main(sys.argv[1:]))"
+
+
 async def test_a_ctrl_c_during_a_trio_test_stops_the_run(tmp_path: Path) -> None:
     (tmp_path / "test_probe.py").write_text(PROBE)
     (tmp_path / "pytest.ini").write_text("[pytest]\ntrio_mode = true\n")
     output = tmp_path / "output.txt"
     # The suite's own conftest, loaded as a plugin: the rule under test, nothing copied.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent)])}
-    argv = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-q", "test_probe.py"]
+    # SIGINT handled as at a terminal even where this run came in with it ignored (a shell's
+    # background job, a CI step's), which the child would inherit and never be interrupted.
+    argv = [sys.executable, "-c", STARTER, "-p", "conftest", "-p", "no:cacheprovider", "-q", "test_probe.py"]
     with output.open("wb") as sink:
         run = await trio.lowlevel.open_process(argv, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
     try:
