@@ -57,7 +57,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
     Trio raises the KeyboardInterrupt inside the test's task, and each nursery it passes on its
     way out wraps it in an exception group, which pytest takes for one more failure: it would
-    report the test failed and run the rest of the suite on (twelve minutes, servers and all).
+    report the test failed and run the rest of the suite on (ten minutes and more, servers and all).
     A KeyboardInterrupt of its own stops the run, and pytest tears the fixtures down.
     """
     try:
